@@ -1,0 +1,207 @@
+// Package e2e starts the real binaries (and real Prometheus, Alertmanager and
+// S3 servers) on loopback and checks them end to end. It is part of `make test`
+// and never skips: CI installs every program it needs.
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// binDir holds the binaries built once by TestMain.
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "phonehome-e2e-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	build := exec.Command("go", "build", "-race", "-o", dir+string(os.PathSeparator), "../cmd/...")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build binaries:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// Process is a started binary. Stop sends SIGINT and waits; Kill sends SIGKILL.
+type Process struct {
+	t    *testing.T
+	name string
+	cmd  *exec.Cmd
+	Addr string // the address it logged as "listening"
+
+	done     chan struct{}
+	stopOnce sync.Once
+	exitErr  error
+}
+
+// startBinary starts one of our binaries with args, waits for its "listening"
+// log line and returns it. At cleanup it is interrupted and must exit 0.
+func startBinary(t *testing.T, name string, args ...string) *Process {
+	t.Helper()
+	return startProcess(t, filepath.Join(binDir, name), name, args, listeningFromJSON)
+}
+
+// startProcess runs path and waits until match finds the listen address in a
+// line of its stderr.
+func startProcess(t *testing.T, path, name string, args []string, match func(line string) (string, bool)) *Process {
+	t.Helper()
+	pr, pw, err := os.Pipe()
+	require.NoError(t, err)
+	cmd := exec.Command(path, args...)
+	cmd.Stderr = pw
+	cmd.Stdout = pw
+	require.NoError(t, cmd.Start(), "start %s", name)
+	_ = pw.Close()
+
+	p := &Process{t: t, name: name, cmd: cmd, done: make(chan struct{})}
+	addrc := make(chan string, 1)
+	logged := make(chan struct{})
+	go func() {
+		defer close(logged)
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			t.Logf("%s: %s", name, line)
+			if addr, ok := match(line); ok {
+				select {
+				case addrc <- addr:
+				default:
+				}
+			}
+		}
+	}()
+	go func() {
+		p.exitErr = cmd.Wait()
+		<-logged // all output read before anyone looks at the exit
+		close(p.done)
+	}()
+	t.Cleanup(func() { p.Stop() })
+
+	select {
+	case p.Addr = <-addrc:
+		return p
+	case <-p.done:
+		t.Fatalf("%s exited before listening: %v", name, p.exitErr)
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s did not log a listen address", name)
+	}
+	return nil
+}
+
+func listeningFromJSON(line string) (string, bool) {
+	var rec struct{ Msg, Addr string }
+	if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" && rec.Addr != "" {
+		return rec.Addr, true
+	}
+	return "", false
+}
+
+// Stop interrupts the process and requires a clean exit.
+func (p *Process) Stop() {
+	p.stopOnce.Do(func() {
+		_ = p.cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-p.done:
+		case <-time.After(90 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+			p.t.Errorf("%s did not stop within 90s of SIGINT", p.name)
+			return
+		}
+		if p.exitErr != nil {
+			p.t.Errorf("%s did not exit cleanly: %v", p.name, p.exitErr)
+		}
+	})
+}
+
+// Kill sends SIGKILL and waits for the process to be gone.
+func (p *Process) Kill() {
+	p.stopOnce.Do(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	})
+}
+
+// URL is the process' base URL.
+func (p *Process) URL() string { return "http://" + p.Addr }
+
+// startPrometheus runs Debian's Prometheus with the given configuration on a
+// free loopback port, waits until it is ready and returns its base URL.
+func startPrometheus(t *testing.T, config string, extraArgs ...string) *Process {
+	t.Helper()
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "prometheus.yml")
+	require.NoError(t, os.WriteFile(cfgPath, []byte(config), 0o600))
+	addr := freeAddr(t)
+	args := append([]string{
+		"--config.file=" + cfgPath,
+		"--storage.tsdb.path=" + filepath.Join(dir, "data"),
+		"--web.listen-address=" + addr,
+		"--log.format=json",
+	}, extraArgs...)
+	p := startProcess(t, "/usr/bin/prometheus", "prometheus", args, func(line string) (string, bool) {
+		return addr, strings.Contains(line, "Server is ready to receive web requests")
+	})
+	waitHTTP(t, p.URL()+"/-/ready", http.StatusOK)
+	return p
+}
+
+// freeAddr returns a loopback address that was free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
+}
+
+// waitHTTP polls url until it answers want, or fails the test after a minute.
+func waitHTTP(t *testing.T, url string, want int) {
+	t.Helper()
+	eventually(t, time.Minute, func() error {
+		resp, err := http.Get(url)
+		if err != nil {
+			return err
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != want {
+			return fmt.Errorf("GET %s: %d, want %d", url, resp.StatusCode, want)
+		}
+		return nil
+	})
+}
+
+// eventually polls f every 100ms until it returns nil or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = f(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("condition not met within %v: %v", timeout, err)
+}
