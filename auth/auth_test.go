@@ -1,0 +1,132 @@
+package auth
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestTokensAuthenticate(t *testing.T) {
+	sum := sha256.Sum256([]byte("hashed-secret"))
+	tok, err := NewTokens([]TokenEntry{
+		{Token: "plain-secret", Tenant: "acme"},
+		{TokenSHA256: hex.EncodeToString(sum[:]), Tenant: "globex", ClusterID: "c1"},
+	})
+	require.NoError(t, err)
+
+	for _, tc := range []struct {
+		name   string
+		header string
+		want   Identity
+		ok     bool
+	}{
+		{"plain", "Bearer plain-secret", Identity{Tenant: "acme"}, true},
+		{"hashed", "Bearer hashed-secret", Identity{Tenant: "globex", ClusterID: "c1"}, true},
+		{"scheme is case-insensitive", "bearer plain-secret", Identity{Tenant: "acme"}, true},
+		{"wrong token", "Bearer nope", Identity{}, false},
+		{"no header", "", Identity{}, false},
+		{"basic auth", "Basic cGxhaW4tc2VjcmV0", Identity{}, false},
+		{"empty bearer", "Bearer ", Identity{}, false},
+		{"digest as token", "Bearer " + hex.EncodeToString(sum[:]), Identity{}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodPost, "/", nil)
+			if tc.header != "" {
+				r.Header.Set("Authorization", tc.header)
+			}
+			r.Header.Set("X-Scope-OrgID", "evil") // tenant headers are ignored
+			id, err := tok.Authenticate(r)
+			if !tc.ok {
+				require.ErrorIs(t, err, ErrUnauthorized)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, id)
+		})
+	}
+}
+
+func TestNewTokensNamesEveryProblem(t *testing.T) {
+	_, err := NewTokens([]TokenEntry{
+		{Tenant: "a"},
+		{Token: "x", TokenSHA256: "00", Tenant: "a"},
+		{TokenSHA256: "zz", Tenant: "a"},
+		{Token: "y", Tenant: "../etc"},
+		{Token: "y", Tenant: "b"},
+	})
+	require.Error(t, err)
+	for _, want := range []string{
+		"tokens[0]: token or token_sha256 is required",
+		"tokens[1]: set token or token_sha256, not both",
+		"tokens[2].token_sha256: want 64 hex digits",
+		`tokens[3].tenant: "../etc"`,
+		"tokens[4]: same token as tokens[3]",
+	} {
+		require.ErrorContains(t, err, want)
+	}
+	_, err = NewTokens(nil)
+	require.ErrorContains(t, err, "at least one token")
+}
+
+func TestLoadTokensFileStrict(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "tokens.yaml")
+	require.NoError(t, os.WriteFile(p, []byte("tokens:\n- token: a\n  tenant: t\n  tennant: x\n"), 0o600))
+	_, err := LoadTokensFile(p)
+	require.ErrorContains(t, err, "field tennant not found")
+
+	require.NoError(t, os.WriteFile(p, []byte("tokens:\n- token: a\n  tenant: t\n"), 0o600))
+	tok, err := LoadTokensFile(p)
+	require.NoError(t, err)
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("Authorization", "Bearer a")
+	id, err := tok.Authenticate(r)
+	require.NoError(t, err)
+	require.Equal(t, "t", id.Tenant)
+}
+
+func TestMiddleware(t *testing.T) {
+	tok, err := NewTokens([]TokenEntry{{Token: "s", Tenant: "acme"}})
+	require.NoError(t, err)
+	var rejected int
+	h := Middleware(tok, func(*http.Request, error) { rejected++ }, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, ok := FromContext(r.Context())
+		require.True(t, ok)
+		_, _ = w.Write([]byte(id.Tenant))
+	}))
+
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	require.Equal(t, http.StatusUnauthorized, rec.Code)
+	require.NotEmpty(t, rec.Header().Get("WWW-Authenticate"))
+	require.Equal(t, 1, rejected)
+
+	rec = httptest.NewRecorder()
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("Authorization", "Bearer s")
+	h.ServeHTTP(rec, r)
+	require.Equal(t, http.StatusOK, rec.Code)
+	require.Equal(t, "acme", rec.Body.String())
+}
+
+func FuzzAuthorizationHeader(f *testing.F) {
+	tok, err := NewTokens([]TokenEntry{{Token: "s3cret", Tenant: "acme"}})
+	require.NoError(f, err)
+	for _, s := range []string{"Bearer s3cret", "bearer  s3cret ", "Bearer", "Basic x", "", "Bearer \x00"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, header string) {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.Header["Authorization"] = []string{header}
+		id, err := tok.Authenticate(r)
+		if err == nil && id.Tenant != "acme" {
+			t.Fatalf("accepted %q as %+v", header, id)
+		}
+	})
+}

@@ -1,0 +1,134 @@
+package auth
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"regexp"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// TokensFile is the on-disk format of the tokens file:
+//
+//	tokens:
+//	  - token_sha256: 9f86d0...   # hex SHA-256 of the bearer token (preferred)
+//	    tenant: acme
+//	  - token: plaintext-token     # or the token itself
+//	    tenant: acme
+//	    cluster_id: 3kq...         # optional: bind writes to this _id
+type TokensFile struct {
+	Tokens []TokenEntry `yaml:"tokens"`
+}
+
+// TokenEntry maps one bearer token to an identity.
+type TokenEntry struct {
+	Token       string `yaml:"token,omitempty"`
+	TokenSHA256 string `yaml:"token_sha256,omitempty"`
+	Tenant      string `yaml:"tenant"`
+	ClusterID   string `yaml:"cluster_id,omitempty"`
+}
+
+// tenantRE keeps tenants safe as directory names and label values.
+var tenantRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+// ValidTenant reports whether name may be used as a tenant.
+func ValidTenant(name string) bool { return tenantRE.MatchString(name) && name != "." && name != ".." }
+
+// Tokens authenticates static bearer tokens. Only SHA-256 digests are kept in
+// memory; every request is compared against every digest in constant time.
+type Tokens struct {
+	entries []tokenDigest
+}
+
+type tokenDigest struct {
+	sum [sha256.Size]byte
+	id  Identity
+}
+
+// LoadTokensFile reads and validates a tokens file, naming every problem.
+func LoadTokensFile(path string) (*Tokens, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read tokens file: %w", err)
+	}
+	var f TokensFile
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil {
+		return nil, fmt.Errorf("tokens file %s: %w", path, err)
+	}
+	t, err := NewTokens(f.Tokens)
+	if err != nil {
+		return nil, fmt.Errorf("tokens file %s: %w", path, err)
+	}
+	return t, nil
+}
+
+// NewTokens validates entries and builds a Tokens authenticator.
+func NewTokens(entries []TokenEntry) (*Tokens, error) {
+	var errs []error
+	t := &Tokens{}
+	seen := map[[sha256.Size]byte]int{}
+	if len(entries) == 0 {
+		errs = append(errs, errors.New("tokens: at least one token is required"))
+	}
+	for i, e := range entries {
+		path := fmt.Sprintf("tokens[%d]", i)
+		var sum [sha256.Size]byte
+		switch {
+		case e.Token != "" && e.TokenSHA256 != "":
+			errs = append(errs, fmt.Errorf("%s: set token or token_sha256, not both", path))
+			continue
+		case e.Token != "":
+			sum = sha256.Sum256([]byte(e.Token))
+		case e.TokenSHA256 != "":
+			raw, err := hex.DecodeString(e.TokenSHA256)
+			if err != nil || len(raw) != sha256.Size {
+				errs = append(errs, fmt.Errorf("%s.token_sha256: want 64 hex digits", path))
+				continue
+			}
+			copy(sum[:], raw)
+		default:
+			errs = append(errs, fmt.Errorf("%s: token or token_sha256 is required", path))
+			continue
+		}
+		if !ValidTenant(e.Tenant) {
+			errs = append(errs, fmt.Errorf("%s.tenant: %q must match %s", path, e.Tenant, tenantRE))
+		}
+		if j, dup := seen[sum]; dup {
+			errs = append(errs, fmt.Errorf("%s: same token as tokens[%d]", path, j))
+		}
+		seen[sum] = i
+		t.entries = append(t.entries, tokenDigest{sum: sum, id: Identity{Tenant: e.Tenant, ClusterID: e.ClusterID}})
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// Authenticate implements Authenticator.
+func (t *Tokens) Authenticate(r *http.Request) (Identity, error) {
+	token, ok := bearerToken(r)
+	if !ok {
+		return Identity{}, fmt.Errorf("no bearer token: %w", ErrUnauthorized)
+	}
+	sum := sha256.Sum256([]byte(token))
+	found := -1
+	for i := range t.entries {
+		// No early exit: the time taken does not depend on which entry matched.
+		if subtle.ConstantTimeCompare(sum[:], t.entries[i].sum[:]) == 1 {
+			found = i
+		}
+	}
+	if found < 0 {
+		return Identity{}, fmt.Errorf("unknown token: %w", ErrUnauthorized)
+	}
+	return t.entries[found].id, nil
+}
