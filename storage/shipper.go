@@ -1,0 +1,133 @@
+package storage
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path"
+	"path/filepath"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/prometheus/prometheus/tsdb"
+)
+
+// RunShipper uploads blocks every ship_interval until ctx is done, then
+// returns nil. Errors of a round are logged and the blocks retried next round.
+func (db *DB) RunShipper(ctx context.Context) error {
+	tick := time.NewTicker(time.Duration(db.cfg.ShipInterval))
+	defer tick.Stop()
+	for {
+		if err := db.ship(ctx); err != nil && ctx.Err() == nil {
+			db.logger.Warn("block upload failed, will retry", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+func (db *DB) ship(ctx context.Context) error {
+	db.shipMtx.Lock()
+	defer db.shipMtx.Unlock()
+	if db.shipClosed {
+		return nil
+	}
+	return db.shipLocked(ctx)
+}
+
+// shipLocked runs one round over all tenants. db.shipMtx must be held.
+func (db *DB) shipLocked(ctx context.Context) error {
+	var (
+		errs    []error
+		pending int
+		oldest  int64 = -1 // max time of the oldest pending block
+	)
+	for _, t := range db.snapshotTenants() {
+		blocks := t.db.Blocks()
+		local := make([]ulid.ULID, 0, len(blocks))
+		for _, b := range blocks {
+			local = append(local, b.Meta().ULID)
+		}
+		for _, b := range blocks {
+			meta := b.Meta()
+			if t.isUploaded(meta.ULID) {
+				continue
+			}
+			if err := db.uploadBlock(ctx, t, b.Dir(), meta); err != nil {
+				db.m.uploads.WithLabelValues("failure").Inc()
+				errs = append(errs, fmt.Errorf("tenant %s block %s: %w", t.name, meta.ULID, err))
+				pending++
+				if oldest < 0 || meta.MaxTime < oldest {
+					oldest = meta.MaxTime
+				}
+				continue
+			}
+			db.m.uploads.WithLabelValues("success").Inc()
+			if err := t.markUploaded(meta.ULID, local); err != nil {
+				errs = append(errs, fmt.Errorf("tenant %s: %w", t.name, err))
+			}
+		}
+	}
+	db.m.pendingBlocks.Set(float64(pending))
+	if oldest < 0 {
+		db.m.bucketLag.Set(0)
+	} else {
+		db.m.bucketLag.Set(max(0, db.now().Sub(time.UnixMilli(oldest)).Seconds()))
+	}
+	return errors.Join(errs...)
+}
+
+// uploadBlock uploads chunks and index, then meta.json last, so readers never
+// see a partial block. A block whose meta.json already exists is uploaded.
+func (db *DB) uploadBlock(ctx context.Context, t *tenant, dir string, meta tsdb.BlockMeta) error {
+	id := meta.ULID.String()
+	exists, err := db.bkt.Exists(ctx, path.Join(id, "meta.json"))
+	if err != nil {
+		return fmt.Errorf("check meta.json: %w", err)
+	}
+	if exists {
+		return nil
+	}
+	files, err := blockFiles(dir)
+	if err != nil {
+		return err
+	}
+	for _, f := range files {
+		if err := db.uploadFile(ctx, filepath.Join(dir, filepath.FromSlash(f.RelPath)), path.Join(id, f.RelPath)); err != nil {
+			return err
+		}
+	}
+	labels := maps.Clone(db.cfg.ExternalLabels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[tenantLabel] = t.name
+	body, err := json.MarshalIndent(newThanosMeta(meta, labels, files), "", "\t")
+	if err != nil {
+		return fmt.Errorf("encode meta.json: %w", err)
+	}
+	if err := db.bkt.Upload(ctx, path.Join(id, "meta.json"), bytes.NewReader(body)); err != nil {
+		return fmt.Errorf("upload meta.json: %w", err)
+	}
+	return nil
+}
+
+func (db *DB) uploadFile(ctx context.Context, src, dst string) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", src, err)
+	}
+	defer f.Close()
+	if err := db.bkt.Upload(ctx, dst, f); err != nil {
+		return fmt.Errorf("upload %s: %w", dst, err)
+	}
+	return nil
+}
+

@@ -1,0 +1,167 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/prometheus/model/histogram"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/prompb"
+	promstorage "github.com/prometheus/prometheus/storage"
+	"github.com/prometheus/prometheus/tsdb"
+)
+
+// Write implements Writer. It creates the tenant's TSDB on first use.
+//
+// Resends: TSDB accepts an identical sample at a series' latest timestamp
+// silently, and routes older ones through the out-of-order head, which
+// drops exact timestamp duplicates of out-of-order samples and otherwise
+// stores a copy that reads and compaction deduplicate. So an identical
+// resend succeeds without any extra work here. A different value is only
+// detected at a series' latest timestamp (ErrDuplicateSampleForTimestamp);
+// TSDB does not look further back.
+func (db *DB) Write(ctx context.Context, tenantName string, series []prompb.TimeSeries) (Stats, error) {
+	if err := validTenant(tenantName); err != nil {
+		return Stats{}, err
+	}
+	db.lifecycle.RLock()
+	defer db.lifecycle.RUnlock()
+	if db.closed {
+		return Stats{}, ErrNotReady
+	}
+	if err := ctx.Err(); err != nil {
+		return Stats{}, err
+	}
+	t, err := db.tenantForWrite(tenantName)
+	if err != nil {
+		return Stats{}, err
+	}
+
+	var (
+		st       Stats
+		rej      rejections
+		lb       labels.ScratchBuilder
+		maxT     = db.now().Add(time.Duration(db.cfg.MaxFuture)).UnixMilli()
+		app      = t.db.Appender(ctx)
+		exemplar = db.cfg.MaxExemplars > 0
+	)
+	for i := range series {
+		ts := &series[i]
+		ls := ts.ToLabels(&lb, nil)
+		var ref promstorage.SeriesRef
+		for _, s := range ts.Samples {
+			if s.Timestamp > maxT {
+				rej.add(reasonFuture, fmt.Errorf("sample at %d is more than %s in the future: %w", s.Timestamp, db.cfg.MaxFuture, promstorage.ErrOutOfBounds))
+				continue
+			}
+			r, err := app.Append(ref, ls, s.Timestamp, s.Value)
+			if err != nil {
+				if rej.refused(err) {
+					continue
+				}
+				return Stats{}, errors.Join(fmt.Errorf("append: %w", err), app.Rollback())
+			}
+			ref = r
+			st.Samples++
+		}
+		for _, h := range ts.Histograms {
+			if h.Timestamp > maxT {
+				rej.add(reasonFuture, fmt.Errorf("histogram at %d is more than %s in the future: %w", h.Timestamp, db.cfg.MaxFuture, promstorage.ErrOutOfBounds))
+				continue
+			}
+			var r promstorage.SeriesRef
+			if h.IsFloatHistogram() {
+				r, err = app.AppendHistogram(ref, ls, h.Timestamp, nil, h.ToFloatHistogram())
+			} else {
+				r, err = app.AppendHistogram(ref, ls, h.Timestamp, h.ToIntHistogram(), nil)
+			}
+			if err != nil {
+				if rej.refused(err) {
+					continue
+				}
+				return Stats{}, errors.Join(fmt.Errorf("append histogram: %w", err), app.Rollback())
+			}
+			ref = r
+			st.Histograms++
+		}
+		if !exemplar {
+			continue
+		}
+		for _, e := range ts.Exemplars {
+			if _, err := app.AppendExemplar(ref, ls, e.ToExemplar(&lb, nil)); err != nil {
+				if !errors.Is(err, promstorage.ErrDuplicateExemplar) {
+					db.m.exemplarsRejected.Inc() // never fails the write, as in Prometheus
+				}
+				continue
+			}
+			st.Exemplars++
+		}
+	}
+	if err := app.Commit(); err != nil {
+		return Stats{}, fmt.Errorf("commit: %w", err)
+	}
+	db.m.appendedSamples.Add(float64(st.Samples))
+	db.m.appendedHistograms.Add(float64(st.Histograms))
+	db.m.appendedExemplars.Add(float64(st.Exemplars))
+	for reason, n := range rej.count {
+		db.m.rejected.WithLabelValues(reason).Add(float64(n))
+	}
+	return st, rej.err()
+}
+
+// rejections collects refused samples: a count per reason and the first error.
+type rejections struct {
+	total int
+	count map[string]int
+	first map[string]error
+}
+
+func (r *rejections) add(reason string, err error) {
+	if r.count == nil {
+		r.count, r.first = map[string]int{}, map[string]error{}
+	}
+	r.total++
+	r.count[reason]++
+	if _, ok := r.first[reason]; !ok {
+		r.first[reason] = err
+	}
+}
+
+// refused classifies a TSDB append error; false means it is not a per-sample
+// refusal and the whole call must fail.
+func (r *rejections) refused(err error) bool {
+	switch {
+	case errors.Is(err, promstorage.ErrOutOfOrderSample):
+		r.add(reasonOutOfOrder, err)
+	case errors.Is(err, promstorage.ErrTooOldSample), errors.Is(err, promstorage.ErrOutOfBounds):
+		r.add(reasonTooOld, err)
+	case errors.Is(err, promstorage.ErrDuplicateSampleForTimestamp):
+		r.add(reasonDuplicate, err)
+	case isInvalidSample(err):
+		r.add(reasonInvalid, fmt.Errorf("%w: %w", ErrInvalidSample, err))
+	default:
+		return false
+	}
+	return true
+}
+
+func (r *rejections) err() error {
+	if r.total == 0 {
+		return nil
+	}
+	errs := make([]error, 0, len(r.first))
+	for _, reason := range []string{reasonOutOfOrder, reasonTooOld, reasonFuture, reasonDuplicate, reasonInvalid} {
+		if e, ok := r.first[reason]; ok {
+			errs = append(errs, e)
+		}
+	}
+	return &PartialError{Rejected: r.total, Err: errors.Join(errs...)}
+}
+
+// isInvalidSample reports TSDB validation errors caused by the sample itself.
+func isInvalidSample(err error) bool {
+	var herr histogram.Error
+	return errors.As(err, &herr) || errors.Is(err, tsdb.ErrInvalidSample)
+}
