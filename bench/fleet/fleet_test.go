@@ -162,6 +162,39 @@ func TestRun(t *testing.T) {
 	require.Len(t, res.PerRound, 3)
 }
 
+func TestRunPreEncodedSendsTheSameBodies(t *testing.T) {
+	var (
+		mu     sync.Mutex
+		bodies = map[bool]map[string]int{true: {}, false: {}}
+		pre    bool
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		bodies[pre][string(body)]++
+		mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	f, err := New(templates(t), 4, 250, 9)
+	require.NoError(t, err)
+	start := time.Unix(1_767_268_800, 0)
+	for _, p := range []bool{false, true} {
+		pre = p
+		res, err := Run(context.Background(), f, Options{
+			URL: srv.URL, Rounds: 2, Concurrency: 3, BatchSeries: 100, Start: start, PreEncode: p, Client: srv.Client(),
+		})
+		require.NoError(t, err)
+		require.Equal(t, int64(4*250*2), res.Accepted)
+	}
+	require.Len(t, bodies[false], 4*3*2)
+	require.Equal(t, bodies[false], bodies[true])
+}
+
 func TestRunStopsOnContext(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusNoContent)

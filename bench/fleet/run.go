@@ -2,12 +2,14 @@ package fleet
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -40,6 +42,12 @@ type Options struct {
 	RequestTimeout time.Duration // per request (default 60s)
 	MaxLatencies   int           // latency reservoir size (default 1<<20)
 
+	// PreEncode builds every request body before the first round, so that
+	// encoding does not compete with the server for CPU while it is measured.
+	// It fails if the bodies would exceed MaxPreEncodedBytes (default 4 GiB).
+	PreEncode          bool
+	MaxPreEncodedBytes int64
+
 	Client  *http.Client      // default: a client with Concurrency idle conns
 	OnRound func(RoundResult) // called after every round, e.g. for progress output
 }
@@ -62,6 +70,9 @@ func (o *Options) defaults() {
 	}
 	if o.RequestTimeout <= 0 {
 		o.RequestTimeout = 60 * time.Second
+	}
+	if o.MaxPreEncodedBytes <= 0 {
+		o.MaxPreEncodedBytes = 4 << 30
 	}
 	if o.MaxLatencies <= 0 {
 		o.MaxLatencies = 1 << 20
@@ -131,7 +142,10 @@ type Result struct {
 	PerRound             []RoundResult `json:"per_round"`
 }
 
-type job struct{ c, from, to, r int }
+type job struct {
+	c, from, to, r int
+	body           []byte // pre-encoded, or nil
+}
 
 type workerStats struct {
 	codes    map[string]int64
@@ -185,6 +199,16 @@ func Run(ctx context.Context, f *Fleet, o Options) (*Result, error) {
 		}()
 	}
 
+	var pre [][][]byte
+	if o.PreEncode {
+		var err error
+		if pre, err = preEncode(ctx, f, &o); err != nil {
+			close(jobs)
+			workerWG.Wait()
+			return nil, err
+		}
+	}
+
 	res.Start = time.Now()
 	begin := res.Start
 rounds:
@@ -201,13 +225,22 @@ rounds:
 			}
 		}
 		rs := time.Now()
+		if o.Interval == 0 {
+			sched = rs // unpaced: a round is never late
+		}
 		r0, s0, a0 := reqs.Load(), samples.Load(), accepted.Load()
+		k := 0
 	send:
 		for c := range f.Clusters() {
 			for from := 0; from < f.SeriesPerCluster(); from += o.BatchSeries {
+				j := job{c: c, from: from, to: min(from+o.BatchSeries, f.SeriesPerCluster()), r: r}
+				if pre != nil {
+					j.body, pre[r][k] = pre[r][k], nil
+					k++
+				}
 				roundWG.Add(1)
 				select {
-				case jobs <- job{c: c, from: from, to: min(from+o.BatchSeries, f.SeriesPerCluster()), r: r}:
+				case jobs <- j:
 				case <-ctx.Done():
 					roundWG.Done()
 					break send
@@ -270,6 +303,56 @@ rounds:
 	return res, nil
 }
 
+// preEncode builds the bodies of every round's requests, in send order, on
+// all CPUs.
+func preEncode(ctx context.Context, f *Fleet, o *Options) ([][][]byte, error) {
+	perCluster := (f.SeriesPerCluster() + o.BatchSeries - 1) / o.BatchSeries
+	pre := make([][][]byte, o.Rounds)
+	for r := range pre {
+		pre[r] = make([][]byte, f.Clusters()*perCluster)
+	}
+	var (
+		total atomic.Int64
+		next  atomic.Int64
+		wg    sync.WaitGroup
+		errMu sync.Mutex
+		first error
+	)
+	n := int64(o.Rounds * f.Clusters())
+	for range runtime.GOMAXPROCS(0) {
+		wg.Go(func() {
+			s := sender{f: f, o: o}
+			for {
+				i := next.Add(1) - 1
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				r, c := int(i)/f.Clusters(), int(i)%f.Clusters()
+				for b := range perCluster {
+					from := b * o.BatchSeries
+					body, err := s.encode(job{c: c, from: from, to: min(from+o.BatchSeries, f.SeriesPerCluster()), r: r})
+					if err == nil && total.Add(int64(len(body))) > o.MaxPreEncodedBytes {
+						err = fmt.Errorf("pre-encoded bodies exceed %d bytes; send fewer rounds or disable pre-encoding", o.MaxPreEncodedBytes)
+					}
+					if err != nil {
+						errMu.Lock()
+						first = cmp.Or(first, err)
+						errMu.Unlock()
+						next.Store(n)
+						return
+					}
+					pre[r][c*perCluster+b] = bytes.Clone(body)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if first == nil {
+		first = ctx.Err()
+	}
+	return pre, first
+}
+
 func perSec(n int64, s float64) float64 {
 	if s <= 0 {
 		return 0
@@ -308,13 +391,16 @@ func (s *sender) encode(j job) ([]byte, error) {
 // were accepted (2xx).
 func (s *sender) send(ctx context.Context, j job) (int, bool) {
 	n := j.to - j.from
-	body, err := s.encode(j)
-	if err != nil {
-		s.fail("encode", err.Error())
-		return n, false
+	body := j.body
+	if body == nil {
+		var err error
+		if body, err = s.encode(j); err != nil {
+			s.fail("encode", err.Error())
+			return n, false
+		}
+		s.st.encoded += int64(len(s.raw))
 	}
 	s.st.sent += int64(len(body))
-	s.st.encoded += int64(len(s.raw))
 	rctx, cancel := context.WithTimeout(ctx, s.o.RequestTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(rctx, http.MethodPost, s.o.URL, bytes.NewReader(body))

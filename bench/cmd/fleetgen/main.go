@@ -42,6 +42,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fixture     = fs.String("fixture", "", "A /federate response to take series shapes from (default: the embedded bench/testdata/federate-sample.prom).")
 		allowlist   = fs.String("allowlist", "", "Selectors that pick template series (default: the embedded telemetry allowlist; 'none' keeps all).")
 		out         = fs.String("out", "", "Write the JSON result here (optional).")
+		preEncode   = fs.Bool("pre-encode", true, "Encode every request before the first round (up to 4 GiB), so the generator does not compete with the server for CPU.")
 		quiet       = fs.Bool("quiet", false, "Do not print per-round progress.")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -104,7 +105,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		f.Clusters(), f.SeriesPerCluster(), f.ActiveSeries(), len(tmpl), *rounds, *concurrency, *batch)
 	opts := fleet.Options{
 		URL: *url, Token: token, Rounds: *rounds, Interval: *interval, Step: *step,
-		Concurrency: *concurrency, BatchSeries: *batch,
+		Concurrency: *concurrency, BatchSeries: *batch, PreEncode: *preEncode,
 	}
 	if !*quiet {
 		opts.OnRound = func(r fleet.RoundResult) {
