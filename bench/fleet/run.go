@@ -47,6 +47,10 @@ type Options struct {
 	// It fails if the bodies would exceed MaxPreEncodedBytes (default 4 GiB).
 	PreEncode          bool
 	MaxPreEncodedBytes int64
+	// Bodies, if set, are the bodies from EncodeAll(f, o) with the same
+	// options; Run sends them (without consuming them) instead of encoding.
+	// This sends byte-identical load to several targets.
+	Bodies [][][]byte
 
 	Client  *http.Client      // default: a client with Concurrency idle conns
 	OnRound func(RoundResult) // called after every round, e.g. for progress output
@@ -199,10 +203,10 @@ func Run(ctx context.Context, f *Fleet, o Options) (*Result, error) {
 		}()
 	}
 
-	var pre [][][]byte
-	if o.PreEncode {
+	pre, keep := o.Bodies, o.Bodies != nil
+	if pre == nil && o.PreEncode {
 		var err error
-		if pre, err = preEncode(ctx, f, &o); err != nil {
+		if pre, err = EncodeAll(ctx, f, o); err != nil {
 			close(jobs)
 			workerWG.Wait()
 			return nil, err
@@ -235,7 +239,10 @@ rounds:
 			for from := 0; from < f.SeriesPerCluster(); from += o.BatchSeries {
 				j := job{c: c, from: from, to: min(from+o.BatchSeries, f.SeriesPerCluster()), r: r}
 				if pre != nil {
-					j.body, pre[r][k] = pre[r][k], nil
+					j.body = pre[r][k]
+					if !keep {
+						pre[r][k] = nil // let the GC have it once sent
+					}
 					k++
 				}
 				roundWG.Add(1)
@@ -303,9 +310,11 @@ rounds:
 	return res, nil
 }
 
-// preEncode builds the bodies of every round's requests, in send order, on
-// all CPUs.
-func preEncode(ctx context.Context, f *Fleet, o *Options) ([][][]byte, error) {
+// EncodeAll builds the bodies of every round's requests, in send order, on
+// all CPUs, for Options.Bodies. o must have Start set for the bodies to be
+// reusable across runs.
+func EncodeAll(ctx context.Context, f *Fleet, o Options) ([][][]byte, error) {
+	o.defaults()
 	perCluster := (f.SeriesPerCluster() + o.BatchSeries - 1) / o.BatchSeries
 	pre := make([][][]byte, o.Rounds)
 	for r := range pre {
@@ -321,7 +330,7 @@ func preEncode(ctx context.Context, f *Fleet, o *Options) ([][][]byte, error) {
 	n := int64(o.Rounds * f.Clusters())
 	for range runtime.GOMAXPROCS(0) {
 		wg.Go(func() {
-			s := sender{f: f, o: o}
+			s := sender{f: f, o: &o}
 			for {
 				i := next.Add(1) - 1
 				if i >= n || ctx.Err() != nil {

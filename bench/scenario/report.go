@@ -1,0 +1,221 @@
+package scenario
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Report is the result of one scenario run, as committed in bench/results.
+type Report struct {
+	Scenario string          `json:"scenario"`
+	Size     string          `json:"size"`
+	Date     time.Time       `json:"date"`
+	Command  string          `json:"command"`
+	Machine  Machine         `json:"machine"`
+	Load     LoadSpec        `json:"load"`
+	Results  []*TargetResult `json:"results"`
+	Figures  []Figure        `json:"figures"`
+}
+
+// Figure is one measured quantity for both targets and their ratio.
+type Figure struct {
+	Name       string  `json:"name"`
+	Unit       string  `json:"unit"`
+	Better     string  `json:"better"` // "higher" or "lower"
+	Receiver   float64 `json:"receiver"`
+	Prometheus float64 `json:"prometheus"`
+	Ratio      float64 `json:"ratio"` // receiver / prometheus; 0 if undefined
+}
+
+type figureDef struct {
+	name, unit, better string
+	get                func(*TargetResult) float64
+}
+
+var figureDefs = []figureDef{
+	{"accepted samples/s (all rounds)", "samples/s", "higher", func(r *TargetResult) float64 { return r.Load.AcceptedPerSec }},
+	{"accepted samples/s (round 0: series creation)", "samples/s", "higher", func(r *TargetResult) float64 { return r.Load.CreateAcceptedPerSec }},
+	{"accepted samples/s (rounds 1+: steady)", "samples/s", "higher", func(r *TargetResult) float64 { return r.Load.SteadyAcceptedPerSec }},
+	{"write latency p50 (all)", "ms", "lower", func(r *TargetResult) float64 { return r.Load.Latency.P50 * 1000 }},
+	{"write latency p99 (all)", "ms", "lower", func(r *TargetResult) float64 { return r.Load.Latency.P99 * 1000 }},
+	{"write latency p50 (steady)", "ms", "lower", func(r *TargetResult) float64 { return r.Load.SteadyLatency.P50 * 1000 }},
+	{"write latency p99 (steady)", "ms", "lower", func(r *TargetResult) float64 { return r.Load.SteadyLatency.P99 * 1000 }},
+	{"RSS after load", "MiB", "lower", func(r *TargetResult) float64 { return float64(r.RSSBytes) / (1 << 20) }},
+	{"RSS per active series", "bytes", "lower", func(r *TargetResult) float64 { return r.RSSPerSeries }},
+	{"peak RSS during load (VmHWM)", "MiB", "lower", func(r *TargetResult) float64 { return float64(r.PeakRSSBytes) / (1 << 20) }},
+	{"max RSS incl. shutdown/flush", "MiB", "lower", func(r *TargetResult) float64 { return float64(r.MaxRSSBytes) / (1 << 20) }},
+	{"CPU per million samples", "cpu-s", "lower", func(r *TargetResult) float64 { return r.CPUPerMSamples }},
+	{"block bytes per sample", "bytes", "lower", func(r *TargetResult) float64 { return r.Blocks.BytesPerSample }},
+	{"block chunk bytes per sample", "bytes", "lower", func(r *TargetResult) float64 { return r.Blocks.ChunkBytesPerSample }},
+	{"block index bytes per series", "bytes", "lower", func(r *TargetResult) float64 { return r.Blocks.IndexBytesPerSeries }},
+	{"samples in blocks", "samples", "", func(r *TargetResult) float64 { return float64(r.Blocks.NumSamples) }},
+	{"non-2xx requests", "requests", "lower", func(r *TargetResult) float64 {
+		return float64(r.Load.Requests - r.Load.Codes["204"] - r.Load.Codes["200"])
+	}},
+	{"stop time (flush/snapshot + exit)", "s", "lower", func(r *TargetResult) float64 { return r.StopSeconds }},
+}
+
+func (r *Report) result(name string) *TargetResult {
+	for _, t := range r.Results {
+		if t.Name == name {
+			return t
+		}
+	}
+	return nil
+}
+
+func (r *Report) computeRatios() {
+	rc, pr := r.result("receiver"), r.result("prometheus")
+	r.Figures = nil
+	for _, d := range figureDefs {
+		f := Figure{Name: d.name, Unit: d.unit, Better: d.better, Receiver: math.NaN(), Prometheus: math.NaN()}
+		if rc != nil && rc.Load != nil {
+			f.Receiver = d.get(rc)
+		}
+		if pr != nil && pr.Load != nil {
+			f.Prometheus = d.get(pr)
+		}
+		if f.Prometheus != 0 && !math.IsNaN(f.Prometheus) && !math.IsNaN(f.Receiver) {
+			f.Ratio = f.Receiver / f.Prometheus
+		}
+		r.Figures = append(r.Figures, f)
+	}
+}
+
+// MarshalJSON-safe: NaN is not valid JSON, so unmeasured figures become 0.
+func (r *Report) sanitize() {
+	for i := range r.Figures {
+		if math.IsNaN(r.Figures[i].Receiver) {
+			r.Figures[i].Receiver = 0
+		}
+		if math.IsNaN(r.Figures[i].Prometheus) {
+			r.Figures[i].Prometheus = 0
+		}
+	}
+}
+
+// WriteJSON writes the report to dir/<date>-<size>.json and returns the path.
+func (r *Report) WriteJSON(dir string) (string, error) {
+	r.sanitize()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, fmt.Sprintf("%s-%s.json", r.Date.Format("2006-01-02"), r.Size))
+	return path, os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// PrintTable writes the side-by-side table.
+func (r *Report) PrintTable(w io.Writer) {
+	fmt.Fprintf(w, "\n%s, %d active series (%d clusters × %d), %d rounds\n", r.Scenario, r.Load.ActiveSeries, r.Load.Clusters, r.Load.SeriesPerCluster, r.Load.Rounds)
+	fmt.Fprintf(w, "%-56s %12s %12s %8s\n", "figure", "receiver", "prometheus", "ratio")
+	for _, f := range r.Figures {
+		fmt.Fprintf(w, "%-56s %12s %12s %8s\n", f.Name+" ["+f.Unit+"]", num(f.Receiver), num(f.Prometheus), ratio(f.Ratio))
+	}
+	for _, t := range r.Results {
+		if t.Error != "" {
+			fmt.Fprintf(w, "%s error: %s\n", t.Name, t.Error)
+		}
+	}
+}
+
+func num(v float64) string {
+	switch {
+	case math.IsNaN(v):
+		return "—"
+	case v == 0:
+		return "0"
+	case math.Abs(v) >= 1000:
+		return fmt.Sprintf("%.0f", v)
+	case math.Abs(v) >= 10:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.3g", v)
+	}
+}
+
+func ratio(v float64) string {
+	if v == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f×", v)
+}
+
+// Machine describes where a benchmark ran.
+type Machine struct {
+	CPUs       int    `json:"cpus"`
+	CPUModel   string `json:"cpu_model"`
+	MemTotalGB int64  `json:"mem_total_gib"`
+	Kernel     string `json:"kernel"`
+	GoVersion  string `json:"go_version"`
+	GOARCH     string `json:"goarch"`
+}
+
+// DescribeMachine reads nproc, /proc/cpuinfo, /proc/meminfo and the kernel release.
+func DescribeMachine() Machine {
+	m := Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), GOARCH: runtime.GOARCH}
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+		_ = f.Close()
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for line := range strings.SplitSeq(string(b), "\n") {
+			var kb int64
+			if _, err := fmt.Sscanf(line, "MemTotal: %d kB", &kb); err == nil {
+				m.MemTotalGB = kb >> 20
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	return m
+}
+
+// LoadReports reads every report in dir, newest first per (scenario, size)
+// only the latest is kept, ordered by active series.
+func LoadReports(dir string) ([]*Report, error) {
+	paths, err := filepath.Glob(filepath.Join(dir, "*.json"))
+	if err != nil {
+		return nil, err
+	}
+	latest := map[string]*Report{}
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil, err
+		}
+		var r Report
+		if err := json.Unmarshal(b, &r); err != nil || r.Scenario == "" {
+			continue // not a report
+		}
+		k := r.Scenario + "/" + r.Size
+		if old, ok := latest[k]; !ok || r.Date.After(old.Date) {
+			latest[k] = &r
+		}
+	}
+	out := make([]*Report, 0, len(latest))
+	for _, r := range latest {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b *Report) int { return a.Load.ActiveSeries - b.Load.ActiveSeries })
+	return out, nil
+}

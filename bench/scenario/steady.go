@@ -1,0 +1,204 @@
+// Package scenario runs fleet benchmark scenarios against the phonehome
+// receiver and, under the identical load in the same run, against Prometheus,
+// and reports each figure side by side with the ratio receiver/Prometheus.
+//
+// Only the steady-fleet scenario exists so far. Further scenarios (catch-up,
+// churn, restart, storage; issue 10) reuse Target, the process sampling and
+// the Report format.
+package scenario
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/phonehome/phonehome/bench"
+	"github.com/phonehome/phonehome/bench/fleet"
+)
+
+// SteadyOptions configures the steady-fleet scenario.
+type SteadyOptions struct {
+	Size             string // a label for the results, e.g. "100k"
+	Clusters         int
+	SeriesPerCluster int
+	Rounds           int
+	Concurrency      int
+	BatchSeries      int
+	Step             time.Duration // simulated time between rounds
+	Seed             uint64
+	Token            string
+	Targets          []Target      // run one after another, in this order
+	WorkDir          string        // a fresh subdirectory per target is made here
+	LoadTimeout      time.Duration // hard limit on each target's load phase
+	Settle           time.Duration // wait after the load before reading steady RSS
+	Log              io.Writer
+}
+
+// LoadSpec is the load every target received.
+type LoadSpec struct {
+	Clusters         int       `json:"clusters"`
+	SeriesPerCluster int       `json:"series_per_cluster"`
+	ActiveSeries     int       `json:"active_series"`
+	Templates        int       `json:"templates"`
+	Rounds           int       `json:"rounds"`
+	Concurrency      int       `json:"concurrency"`
+	BatchSeries      int       `json:"batch_series"`
+	Step             string    `json:"step"`
+	Seed             uint64    `json:"seed"`
+	FirstTimestamp   time.Time `json:"first_timestamp"`
+	RequestBodyBytes int64     `json:"request_body_bytes"`
+}
+
+// TargetResult is what one target did under the load.
+type TargetResult struct {
+	Name    string        `json:"name"`
+	Version string        `json:"version"`
+	Command []string      `json:"command"`
+	Error   string        `json:"error,omitempty"`
+	Load    *fleet.Result `json:"load"`
+
+	RSSBytes       int64      `json:"rss_bytes"`      // VmRSS after the load and Settle
+	PeakRSSBytes   int64      `json:"peak_rss_bytes"` // VmHWM after the load
+	MaxRSSBytes    int64      `json:"max_rss_bytes"`  // highest sampled VmRSS, shutdown included
+	RSSPerSeries   float64    `json:"rss_bytes_per_active_series"`
+	CPUSeconds     float64    `json:"cpu_seconds"` // user+system during the load
+	CPUPerMSamples float64    `json:"cpu_seconds_per_million_samples"`
+	StopSeconds    float64    `json:"stop_seconds"` // SIGTERM (and snapshot) to exit
+	Blocks         Blocks     `json:"blocks"`
+	RSSOverTime    []RSSPoint `json:"rss_over_time"`
+}
+
+// Steady runs the steady-fleet scenario: every target gets the same
+// byte-identical rounds of one point per series, sent as fast as it accepts them.
+func Steady(ctx context.Context, o SteadyOptions) (*Report, error) {
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	tmpl, err := fleet.LoadTemplateFiles(bench.FederateSample, bench.TelemetryAllowlist)
+	if err != nil {
+		return nil, err
+	}
+	f, err := fleet.New(tmpl, o.Clusters, o.SeriesPerCluster, o.Seed)
+	if err != nil {
+		return nil, err
+	}
+	fo := fleet.Options{
+		Token: o.Token, Rounds: o.Rounds, Step: o.Step,
+		Start:       time.Now().Add(-time.Duration(o.Rounds) * o.Step).Truncate(time.Second),
+		Concurrency: o.Concurrency, BatchSeries: o.BatchSeries,
+	}
+	fmt.Fprintf(o.Log, "encoding %d rounds × %d series ...\n", o.Rounds, f.ActiveSeries())
+	t := time.Now()
+	bodies, err := fleet.EncodeAll(ctx, f, fo)
+	if err != nil {
+		return nil, err
+	}
+	var bodyBytes int64
+	for _, r := range bodies {
+		for _, b := range r {
+			bodyBytes += int64(len(b))
+		}
+	}
+	fmt.Fprintf(o.Log, "encoded %d MiB in %s\n", bodyBytes>>20, time.Since(t).Round(time.Millisecond))
+	fo.Bodies = bodies
+
+	rep := &Report{
+		Scenario: "steady",
+		Size:     o.Size,
+		Date:     time.Now().UTC(),
+		Machine:  DescribeMachine(),
+		Load: LoadSpec{
+			Clusters: f.Clusters(), SeriesPerCluster: f.SeriesPerCluster(), ActiveSeries: f.ActiveSeries(),
+			Templates: len(tmpl), Rounds: o.Rounds, Concurrency: o.Concurrency, BatchSeries: o.BatchSeries,
+			Step: o.Step.String(), Seed: o.Seed, FirstTimestamp: fo.Start.UTC(), RequestBodyBytes: bodyBytes,
+		},
+	}
+	for _, tg := range o.Targets {
+		if ctx.Err() != nil {
+			return rep, ctx.Err()
+		}
+		fmt.Fprintf(o.Log, "== %s (%s)\n", tg.Name(), tg.Version())
+		res := runTarget(ctx, tg, f, fo, o)
+		if res.Error != "" {
+			fmt.Fprintf(o.Log, "%s: %s\n", tg.Name(), res.Error)
+		}
+		rep.Results = append(rep.Results, res)
+	}
+	rep.computeRatios()
+	return rep, nil
+}
+
+func runTarget(ctx context.Context, tg Target, f *fleet.Fleet, fo fleet.Options, o SteadyOptions) *TargetResult {
+	res := &TargetResult{Name: tg.Name(), Version: tg.Version()}
+	dir := filepath.Join(o.WorkDir, tg.Name())
+	if err := os.RemoveAll(dir); err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	run, err := tg.Start(ctx, dir)
+	if err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	defer run.srv.kill() // a no-op once Finish stopped it
+	res.Command = run.Args
+	pid := run.srv.pid()
+	smp := startSampler(pid, 250*time.Millisecond)
+
+	cpu0, _ := cpuSeconds(pid)
+	fo.URL = run.WriteURL
+	fo.OnRound = func(r fleet.RoundResult) {
+		fmt.Fprintf(o.Log, "  round %2d: %8d samples in %6.2fs = %9.0f/s accepted\n",
+			r.Round, r.Samples, r.Duration.Seconds(), float64(r.Accepted)/max(r.Duration.Seconds(), 1e-9))
+	}
+	lctx, cancel := context.WithTimeout(ctx, o.LoadTimeout)
+	load, err := fleet.Run(lctx, f, fo)
+	cancel()
+	cpu1, _ := cpuSeconds(pid)
+	res.Load = load
+	res.CPUSeconds = cpu1 - cpu0
+	if err == nil && load.Accepted > 0 {
+		res.CPUPerMSamples = res.CPUSeconds / (float64(load.Accepted) / 1e6)
+	}
+	var errs []error
+	if err != nil {
+		errs = append(errs, err)
+	}
+
+	select {
+	case <-time.After(o.Settle):
+	case <-ctx.Done():
+	}
+	if m, err := readProcMem(pid); err == nil {
+		res.RSSBytes, res.PeakRSSBytes = m.rss, m.hwm
+		res.RSSPerSeries = float64(m.rss) / float64(f.ActiveSeries())
+	} else {
+		errs = append(errs, fmt.Errorf("read memory: %w", err))
+	}
+
+	blocksDir, took, err := run.Finish(ctx)
+	res.StopSeconds = took.Seconds()
+	res.RSSOverTime, res.MaxRSSBytes = smp.stop()
+	if err != nil {
+		errs = append(errs, err)
+	} else if b, err := measureBlocks(blocksDir); err != nil {
+		errs = append(errs, fmt.Errorf("measure blocks: %w", err))
+	} else {
+		res.Blocks = b
+		if b.NumSamples != res.Load.Accepted {
+			errs = append(errs, fmt.Errorf("blocks hold %d samples, %d were accepted", b.NumSamples, res.Load.Accepted))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		res.Error = err.Error()
+	}
+	return res
+}

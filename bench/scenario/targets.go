@@ -1,0 +1,169 @@
+package scenario
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Target is a remote-write server under test. Implementations start it in a
+// fresh directory and, after the load, leave its data as blocks to measure.
+type Target interface {
+	Name() string
+	Version() string
+	// Start starts the server with its state under dir.
+	Start(ctx context.Context, dir string) (*Running, error)
+}
+
+// Running is a started target.
+type Running struct {
+	srv      *server
+	WriteURL string
+	Args     []string
+	// Finish makes the server's data durable as blocks, stops it, and
+	// returns the directory holding the blocks. It must stop the server even
+	// on error.
+	Finish func(ctx context.Context) (blocksDir string, stopTook time.Duration, err error)
+}
+
+// Receiver is the phonehome receiver binary with a tokens file and the
+// default filesystem bucket.
+type Receiver struct {
+	Bin   string
+	Token string
+}
+
+func (r *Receiver) Name() string { return "receiver" }
+
+func (r *Receiver) Version() string {
+	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "unknown"
+	}
+	return "phonehome@" + strings.TrimSpace(string(out))
+}
+
+func (r *Receiver) Start(ctx context.Context, dir string) (*Running, error) {
+	cfg := "auth:\n  tokens_file: tokens.yaml\nstorage:\n  out_of_order_window: 6h\n  bucket:\n    type: filesystem\n"
+	tokens := fmt.Sprintf("tokens:\n  - token: %q\n    tenant: \"bench\"\n", r.Token)
+	if err := os.WriteFile(filepath.Join(dir, "receiver.yaml"), []byte(cfg), 0o600); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokens.yaml"), []byte(tokens), 0o600); err != nil {
+		return nil, err
+	}
+	data := filepath.Join(dir, "data")
+	args := []string{
+		"--config.file=" + filepath.Join(dir, "receiver.yaml"),
+		"--storage.path=" + data,
+		"--web.listen-address=127.0.0.1:0",
+		"--log.format=json",
+	}
+	srv, err := startServer(ctx, "receiver", r.Bin, args, filepath.Join(dir, "receiver.log"), "", true)
+	if err != nil {
+		return nil, err
+	}
+	return &Running{
+		srv: srv, WriteURL: srv.baseURL + "/api/v1/write", Args: append([]string{r.Bin}, args...),
+		Finish: func(context.Context) (string, time.Duration, error) {
+			// SIGTERM flushes the head to a block and uploads it.
+			took, err := srv.stop(10 * time.Minute)
+			if err != nil {
+				return "", took, fmt.Errorf("receiver shutdown: %w", err)
+			}
+			return filepath.Join(data, "bucket"), took, nil
+		},
+	}, nil
+}
+
+// Prometheus is Debian's Prometheus with the remote-write receiver enabled.
+// Its head is turned into a block by an admin-API snapshot.
+type Prometheus struct {
+	Bin string
+}
+
+func (p *Prometheus) Name() string { return "prometheus" }
+
+func (p *Prometheus) Version() string {
+	out, err := exec.Command(p.Bin, "--version").CombinedOutput()
+	if err != nil {
+		return "unknown"
+	}
+	first, _, _ := strings.Cut(string(out), "\n")
+	return strings.TrimSpace(first)
+}
+
+func (p *Prometheus) Start(ctx context.Context, dir string) (*Running, error) {
+	cfg := filepath.Join(dir, "prometheus.yml")
+	if err := os.WriteFile(cfg, []byte("global:\n  scrape_interval: 1m\n"), 0o600); err != nil {
+		return nil, err
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	data := filepath.Join(dir, "data")
+	args := []string{
+		"--config.file=" + cfg,
+		"--storage.tsdb.path=" + data,
+		"--web.listen-address=" + addr,
+		"--web.enable-remote-write-receiver",
+		"--web.enable-admin-api",
+		"--log.format=json",
+	}
+	srv, err := startServer(ctx, "prometheus", p.Bin, args, filepath.Join(dir, "prometheus.log"), addr, false)
+	if err != nil {
+		return nil, err
+	}
+	return &Running{
+		srv: srv, WriteURL: srv.baseURL + "/api/v1/write", Args: append([]string{p.Bin}, args...),
+		Finish: func(ctx context.Context) (string, time.Duration, error) {
+			start := time.Now()
+			name, snapErr := snapshot(ctx, srv.baseURL)
+			_, stopErr := srv.stop(5 * time.Minute)
+			took := time.Since(start)
+			if snapErr != nil {
+				return "", took, snapErr
+			}
+			if stopErr != nil {
+				return "", took, fmt.Errorf("prometheus shutdown: %w", stopErr)
+			}
+			return filepath.Join(data, "snapshots", name), took, nil
+		},
+	}, nil
+}
+
+// snapshot asks Prometheus to write its head and blocks to a snapshot.
+func snapshot(ctx context.Context, base string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/api/v1/admin/tsdb/snapshot?skip_head=false", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("snapshot: %w", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("snapshot: %s: %s", resp.Status, body)
+	}
+	var out struct {
+		Data struct {
+			Name string `json:"name"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(body, &out); err != nil || out.Data.Name == "" {
+		return "", fmt.Errorf("snapshot: unexpected response %q", body)
+	}
+	return out.Data.Name, nil
+}
