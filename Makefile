@@ -1,0 +1,70 @@
+# phonehome — plain go commands; no Docker needed to build or test.
+GO        ?= go
+BIN       ?= bin
+FUZZTIME  ?= 30s
+SCENARIO  ?= steady
+
+.DEFAULT_GOAL := help
+
+.PHONY: all
+all: fmt lint test build ## Format, lint, test and build.
+
+.PHONY: build
+build: ## Build the receiver and forwarder into ./bin.
+	$(GO) build -trimpath -o $(BIN)/ ./cmd/...
+
+.PHONY: demo
+demo: build ## Run the system on its embedded default: receiver (filesystem bucket) fed by a forwarder.
+	./scripts/demo.sh
+
+.PHONY: test
+test: ## Run every test, e2e included (needs prometheus, alertmanager, versitygw: see .ci/run).
+	$(GO) test -race -timeout 40m ./...
+
+.PHONY: test-short
+test-short: ## Unit tests only (no e2e).
+	$(GO) test -race -short $$($(GO) list ./... | grep -v /e2e)
+
+.PHONY: e2e
+e2e: ## Only the end-to-end tests.
+	$(GO) test -race -timeout 30m ./e2e/...
+
+.PHONY: bench
+bench: ## Micro-benchmarks, 10 runs each, into bench/latest.txt.
+	$(GO) test -run='^$$' -bench=. -benchmem -count=10 ./... | tee bench/latest.txt
+
+.PHONY: bench-fleet
+bench-fleet: ## Fleet benchmark: receiver vs Prometheus side by side (SCENARIO=steady).
+	$(GO) run ./bench/cmd/benchrun -scenario=$(SCENARIO)
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz target for FUZZTIME each.
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+	    echo "== $$pkg $$f"; $(GO) test -run='^$$' -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) $$pkg; \
+	  done; \
+	done
+
+.PHONY: lint
+lint: ## golangci-lint v2 (go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0).
+	golangci-lint run ./...
+
+.PHONY: fmt
+fmt: ## gofmt the tree.
+	gofmt -w $$(git ls-files '*.go')
+
+.PHONY: tidy-check
+tidy-check: ## Fail if go.mod/go.sum are not tidy.
+	$(GO) mod tidy && git diff --exit-code go.mod go.sum
+
+.PHONY: deploy-check
+deploy-check: build ## Validate the example configs with --check-config.
+	$(BIN)/receiver --check-config --config.file=deploy/receiver.yaml
+
+.PHONY: clean
+clean: ## Remove build output and demo data.
+	rm -rf $(BIN) data
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)

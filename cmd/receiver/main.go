@@ -1,0 +1,190 @@
+// Command receiver is phonehome's fleet receiver: authenticated remote-write
+// ingest into per-tenant TSDBs, blocks shipped to object storage, and the
+// Prometheus HTTP API over them. See README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	oklogrun "github.com/oklog/run"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	versioncollector "github.com/prometheus/client_golang/prometheus/collectors/version"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/version"
+
+	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/query"
+	"github.com/phonehome/phonehome/receive"
+	"github.com/phonehome/phonehome/storage"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
+
+// defaultTenant is the tenant of every request under --insecure.no-auth.
+const defaultTenant = "default"
+
+func run(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("receiver", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		configFile  = fs.String("config.file", "", "Path to the YAML configuration file. Empty means all defaults.")
+		listenAddr  = fs.String("web.listen-address", ":9291", "Address to listen on for the API, ingest and telemetry.")
+		storagePath = fs.String("storage.path", "data", "Directory for the per-tenant TSDBs and, by default, the filesystem bucket.")
+		logLevel    = fs.String("log.level", "info", "Log level: debug, info, warn or error.")
+		logFormat   = fs.String("log.format", "json", "Log format: json or logfmt.")
+		checkOnly   = fs.Bool("check-config", false, "Validate the configuration (and the files it names), print ok and exit.")
+		noAuth      = fs.Bool("insecure.no-auth", false, "INSECURE: accept every request without credentials, as tenant \""+defaultTenant+"\". For local trials only.")
+		showVersion = fs.Bool("version", false, "Print the version and exit.")
+	)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "receiver: unexpected arguments: %v\n", fs.Args())
+		return 2
+	}
+	if *showVersion {
+		fmt.Fprintln(stderr, version.Print("receiver"))
+		return 0
+	}
+	logger, err := newLogger(stderr, *logLevel, *logFormat)
+	if err != nil {
+		fmt.Fprintf(stderr, "receiver: %v\n", err)
+		return 2
+	}
+	cfg, err := receive.LoadConfig(*configFile)
+	if err != nil {
+		logger.Error("invalid configuration", "file", *configFile, "err", err)
+		return 2
+	}
+	authn, err := newAuthenticator(cfg.Auth, *noAuth)
+	if err != nil {
+		logger.Error("invalid configuration", "file", *configFile, "err", err)
+		return 2
+	}
+	if *checkOnly {
+		fmt.Fprintln(stderr, "ok")
+		return 0
+	}
+	if *noAuth {
+		logger.Warn("authentication is DISABLED (--insecure.no-auth): anyone who can reach this port can write and read", "tenant", defaultTenant)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		versioncollector.NewCollector("phonehome_receiver"),
+	)
+
+	ln, err := net.Listen("tcp", *listenAddr)
+	if err != nil {
+		logger.Error("listen", "addr", *listenAddr, "err", err)
+		return 1
+	}
+	defer ln.Close()
+
+	db, err := storage.Open(logger.With("component", "storage"), reg, *storagePath, cfg.Storage)
+	if err != nil {
+		logger.Error("open storage", "path", *storagePath, "err", err)
+		return 1
+	}
+	defer func() {
+		// Close flushes the head to a block and uploads it (as configured).
+		if err := db.Close(); err != nil {
+			logger.Error("close storage", "err", err)
+		}
+	}()
+
+	var ready atomic.Bool
+	isReady := func() bool { return ready.Load() && db.Ready() }
+	writes := receive.NewHandler(logger.With("component", "receive"), reg, db, receive.Options{Limits: cfg.Limits, Ready: isReady})
+	engine := query.NewEngine(logger.With("component", "query"), reg, query.Options{})
+	api := query.NewHandler(logger.With("component", "query"), engine, db, query.Options{Ready: isReady, Version: version.Version})
+
+	mux := http.NewServeMux()
+	mux.Handle("POST /api/v1/write", auth.Middleware(authn, writes.CountUnauthenticated, writes))
+	mux.Handle("/api/v1/", auth.Middleware(authn, nil, api))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /-/healthy", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "healthy") })
+	mux.HandleFunc("GET /-/ready", func(w http.ResponseWriter, _ *http.Request) {
+		if !isReady() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+
+	var g oklogrun.Group
+	g.Add(oklogrun.SignalHandler(context.Background(), os.Interrupt, syscall.SIGTERM))
+	{ // HTTP server.
+		g.Add(func() error {
+			logger.Info("listening", "addr", ln.Addr().String())
+			ready.Store(true)
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("serve http: %w", err)
+			}
+			return nil
+		}, func(error) {
+			ready.Store(false) // unready first, so load balancers move away
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(ctx)
+		})
+	}
+	{ // Block shipper.
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return db.RunShipper(ctx) }, func(error) { cancel() })
+	}
+
+	if err := g.Run(); err != nil && !errors.Is(err, oklogrun.ErrSignal) {
+		logger.Error("receiver stopped", "err", err)
+		return 1
+	}
+	logger.Info("receiver stopping: flushing and uploading the head")
+	return 0
+}
+
+// newAuthenticator builds the configured authenticator. Running without one
+// needs the explicit --insecure.no-auth flag.
+func newAuthenticator(cfg receive.AuthConfig, noAuth bool) (auth.Authenticator, error) {
+	switch {
+	case cfg.TokensFile != "" && noAuth:
+		return nil, errors.New("auth.tokens_file and --insecure.no-auth are mutually exclusive")
+	case cfg.TokensFile != "":
+		return auth.LoadTokensFile(cfg.TokensFile)
+	case noAuth:
+		return auth.Insecure{Tenant: defaultTenant}, nil
+	default:
+		return nil, errors.New("no authentication configured: set auth.tokens_file in --config.file, or pass --insecure.no-auth for a local trial")
+	}
+}
+
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log.level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "logfmt":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	default:
+		return nil, fmt.Errorf("--log.format %q: want json or logfmt", format)
+	}
+}

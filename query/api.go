@@ -1,0 +1,136 @@
+// Package query serves the Prometheus HTTP API over the receiver's storage,
+// scoped to the tenant of the read credential. It reuses Prometheus' own API
+// handlers and PromQL engine, so responses are byte-compatible with
+// Prometheus and Grafana's Prometheus data source works unmodified.
+package query
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"runtime"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/route"
+	"github.com/prometheus/prometheus/config"
+	"github.com/prometheus/prometheus/promql"
+	"github.com/prometheus/prometheus/rules"
+	"github.com/prometheus/prometheus/scrape"
+	v1 "github.com/prometheus/prometheus/web/api/v1"
+)
+
+// Options configures the API. Zero values mean the defaults.
+type Options struct {
+	// LookbackDelta is how far back an instant vector selector looks (5m).
+	LookbackDelta time.Duration
+	// Timeout bounds one query (2m).
+	Timeout time.Duration
+	// MaxSamples bounds the samples one query may load (50M).
+	MaxSamples int
+	// Ready reports whether queries may be served; nil means always.
+	Ready func() bool
+	// Version is reported by /api/v1/status/buildinfo.
+	Version string
+}
+
+// Paths are the API endpoints served, relative to /api/v1. Everything else
+// of Prometheus' API (admin, targets, remote read, ...) is deliberately absent.
+var Paths = []string{
+	"/query", "/query_range", "/series", "/labels", "/label/{name}/values",
+	"/metadata", "/status/buildinfo", "/format_query", "/parse_query",
+}
+
+// NewEngine returns the PromQL engine used by the API (and by rule evaluation).
+func NewEngine(logger *slog.Logger, reg prometheus.Registerer, opts Options) *promql.Engine {
+	opts.setDefaults()
+	return promql.NewEngine(promql.EngineOpts{
+		Logger:               logger,
+		Reg:                  reg,
+		MaxSamples:           opts.MaxSamples,
+		Timeout:              opts.Timeout,
+		LookbackDelta:        opts.LookbackDelta,
+		EnableAtModifier:     true,
+		EnableNegativeOffset: true,
+	})
+}
+
+func (o *Options) setDefaults() {
+	if o.LookbackDelta == 0 {
+		o.LookbackDelta = 5 * time.Minute
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 2 * time.Minute
+	}
+	if o.MaxSamples == 0 {
+		o.MaxSamples = 50_000_000
+	}
+}
+
+// NewHandler returns the /api/v1 handler. It expects auth.Middleware in front.
+func NewHandler(logger *slog.Logger, engine *promql.Engine, r Reader, opts Options) http.Handler {
+	opts.setDefaults()
+	ready := func(f http.HandlerFunc) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			if opts.Ready != nil && !opts.Ready() {
+				http.Error(w, "service unavailable", http.StatusServiceUnavailable)
+				return
+			}
+			f(w, r)
+		}
+	}
+	start := time.Now()
+	api := v1.NewAPI(
+		engine, tenantQueryable{r}, nil, nil,
+		func(context.Context) v1.ScrapePoolsRetriever { return noTargets{} },
+		func(context.Context) v1.TargetRetriever { return noTargets{} },
+		func(context.Context) v1.AlertmanagerRetriever { return noAlertmanagers{} },
+		func() config.Config { return config.Config{} },
+		nil, v1.GlobalURLOptions{}, ready, nil, "",
+		false, false, 0, logger,
+		func(context.Context) v1.RulesRetriever { return noRules{} },
+		0, 1, 1<<20, false, nil,
+		func() (v1.RuntimeInfo, error) {
+			return v1.RuntimeInfo{StartTime: start, GoroutineCount: runtime.NumGoroutine(), GOMAXPROCS: runtime.GOMAXPROCS(0), CWD: cwd()}, nil
+		},
+		&v1.PrometheusVersion{Version: opts.Version, GoVersion: runtime.Version()},
+		nil, nil,
+		prometheus.NewRegistry(), prometheus.NewRegistry(), // the API's own metrics stay private
+		nil, false, nil, false, false, false,
+		opts.LookbackDelta, false, false, nil, nil,
+		v1.OpenAPIOptions{}, nil, false, opts.Timeout,
+	)
+	router := route.New()
+	api.Register(router.WithPrefix("/api/v1"))
+	mux := http.NewServeMux()
+	for _, p := range Paths {
+		mux.Handle("/api/v1"+p, router)
+	}
+	return mux
+}
+
+func cwd() string {
+	d, _ := os.Getwd()
+	return d
+}
+
+// noTargets: the receiver scrapes nothing, so target endpoints are empty.
+type noTargets struct{}
+
+func (noTargets) ScrapePools() []string                                 { return nil }
+func (noTargets) TargetsActive() map[string][]*scrape.Target            { return nil }
+func (noTargets) TargetsDropped() map[string][]*scrape.Target           { return nil }
+func (noTargets) TargetsDroppedCounts() map[string]int                  { return nil }
+func (noTargets) ScrapePoolConfig(string) (*config.ScrapeConfig, error) { return nil, nil }
+
+type noAlertmanagers struct{}
+
+func (noAlertmanagers) Alertmanagers() []*url.URL        { return nil }
+func (noAlertmanagers) DroppedAlertmanagers() []*url.URL { return nil }
+
+type noRules struct{}
+
+func (noRules) RuleGroups() []*rules.Group           { return nil }
+func (noRules) AlertingRules() []*rules.AlertingRule { return nil }

@@ -1,0 +1,118 @@
+package receive
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/alecthomas/units"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/phonehome/phonehome/storage"
+)
+
+// Config is the receiver's YAML configuration file. Unknown keys are errors.
+type Config struct {
+	Auth    AuthConfig     `yaml:"auth"`
+	Limits  Limits         `yaml:"limits"`
+	Storage storage.Config `yaml:"storage"`
+}
+
+// AuthConfig names where credentials come from.
+type AuthConfig struct {
+	// TokensFile maps bearer tokens to tenants; see auth.TokensFile.
+	// A relative path is relative to the configuration file.
+	TokensFile string `yaml:"tokens_file"`
+}
+
+// Limits bound what one request may carry. Zero means the default.
+type Limits struct {
+	// MaxBodyBytes caps the compressed request body.
+	MaxBodyBytes units.Base2Bytes `yaml:"max_body_bytes"`
+	// MaxDecodedBytes caps the snappy-decoded body, checked before decoding.
+	MaxDecodedBytes        units.Base2Bytes `yaml:"max_decoded_bytes"`
+	MaxLabelNamesPerSeries int              `yaml:"max_label_names_per_series"`
+	MaxLabelNameLength     int              `yaml:"max_label_name_length"`
+	MaxLabelValueLength    int              `yaml:"max_label_value_length"`
+}
+
+// Defaults sized for telemetry: a forwarder batch is a few hundred KiB at most.
+const (
+	defaultMaxBodyBytes           = 8 << 20
+	defaultMaxDecodedBytes        = 32 << 20
+	defaultMaxLabelNamesPerSeries = 64
+	defaultMaxLabelNameLength     = 256
+	defaultMaxLabelValueLength    = 4096
+)
+
+// SetDefaults fills every unset field.
+func (l *Limits) SetDefaults() {
+	if l.MaxBodyBytes == 0 {
+		l.MaxBodyBytes = defaultMaxBodyBytes
+	}
+	if l.MaxDecodedBytes == 0 {
+		l.MaxDecodedBytes = defaultMaxDecodedBytes
+	}
+	if l.MaxLabelNamesPerSeries == 0 {
+		l.MaxLabelNamesPerSeries = defaultMaxLabelNamesPerSeries
+	}
+	if l.MaxLabelNameLength == 0 {
+		l.MaxLabelNameLength = defaultMaxLabelNameLength
+	}
+	if l.MaxLabelValueLength == 0 {
+		l.MaxLabelValueLength = defaultMaxLabelValueLength
+	}
+}
+
+// Validate reports every invalid limit with its YAML path.
+func (l *Limits) Validate() error {
+	var errs []error
+	check := func(path string, v int64) {
+		if v < 0 {
+			errs = append(errs, fmt.Errorf("limits.%s: must not be negative, got %d", path, v))
+		}
+	}
+	check("max_body_bytes", int64(l.MaxBodyBytes))
+	check("max_decoded_bytes", int64(l.MaxDecodedBytes))
+	check("max_label_names_per_series", int64(l.MaxLabelNamesPerSeries))
+	check("max_label_name_length", int64(l.MaxLabelNameLength))
+	check("max_label_value_length", int64(l.MaxLabelValueLength))
+	if l.MaxDecodedBytes < l.MaxBodyBytes {
+		errs = append(errs, fmt.Errorf("limits.max_decoded_bytes (%s) must be at least limits.max_body_bytes (%s)", l.MaxDecodedBytes, l.MaxBodyBytes))
+	}
+	return errors.Join(errs...)
+}
+
+// LoadConfig reads path strictly, applies defaults and validates. An empty
+// path yields the defaults. Relative file paths inside the config are
+// resolved against the config file's directory.
+func LoadConfig(path string) (*Config, error) {
+	cfg := &Config{}
+	if path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("read config: %w", err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(b))
+		dec.KnownFields(true)
+		if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("parse %s: %w", path, err)
+		}
+		cfg.resolvePaths(filepath.Dir(path))
+	}
+	cfg.Limits.SetDefaults()
+	cfg.Storage.SetDefaults()
+	if err := errors.Join(cfg.Limits.Validate(), cfg.Storage.Validate()); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+func (c *Config) resolvePaths(dir string) {
+	if c.Auth.TokensFile != "" && !filepath.IsAbs(c.Auth.TokensFile) {
+		c.Auth.TokensFile = filepath.Join(dir, c.Auth.TokensFile)
+	}
+}

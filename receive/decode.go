@@ -1,0 +1,102 @@
+package receive
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"sync"
+
+	"github.com/golang/snappy"
+	"github.com/prometheus/prometheus/prompb"
+)
+
+// Error classes, mapped to HTTP status codes by statusFor alone.
+var (
+	errBadRequest  = errors.New("bad request")
+	errTooLarge    = errors.New("request too large")
+	errUnsupported = errors.New("unsupported media type")
+)
+
+// Remote-write protobuf messages, as named by the Content-Type proto parameter.
+const (
+	protoV1 = "prometheus.WriteRequest"
+	protoV2 = "io.prometheus.write.v2.Request"
+)
+
+// bufPool recycles request and snappy buffers; a telemetry fleet sends many
+// similar small requests, so reuse removes most per-request garbage.
+var bufPool = sync.Pool{New: func() any { return new(bytesBuffer) }}
+
+// bytesBuffer holds the two buffers one request needs.
+type bytesBuffer struct {
+	body    bytes.Buffer
+	decoded []byte
+}
+
+// negotiate checks the Content-Type and Content-Encoding of a remote-write
+// request and returns the protobuf message it carries.
+func negotiate(h http.Header) (string, error) {
+	if enc := h.Get("Content-Encoding"); enc != "" && enc != "snappy" {
+		return "", fmt.Errorf("content-encoding %q, only snappy is supported: %w", enc, errUnsupported)
+	}
+	ct := h.Get("Content-Type")
+	if ct == "" {
+		return protoV1, nil // remote-write 1.0 senders predating the spec
+	}
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return "", fmt.Errorf("content-type %q: %w", ct, errUnsupported)
+	}
+	if mt != "application/x-protobuf" {
+		return "", fmt.Errorf("content-type %q, want application/x-protobuf: %w", ct, errUnsupported)
+	}
+	switch proto := params["proto"]; proto {
+	case "", protoV1:
+		return protoV1, nil
+	default:
+		return "", fmt.Errorf("content-type proto %q, this receiver accepts %s: %w", proto, protoV1, errUnsupported)
+	}
+}
+
+// readBody reads at most maxBody bytes of a snappy body into buf and returns
+// the snappy-decoded bytes in dst. Sizes are checked before any allocation
+// that depends on them.
+func readBody(r *http.Request, maxBody, maxDecoded int64, buf *bytes.Buffer, dst []byte) ([]byte, error) {
+	if r.ContentLength > maxBody {
+		return nil, fmt.Errorf("body of %d bytes exceeds the limit of %d bytes: %w", r.ContentLength, maxBody, errTooLarge)
+	}
+	buf.Reset()
+	if _, err := buf.ReadFrom(io.LimitReader(r.Body, maxBody+1)); err != nil {
+		return nil, fmt.Errorf("read body: %w: %w", errBadRequest, err)
+	}
+	if int64(buf.Len()) > maxBody {
+		return nil, fmt.Errorf("body exceeds the limit of %d bytes: %w", maxBody, errTooLarge)
+	}
+	n, err := snappy.DecodedLen(buf.Bytes())
+	if err != nil {
+		return nil, fmt.Errorf("snappy header: %w: %w", errBadRequest, err)
+	}
+	if int64(n) > maxDecoded {
+		return nil, fmt.Errorf("decoded size of %d bytes exceeds the limit of %d bytes: %w", n, maxDecoded, errTooLarge)
+	}
+	if cap(dst) < n {
+		dst = make([]byte, n)
+	}
+	out, err := snappy.Decode(dst[:cap(dst)], buf.Bytes())
+	if err != nil {
+		return nil, fmt.Errorf("snappy decode: %w: %w", errBadRequest, err)
+	}
+	return out, nil
+}
+
+// decodeV1 unmarshals a remote-write 1.0 request.
+func decodeV1(raw []byte) (*prompb.WriteRequest, error) {
+	var req prompb.WriteRequest
+	if err := req.Unmarshal(raw); err != nil {
+		return nil, fmt.Errorf("protobuf decode: %w: %w", errBadRequest, err)
+	}
+	return &req, nil
+}

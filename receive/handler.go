@@ -1,0 +1,171 @@
+// Package receive is the remote-write HTTP ingest: it decodes snappy+protobuf
+// requests within size limits, validates every series, binds them to the
+// authenticated identity, writes them through storage.Writer, and maps every
+// outcome to the status code the remote-write spec asks for.
+package receive
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/prometheus/prompb"
+
+	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/storage"
+)
+
+// Response headers of the remote-write 2.0 spec, sent on every response.
+const (
+	headerSamplesWritten    = "X-Prometheus-Remote-Write-Samples-Written"
+	headerHistogramsWritten = "X-Prometheus-Remote-Write-Histograms-Written"
+	headerExemplarsWritten  = "X-Prometheus-Remote-Write-Exemplars-Written"
+)
+
+// maxErrorsInBody bounds how many per-series problems a response lists.
+const maxErrorsInBody = 5
+
+// Options configures a Handler.
+type Options struct {
+	Limits Limits
+	// Ready reports whether writes may be accepted; nil means always.
+	Ready func() bool
+}
+
+// Handler serves POST /api/v1/write. It expects auth.Middleware in front of
+// it: the tenant and bound cluster id come only from the request context.
+type Handler struct {
+	logger  *slog.Logger
+	writer  storage.Writer
+	opts    Options
+	metrics *metrics
+}
+
+// NewHandler returns a remote-write handler writing to w. reg may be nil.
+func NewHandler(logger *slog.Logger, reg prometheus.Registerer, w storage.Writer, opts Options) *Handler {
+	opts.Limits.SetDefaults()
+	return &Handler{logger: logger, writer: w, opts: opts, metrics: newMetrics(reg)}
+}
+
+// CountUnauthenticated records a request refused by auth.Middleware.
+func (h *Handler) CountUnauthenticated(*http.Request, error) {
+	h.metrics.unauthenticated.Inc()
+	h.metrics.requests.WithLabelValues(strconv.Itoa(http.StatusUnauthorized)).Inc()
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	written, err := h.handle(r)
+	code := statusFor(err)
+
+	hdr := w.Header()
+	hdr.Set(headerSamplesWritten, strconv.Itoa(written.Samples))
+	hdr.Set(headerHistogramsWritten, strconv.Itoa(written.Histograms))
+	hdr.Set(headerExemplarsWritten, strconv.Itoa(written.Exemplars))
+	h.metrics.requests.WithLabelValues(strconv.Itoa(code)).Inc()
+	h.metrics.duration.Observe(time.Since(start).Seconds())
+	if err == nil {
+		w.WriteHeader(code)
+		return
+	}
+	switch {
+	case code >= 500:
+		h.logger.Error("write failed", "code", code, "err", err)
+	default:
+		h.logger.Debug("write rejected", "code", code, "err", err)
+	}
+	if code == http.StatusServiceUnavailable {
+		hdr.Set("Retry-After", "5")
+	}
+	http.Error(w, err.Error(), code)
+}
+
+func (h *Handler) handle(r *http.Request) (storage.Stats, error) {
+	if h.opts.Ready != nil && !h.opts.Ready() {
+		return storage.Stats{}, storage.ErrNotReady
+	}
+	id, ok := auth.FromContext(r.Context())
+	if !ok {
+		return storage.Stats{}, errors.New("request reached the write handler without an identity")
+	}
+	if _, err := negotiate(r.Header); err != nil {
+		return storage.Stats{}, err
+	}
+
+	buf := bufPool.Get().(*bytesBuffer)
+	defer bufPool.Put(buf)
+	lim := &h.opts.Limits
+	raw, err := readBody(r, int64(lim.MaxBodyBytes), int64(lim.MaxDecodedBytes), &buf.body, buf.decoded)
+	if raw != nil {
+		buf.decoded = raw[:0]
+	}
+	if err != nil {
+		return storage.Stats{}, err
+	}
+	h.metrics.bytes.WithLabelValues("snappy").Add(float64(buf.body.Len()))
+	h.metrics.bytes.WithLabelValues("decoded").Add(float64(len(raw)))
+
+	req, err := decodeV1(raw)
+	if err != nil {
+		return storage.Stats{}, err
+	}
+	return h.write(r, id, req.Timeseries)
+}
+
+// write validates series, stores the valid ones, and reports the rest.
+func (h *Handler) write(r *http.Request, id auth.Identity, series []prompb.TimeSeries) (storage.Stats, error) {
+	valid := series[:0]
+	var problems []string
+	rejected := 0
+	for i := range series {
+		ts := &series[i]
+		if serr := validateSeries(ts, &h.opts.Limits, id.ClusterID); serr != nil {
+			n := len(ts.Samples) + len(ts.Histograms)
+			rejected += n
+			h.metrics.rejected.WithLabelValues(serr.reason).Add(float64(max(n, 1)))
+			if len(problems) < maxErrorsInBody {
+				problems = append(problems, fmt.Sprintf("series %d: %s", i, serr.msg))
+			}
+			continue
+		}
+		valid = append(valid, *ts)
+	}
+	h.metrics.seriesAccepted.Add(float64(len(valid)))
+
+	var stats storage.Stats
+	var werr error
+	if len(valid) > 0 {
+		stats, werr = h.writer.Write(r.Context(), id.Tenant, valid)
+	}
+	h.metrics.samples.WithLabelValues("accepted").Add(float64(stats.Samples))
+	h.metrics.histograms.Add(float64(stats.Histograms))
+	h.metrics.exemplars.Add(float64(stats.Exemplars))
+
+	var perr *storage.PartialError
+	switch {
+	case werr == nil:
+	case errors.As(werr, &perr):
+		rejected += perr.Rejected
+		h.metrics.rejected.WithLabelValues(reasonFor(werr)).Add(float64(perr.Rejected))
+		problems = append(problems, werr.Error())
+	default:
+		return stats, fmt.Errorf("write: %w", werr)
+	}
+	h.metrics.samples.WithLabelValues("rejected").Add(float64(rejected))
+	if len(problems) == 0 {
+		return stats, nil
+	}
+	err := fmt.Errorf("%d of %d samples rejected, the rest were written: %s: %w",
+		rejected, rejected+stats.Samples+stats.Histograms, strings.Join(problems, "; "), errBadRequest)
+	if werr != nil && len(problems) == 1 {
+		err = fmt.Errorf("%d of %d samples rejected, the rest were written: %w: %w",
+			rejected, rejected+stats.Samples+stats.Histograms, errBadRequest, werr)
+	}
+	return stats, err
+}

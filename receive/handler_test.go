@@ -1,0 +1,252 @@
+package receive
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/golang/snappy"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/prometheus/model/value"
+	"github.com/prometheus/prometheus/prompb"
+	promstorage "github.com/prometheus/prometheus/storage"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/storage"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeWriter records what it is asked to write. failWith, when set, is
+// returned for every call; partial rejects samples whose value is 13.
+type fakeWriter struct {
+	mu       sync.Mutex
+	tenants  []string
+	series   []prompb.TimeSeries
+	failWith error
+}
+
+func (f *fakeWriter) Write(_ context.Context, tenant string, series []prompb.TimeSeries) (storage.Stats, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failWith != nil {
+		return storage.Stats{}, f.failWith
+	}
+	var st storage.Stats
+	rejected := 0
+	for _, ts := range series {
+		cp := prompb.TimeSeries{Labels: append([]prompb.Label(nil), ts.Labels...)}
+		for _, s := range ts.Samples {
+			if s.Value == 13 {
+				rejected++
+				continue
+			}
+			cp.Samples = append(cp.Samples, s)
+			st.Samples++
+		}
+		st.Histograms += len(ts.Histograms)
+		f.series = append(f.series, cp)
+		f.tenants = append(f.tenants, tenant)
+	}
+	if rejected > 0 {
+		return st, &storage.PartialError{Rejected: rejected, Err: promstorage.ErrOutOfOrderSample}
+	}
+	return st, nil
+}
+
+func series(name string, extra ...string) prompb.TimeSeries {
+	ls := []prompb.Label{{Name: "__name__", Value: name}}
+	for i := 0; i+1 < len(extra); i += 2 {
+		ls = append(ls, prompb.Label{Name: extra[i], Value: extra[i+1]})
+	}
+	return prompb.TimeSeries{Labels: ls, Samples: []prompb.Sample{{Value: 1, Timestamp: 1000}}}
+}
+
+func encode(t testing.TB, ts ...prompb.TimeSeries) []byte {
+	t.Helper()
+	raw, err := (&prompb.WriteRequest{Timeseries: ts}).Marshal()
+	require.NoError(t, err)
+	return snappy.Encode(nil, raw)
+}
+
+func newRequest(body []byte, id *auth.Identity) *http.Request {
+	r := httptest.NewRequest(http.MethodPost, "/api/v1/write", bytes.NewReader(body))
+	r.Header.Set("Content-Type", "application/x-protobuf")
+	r.Header.Set("Content-Encoding", "snappy")
+	r.Header.Set("X-Prometheus-Remote-Write-Version", "0.1.0")
+	if id != nil {
+		r = r.WithContext(auth.WithIdentity(r.Context(), *id))
+	}
+	return r
+}
+
+func TestHandlerStatus(t *testing.T) {
+	acme := &auth.Identity{Tenant: "acme"}
+	valid := encode(t, series("up", "job", "a"))
+	longValue := strings.Repeat("v", defaultMaxLabelValueLength+1)
+
+	for _, tc := range []struct {
+		name    string
+		req     func() *http.Request
+		want    int
+		samples string
+		body    string
+	}{
+		{"valid", func() *http.Request { return newRequest(valid, acme) }, 204, "1", ""},
+		{"no encoding header is snappy", func() *http.Request {
+			r := newRequest(valid, acme)
+			r.Header.Del("Content-Encoding")
+			return r
+		}, 204, "1", ""},
+		{"proto param v1", func() *http.Request {
+			r := newRequest(valid, acme)
+			r.Header.Set("Content-Type", "application/x-protobuf;proto=prometheus.WriteRequest")
+			return r
+		}, 204, "1", ""},
+		{"json content type", func() *http.Request {
+			r := newRequest(valid, acme)
+			r.Header.Set("Content-Type", "application/json")
+			return r
+		}, 415, "0", "application/x-protobuf"},
+		{"unknown proto", func() *http.Request {
+			r := newRequest(valid, acme)
+			r.Header.Set("Content-Type", "application/x-protobuf;proto=foo.Bar")
+			return r
+		}, 415, "0", "proto"},
+		{"gzip encoding", func() *http.Request {
+			r := newRequest(valid, acme)
+			r.Header.Set("Content-Encoding", "gzip")
+			return r
+		}, 415, "0", "snappy"},
+		{"garbage body", func() *http.Request { return newRequest([]byte("garbage!"), acme) }, 400, "0", "snappy"},
+		{"truncated snappy", func() *http.Request { return newRequest(valid[:len(valid)-3], acme) }, 400, "0", "snappy"},
+		{"snappy of garbage protobuf", func() *http.Request { return newRequest(snappy.Encode(nil, []byte{0xff, 0xff, 0xff}), acme) }, 400, "0", "protobuf"},
+		{"huge declared decoded length", func() *http.Request {
+			return newRequest([]byte{0xff, 0xff, 0xff, 0xff, 0x0f, 0x00}, acme) // varint 4 GiB
+		}, 413, "0", "decoded size"},
+		{"oversized body", func() *http.Request { return newRequest(make([]byte, defaultMaxBodyBytes+1), acme) }, 413, "0", "exceeds"},
+		{"no identity", func() *http.Request { return newRequest(valid, nil) }, 500, "0", ""},
+		{"no metric name", func() *http.Request {
+			return newRequest(encode(t, prompb.TimeSeries{Labels: []prompb.Label{{Name: "job", Value: "a"}}, Samples: []prompb.Sample{{Value: 1}}}), acme)
+		}, 400, "0", "no metric name"},
+		{"unsorted labels", func() *http.Request { return newRequest(encode(t, series("up", "z", "1", "a", "2")), acme) }, 400, "0", "not sorted"},
+		{"duplicate labels", func() *http.Request { return newRequest(encode(t, series("up", "a", "1", "a", "2")), acme) }, 400, "0", "duplicate"},
+		{"empty label name", func() *http.Request {
+			ts := series("up")
+			ts.Labels = append([]prompb.Label{{Name: "", Value: "x"}}, ts.Labels...)
+			return newRequest(encode(t, ts), acme)
+		}, 400, "0", "empty label name"},
+		{"bad label name", func() *http.Request { return newRequest(encode(t, series("up", "a-b", "1")), acme) }, 400, "0", "invalid label name"},
+		{"bad metric name", func() *http.Request { return newRequest(encode(t, series("1up")), acme) }, 400, "0", "invalid metric name"},
+		{"label value too long", func() *http.Request { return newRequest(encode(t, series("up", "a", longValue)), acme) }, 400, "0", "limit"},
+		{"no samples", func() *http.Request {
+			return newRequest(encode(t, prompb.TimeSeries{Labels: []prompb.Label{{Name: "__name__", Value: "up"}}}), acme)
+		}, 400, "0", "no samples"},
+		{"partial: one bad series, one good", func() *http.Request {
+			return newRequest(encode(t, series("1bad"), series("up", "job", "b")), acme)
+		}, 400, "1", "rest were written"},
+		{"partial from storage", func() *http.Request {
+			ts := series("up")
+			ts.Samples = append(ts.Samples, prompb.Sample{Value: 13, Timestamp: 2000})
+			return newRequest(encode(t, ts), acme)
+		}, 400, "1", "out of order"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := NewHandler(discard(), nil, &fakeWriter{}, Options{})
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, tc.req())
+			require.Equal(t, tc.want, rec.Code, rec.Body.String())
+			require.Equal(t, tc.samples, rec.Header().Get(headerSamplesWritten))
+			require.NotEmpty(t, rec.Header().Get(headerHistogramsWritten))
+			require.Contains(t, rec.Body.String(), tc.body)
+		})
+	}
+}
+
+func TestHandlerNotReady(t *testing.T) {
+	h := NewHandler(discard(), nil, &fakeWriter{}, Options{Ready: func() bool { return false }})
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t, series("up")), &auth.Identity{Tenant: "a"}))
+	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	require.NotEmpty(t, rec.Header().Get("Retry-After"))
+
+	h = NewHandler(discard(), nil, &fakeWriter{failWith: storage.ErrNotReady}, Options{})
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t, series("up")), &auth.Identity{Tenant: "a"}))
+	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+
+	h = NewHandler(discard(), nil, &fakeWriter{failWith: fmt.Errorf("disk on fire")}, Options{})
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t, series("up")), &auth.Identity{Tenant: "a"}))
+	require.Equal(t, http.StatusInternalServerError, rec.Code)
+}
+
+func TestHandlerWritesTenantAndBindsCluster(t *testing.T) {
+	w := &fakeWriter{}
+	reg := prometheus.NewRegistry()
+	h := NewHandler(discard(), reg, w, Options{})
+	id := &auth.Identity{Tenant: "acme", ClusterID: "c1"}
+
+	stale := series("up", "job", "x")
+	stale.Samples[0].Value = math.Float64frombits(value.StaleNaN)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t, stale, series("up", "_id", "c1", "job", "y"), series("up", "_id", "c2"), series("up", "empty", "")), id))
+	require.Equal(t, http.StatusBadRequest, rec.Code, rec.Body.String()) // c2 is refused
+	require.Contains(t, rec.Body.String(), "does not match the authenticated cluster")
+
+	require.Len(t, w.series, 3)
+	for i, ts := range w.series {
+		require.Equal(t, "acme", w.tenants[i])
+		var got string
+		for _, l := range ts.Labels {
+			require.NotEmpty(t, l.Value, "empty-valued labels are dropped")
+			if l.Name == "_id" {
+				got = l.Value
+			}
+		}
+		require.Equal(t, "c1", got, "series %d is bound to the credential's cluster", i)
+	}
+	require.Equal(t, value.StaleNaN, math.Float64bits(w.series[0].Samples[0].Value), "stale marker passes bit-exact")
+	require.InDelta(t, 1, testutil.ToFloat64(h.metrics.rejected.WithLabelValues(reasonClusterMismatch)), 0)
+	require.InDelta(t, 3, testutil.ToFloat64(h.metrics.samples.WithLabelValues("accepted")), 0)
+	require.InDelta(t, 1, testutil.ToFloat64(h.metrics.requests.WithLabelValues("400")), 0)
+}
+
+func TestHandlerKeepsServingAfterBadInput(t *testing.T) {
+	w := &fakeWriter{}
+	h := NewHandler(discard(), nil, w, Options{})
+	id := &auth.Identity{Tenant: "a"}
+	for _, body := range [][]byte{nil, []byte("x"), {0xff, 0xff, 0xff, 0xff, 0x0f}, make([]byte, 1024)} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, newRequest(body, id))
+		require.Less(t, rec.Code, 500)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t, series("up")), id))
+	require.Equal(t, http.StatusNoContent, rec.Code)
+}
+
+func FuzzDecodeWriteRequest(f *testing.F) {
+	f.Add(encode(f, series("up", "job", "a"), series("csv_succeeded", "name", "x", "version", "1.0")))
+	f.Add([]byte{})
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0x0f})
+	f.Add(snappy.Encode(nil, []byte{0x0a, 0x02, 0x0a, 0x00}))
+	h := NewHandler(discard(), nil, discardWriter{}, Options{Limits: Limits{MaxBodyBytes: 1 << 16, MaxDecodedBytes: 1 << 20}})
+	id := &auth.Identity{Tenant: "a", ClusterID: "c"}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, newRequest(body, id))
+		if rec.Code >= 500 {
+			t.Fatalf("client input answered %d: %s", rec.Code, rec.Body)
+		}
+	})
+}

@@ -1,0 +1,73 @@
+package receive
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+type metrics struct {
+	requests        *prometheus.CounterVec // by HTTP code
+	duration        prometheus.Histogram
+	bytes           *prometheus.CounterVec // by encoding
+	samples         *prometheus.CounterVec // by result
+	rejected        *prometheus.CounterVec // by reason
+	histograms      prometheus.Counter
+	exemplars       prometheus.Counter
+	seriesAccepted  prometheus.Counter
+	unauthenticated prometheus.Counter
+}
+
+// newMetrics registers the handler's metrics; a nil reg registers nothing.
+func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(reg)
+	m := &metrics{
+		requests: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_receive_requests_total",
+			Help: "Remote-write requests by HTTP status code.",
+		}, []string{"code"}),
+		duration: f.NewHistogram(prometheus.HistogramOpts{
+			Name:                        "phonehome_receive_request_duration_seconds",
+			Help:                        "Time to handle a remote-write request, WAL commit included.",
+			Buckets:                     prometheus.ExponentialBuckets(0.001, 4, 8),
+			NativeHistogramBucketFactor: 1.1,
+		}),
+		bytes: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_receive_bytes_total",
+			Help: "Remote-write body bytes received, as sent (snappy) and decoded.",
+		}, []string{"encoding"}),
+		samples: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_receive_samples_total",
+			Help: "Float samples received, by outcome.",
+		}, []string{"result"}),
+		rejected: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_receive_rejected_samples_total",
+			Help: "Samples and histograms refused, by reason.",
+		}, []string{"reason"}),
+		histograms: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_receive_histograms_accepted_total",
+			Help: "Native histogram samples written to the WAL.",
+		}),
+		exemplars: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_receive_exemplars_accepted_total",
+			Help: "Exemplars written.",
+		}),
+		seriesAccepted: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_receive_series_total",
+			Help: "Series that passed validation, counted once per request they appear in.",
+		}),
+		unauthenticated: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_receive_unauthenticated_requests_total",
+			Help: "Requests refused for a missing or invalid credential.",
+		}),
+	}
+	for _, r := range []string{"accepted", "rejected"} {
+		m.samples.WithLabelValues(r)
+	}
+	for _, r := range allReasons {
+		m.rejected.WithLabelValues(r)
+	}
+	for _, e := range []string{"snappy", "decoded"} {
+		m.bytes.WithLabelValues(e)
+	}
+	return m
+}
