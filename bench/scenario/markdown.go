@@ -39,12 +39,16 @@ func Markdown(reports []*Report) string {
 	var b bytes.Buffer
 	fmt.Fprintln(&b, beginMark)
 	for _, r := range reports {
-		fmt.Fprintf(&b, "\n### %s, %s: %d active series (%d clusters × %d series), %d rounds\n\n",
-			r.Scenario, r.Size, r.Load.ActiveSeries, r.Load.Clusters, r.Load.SeriesPerCluster, r.Load.Rounds)
+		fmt.Fprintf(&b, "\n### %s, %s: %d active series (%d clusters × %d series), %d rounds, median of %d run(s) per target\n\n",
+			r.Scenario, r.Size, r.Load.ActiveSeries, r.Load.Clusters, r.Load.SeriesPerCluster, r.Load.Rounds, max(1, r.Repeat))
 		fmt.Fprintf(&b, "Run %s UTC on %d × %s, %d GiB RAM, Linux %s, %s.  \n",
 			r.Date.Format("2006-01-02 15:04"), r.Machine.CPUs, r.Machine.CPUModel, r.Machine.MemTotalGB, r.Machine.Kernel, r.Machine.GoVersion)
+		seen := map[string]bool{}
 		for _, t := range r.Results {
-			fmt.Fprintf(&b, "%s: `%s`.  \n", t.Name, t.Version)
+			if !seen[t.Name] {
+				seen[t.Name] = true
+				fmt.Fprintf(&b, "%s: `%s`.  \n", t.Name, t.Version)
+			}
 		}
 		fmt.Fprintf(&b, "Load: %d templates from the federate fixture, batch %d series/request (one request per cluster), concurrency %d, simulated step %s, seed %d, %d MiB of snappy request bodies per target.  \n",
 			r.Load.Templates, r.Load.BatchSeries, r.Load.Concurrency, r.Load.Step, r.Load.Seed, r.Load.RequestBodyBytes>>20)
@@ -60,11 +64,11 @@ func Markdown(reports []*Report) string {
 		}
 		for _, t := range r.Results {
 			if t.Error != "" {
-				fmt.Fprintf(&b, "\n**%s error:** %s\n", t.Name, strings.ReplaceAll(t.Error, "\n", " "))
+				fmt.Fprintf(&b, "\n**%s (repeat %d) error:** %s\n", t.Name, t.Repeat, strings.ReplaceAll(t.Error, "\n", " "))
 			}
 			if t.Load != nil && len(t.Load.ErrorExamples) > 0 {
 				for code, msg := range t.Load.ErrorExamples {
-					fmt.Fprintf(&b, "\n%s: %d× %s, e.g. `%s`\n", t.Name, t.Load.Codes[code], code, strings.TrimSpace(strings.ReplaceAll(msg, "\n", " ")))
+					fmt.Fprintf(&b, "\n%s (repeat %d): %d× %s, e.g. `%s`\n", t.Name, t.Repeat, t.Load.Codes[code], code, strings.TrimSpace(strings.ReplaceAll(msg, "\n", " ")))
 				}
 			}
 		}

@@ -18,6 +18,7 @@ import (
 type Report struct {
 	Scenario string          `json:"scenario"`
 	Size     string          `json:"size"`
+	Repeat   int             `json:"repeat"` // runs per target; figures are medians
 	Date     time.Time       `json:"date"`
 	Command  string          `json:"command"`
 	Machine  Machine         `json:"machine"`
@@ -64,26 +65,30 @@ var figureDefs = []figureDef{
 	{"stop time (flush/snapshot + exit)", "s", "lower", func(r *TargetResult) float64 { return r.StopSeconds }},
 }
 
-func (r *Report) result(name string) *TargetResult {
+// median returns the median of get over the error-free runs of target name,
+// or NaN if there are none.
+func (r *Report) median(name string, get func(*TargetResult) float64) float64 {
+	var v []float64
 	for _, t := range r.Results {
-		if t.Name == name {
-			return t
+		if t.Name == name && t.Load != nil && t.Error == "" {
+			v = append(v, get(t))
 		}
 	}
-	return nil
+	if len(v) == 0 {
+		return math.NaN()
+	}
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
 }
 
 func (r *Report) computeRatios() {
-	rc, pr := r.result("receiver"), r.result("prometheus")
 	r.Figures = nil
 	for _, d := range figureDefs {
-		f := Figure{Name: d.name, Unit: d.unit, Better: d.better, Receiver: math.NaN(), Prometheus: math.NaN()}
-		if rc != nil && rc.Load != nil {
-			f.Receiver = d.get(rc)
-		}
-		if pr != nil && pr.Load != nil {
-			f.Prometheus = d.get(pr)
-		}
+		f := Figure{Name: d.name, Unit: d.unit, Better: d.better,
+			Receiver: r.median("receiver", d.get), Prometheus: r.median("prometheus", d.get)}
 		if f.Prometheus != 0 && !math.IsNaN(f.Prometheus) && !math.IsNaN(f.Receiver) {
 			f.Ratio = f.Receiver / f.Prometheus
 		}
@@ -119,14 +124,15 @@ func (r *Report) WriteJSON(dir string) (string, error) {
 
 // PrintTable writes the side-by-side table.
 func (r *Report) PrintTable(w io.Writer) {
-	fmt.Fprintf(w, "\n%s, %d active series (%d clusters × %d), %d rounds\n", r.Scenario, r.Load.ActiveSeries, r.Load.Clusters, r.Load.SeriesPerCluster, r.Load.Rounds)
+	fmt.Fprintf(w, "\n%s, %d active series (%d clusters × %d), %d rounds, median of %d run(s) per target\n",
+		r.Scenario, r.Load.ActiveSeries, r.Load.Clusters, r.Load.SeriesPerCluster, r.Load.Rounds, r.Repeat)
 	fmt.Fprintf(w, "%-56s %12s %12s %8s\n", "figure", "receiver", "prometheus", "ratio")
 	for _, f := range r.Figures {
 		fmt.Fprintf(w, "%-56s %12s %12s %8s\n", f.Name+" ["+f.Unit+"]", num(f.Receiver), num(f.Prometheus), ratio(f.Ratio))
 	}
 	for _, t := range r.Results {
 		if t.Error != "" {
-			fmt.Fprintf(w, "%s error: %s\n", t.Name, t.Error)
+			fmt.Fprintf(w, "%s (repeat %d) error: %s\n", t.Name, t.Repeat, t.Error)
 		}
 	}
 }

@@ -32,6 +32,7 @@ type SteadyOptions struct {
 	Seed             uint64
 	Token            string
 	Targets          []Target      // run one after another, in this order
+	Repeat           int           // run the target sequence this many times (medians are reported)
 	WorkDir          string        // a fresh subdirectory per target is made here
 	LoadTimeout      time.Duration // hard limit on each target's load phase
 	Settle           time.Duration // wait after the load before reading steady RSS
@@ -56,6 +57,7 @@ type LoadSpec struct {
 // TargetResult is what one target did under the load.
 type TargetResult struct {
 	Name    string        `json:"name"`
+	Repeat  int           `json:"repeat"`
 	Version string        `json:"version"`
 	Command []string      `json:"command"`
 	Error   string        `json:"error,omitempty"`
@@ -109,6 +111,7 @@ func Steady(ctx context.Context, o SteadyOptions) (*Report, error) {
 	rep := &Report{
 		Scenario: "steady",
 		Size:     o.Size,
+		Repeat:   max(1, o.Repeat),
 		Date:     time.Now().UTC(),
 		Machine:  DescribeMachine(),
 		Load: LoadSpec{
@@ -117,16 +120,22 @@ func Steady(ctx context.Context, o SteadyOptions) (*Report, error) {
 			Step: o.Step.String(), Seed: o.Seed, FirstTimestamp: fo.Start.UTC(), RequestBodyBytes: bodyBytes,
 		},
 	}
-	for _, tg := range o.Targets {
-		if ctx.Err() != nil {
-			return rep, ctx.Err()
+	// Interleaving the targets (P R P R ...) spreads slow phases of a shared
+	// machine over both, and the medians damp them.
+	for i := range max(1, o.Repeat) {
+		for _, tg := range o.Targets {
+			if ctx.Err() != nil {
+				rep.computeRatios()
+				return rep, ctx.Err()
+			}
+			fmt.Fprintf(o.Log, "== %s (%s), repeat %d\n", tg.Name(), tg.Version(), i)
+			res := runTarget(ctx, tg, f, fo, o)
+			res.Repeat = i
+			if res.Error != "" {
+				fmt.Fprintf(o.Log, "%s: %s\n", tg.Name(), res.Error)
+			}
+			rep.Results = append(rep.Results, res)
 		}
-		fmt.Fprintf(o.Log, "== %s (%s)\n", tg.Name(), tg.Version())
-		res := runTarget(ctx, tg, f, fo, o)
-		if res.Error != "" {
-			fmt.Fprintf(o.Log, "%s: %s\n", tg.Name(), res.Error)
-		}
-		rep.Results = append(rep.Results, res)
 	}
 	rep.computeRatios()
 	return rep, nil

@@ -47,6 +47,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		batch       = fs.Int("batch-series", 500, "Max series per request.")
 		step        = fs.Duration("step", 270*time.Second, "Simulated time between rounds.")
 		seed        = fs.Uint64("seed", 1, "Load seed (the same for every target).")
+		repeat      = fs.Int("repeat", 1, "Run the targets this many times, interleaved; figures are medians.")
 		targets     = fs.String("targets", "prometheus,receiver", "Targets, run in this order.")
 		receiverBin = fs.String("receiver-bin", "bench/tmp/receiver", "Receiver binary (go build -o bench/tmp/receiver ./cmd/receiver).")
 		promBin     = fs.String("prometheus-bin", "/usr/bin/prometheus", "Prometheus binary.")
@@ -108,7 +109,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	rep, err := scenario.Steady(ctx, scenario.SteadyOptions{
 		Size: *size, Clusters: preset.clusters, SeriesPerCluster: preset.perCluster, Rounds: preset.rounds,
 		Concurrency: *concurrency, BatchSeries: *batch, Step: *step, Seed: *seed, Token: token,
-		Targets: tgs, WorkDir: absWork, LoadTimeout: *loadTimeout, Settle: 2 * time.Second, Log: stdout,
+		Targets: tgs, Repeat: *repeat, WorkDir: absWork, LoadTimeout: *loadTimeout, Settle: 2 * time.Second, Log: stdout,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "benchrun: %v\n", err)
