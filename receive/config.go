@@ -112,7 +112,9 @@ func LoadConfig(path string) (*Config, error) {
 }
 
 func (c *Config) resolvePaths(dir string) {
-	if c.Auth.TokensFile != "" && !filepath.IsAbs(c.Auth.TokensFile) {
-		c.Auth.TokensFile = filepath.Join(dir, c.Auth.TokensFile)
+	for _, p := range []*string{&c.Auth.TokensFile, &c.Storage.Bucket.S3.SecretKeyFile} {
+		if *p != "" && !filepath.IsAbs(*p) {
+			*p = filepath.Join(dir, *p)
+		}
 	}
 }
