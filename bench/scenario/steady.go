@@ -90,7 +90,7 @@ func Steady(ctx context.Context, o SteadyOptions) (*Report, error) {
 	}
 	fo := fleet.Options{
 		Token: o.Token, Rounds: o.Rounds, Step: o.Step,
-		Start:       time.Now().Add(-time.Duration(o.Rounds) * o.Step).Truncate(time.Second),
+		Start:       firstTimestamp(time.Now(), o.Rounds, o.Step),
 		Concurrency: o.Concurrency, BatchSeries: o.BatchSeries,
 	}
 	fmt.Fprintf(o.Log, "encoding %d rounds × %d series ...\n", o.Rounds, f.ActiveSeries())
@@ -139,6 +139,20 @@ func Steady(ctx context.Context, o SteadyOptions) (*Report, error) {
 	}
 	rep.computeRatios()
 	return rep, nil
+}
+
+// blockRange is the 2h block range both TSDBs align blocks to.
+const blockRange = 2 * time.Hour
+
+// firstTimestamp places all rounds inside the previous 2h-aligned block
+// range when they fit, so that both servers write exactly one block and block
+// sizes compare like for like; otherwise the rounds end about now.
+func firstTimestamp(now time.Time, rounds int, step time.Duration) time.Time {
+	span := time.Duration(rounds-1) * step
+	if span < blockRange-2*time.Minute {
+		return now.Truncate(blockRange).Add(-blockRange + time.Minute)
+	}
+	return now.Add(-span - time.Minute).Truncate(time.Second)
 }
 
 func runTarget(ctx context.Context, tg Target, f *fleet.Fleet, fo fleet.Options, o SteadyOptions) *TargetResult {
