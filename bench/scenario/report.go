@@ -52,6 +52,7 @@ var figureDefs = []figureDef{
 	{"write latency p99 (steady)", "ms", "lower", func(r *TargetResult) float64 { return r.Load.SteadyLatency.P99 * 1000 }},
 	{"RSS after load", "MiB", "lower", func(r *TargetResult) float64 { return float64(r.RSSBytes) / (1 << 20) }},
 	{"RSS per active series", "bytes", "lower", func(r *TargetResult) float64 { return r.RSSPerSeries }},
+	{"RSS growth per active series (after load − idle at start)", "bytes", "lower", rssGrowthPerSeries},
 	{"peak RSS during load (VmHWM)", "MiB", "lower", func(r *TargetResult) float64 { return float64(r.PeakRSSBytes) / (1 << 20) }},
 	{"max RSS incl. shutdown/flush", "MiB", "lower", func(r *TargetResult) float64 { return float64(r.MaxRSSBytes) / (1 << 20) }},
 	{"CPU per million samples", "cpu-s", "lower", func(r *TargetResult) float64 { return r.CPUPerMSamples }},
@@ -67,6 +68,15 @@ var figureDefs = []figureDef{
 
 // median returns the median of get over the error-free runs of target name,
 // or NaN if there are none.
+// rssGrowthPerSeries discounts the server's idle RSS (the first sample, taken
+// once it was ready and before the load), which dominates at small sizes.
+func rssGrowthPerSeries(r *TargetResult) float64 {
+	if len(r.RSSOverTime) == 0 || r.Load == nil || r.Load.ActiveSeries == 0 {
+		return math.NaN()
+	}
+	return float64(r.RSSBytes-r.RSSOverTime[0].RSS) / float64(r.Load.ActiveSeries)
+}
+
 func (r *Report) median(name string, get func(*TargetResult) float64) float64 {
 	var v []float64
 	for _, t := range r.Results {
