@@ -475,15 +475,25 @@ func (q *Queue) Peek() (payload []byte, pos Position, t time.Time, ok bool, err 
 	if q.closed {
 		return nil, Position{}, time.Time{}, false, ErrQueueClosed
 	}
-	if len(q.records) == 0 {
-		return nil, Position{}, time.Time{}, false, nil
+	for len(q.records) > 0 {
+		r := q.records[0]
+		p, err := q.readLocked(r)
+		if err == nil {
+			return p, Position{r.seq, r.off}, r.t, true, nil
+		}
+		// The file changed under us (disk fault, outside interference): skip
+		// the record rather than wedge the consumer on it forever.
+		q.logger.Error("dropping unreadable queue record", "segment", r.seq, "offset", r.off, "err", err)
+		q.m.corruptions.Inc()
+		q.records = q.records[1:]
+		if err := q.gc(); err != nil {
+			return nil, Position{}, time.Time{}, false, err
+		}
+		if err := q.writeCursor(); err != nil {
+			return nil, Position{}, time.Time{}, false, err
+		}
 	}
-	r := q.records[0]
-	p, err := q.readLocked(r)
-	if err != nil {
-		return nil, Position{}, time.Time{}, false, err
-	}
-	return p, Position{r.seq, r.off}, r.t, true, nil
+	return nil, Position{}, time.Time{}, false, nil
 }
 
 // Notify returns a channel that receives a value after Append adds records.
@@ -535,6 +545,14 @@ func (q *Queue) oldestAge() float64 {
 func (q *Queue) updateGauges() {
 	q.m.bytes.Set(float64(q.total))
 	q.m.records.Set(float64(len(q.records)))
+}
+
+func (q *Queue) setOnDropIfUnset(fn func([]byte)) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.opts.OnDrop == nil {
+		q.opts.OnDrop = fn
+	}
 }
 
 // Close closes the segment files. Records stay on disk for the next OpenQueue.

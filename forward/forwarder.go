@@ -1,0 +1,520 @@
+// Package forward is the forwarding loop of the in-cluster forwarder:
+// federate from Prometheus, enforce the allowlist, relabel and anonymize,
+// batch into remote-write requests, queue them durably on disk, and deliver
+// them oldest first with retry and backoff.
+package forward
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/golang/snappy"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/prompb"
+
+	"github.com/phonehome/phonehome/allowlist"
+	"github.com/phonehome/phonehome/relabel"
+)
+
+// Drop and filter reasons (values of the reason label).
+const (
+	ReasonAllowlist      = "allowlist"        // filtered: not selected by the allowlist
+	ReasonRelabel        = "relabel"          // filtered: dropped by relabel_configs
+	ReasonMaxSeries      = "max_series"       // dropped: over the per-cycle series cap
+	ReasonMaxBytes       = "max_bytes"        // dropped: after the federate response byte cap
+	ReasonQueueFull      = "queue_full"       // dropped: oldest data evicted from a full queue
+	ReasonRecordTooLarge = "record_too_large" // dropped: one request larger than the whole queue
+	ReasonQueueError     = "queue_error"      // dropped: the queue could not store the cycle
+	ReasonHTTP4xx        = "http_4xx"         // dropped: the receiver rejected the request (not 429)
+	ReasonInvalid        = "invalid"          // dropped: a queued record could not be decoded or encoded
+)
+
+// Policy is what may leave the cluster and how it is rewritten. Both fields are required.
+type Policy struct {
+	Allow *allowlist.List
+	Rules *relabel.Rules
+}
+
+// Options tunes a Forwarder. Zero values take the documented defaults.
+type Options struct {
+	Interval time.Duration // between collections (default 4m30s)
+	// Jitter spreads collections: each wait is Interval ± Jitter×Interval and
+	// the first collection starts after a random [0, Jitter×Interval) (default 0.1).
+	Jitter float64
+	// MaxSeries caps the series kept per cycle after the allowlist (0: no cap).
+	MaxSeries int
+	// MaxSamplesPerRequest sizes remote-write requests (default 2000).
+	MaxSamplesPerRequest int
+	MinBackoff           time.Duration // first retry wait (default 1s)
+	MaxBackoff           time.Duration // cap of the exponential backoff (default 1m)
+	// MaxRetryAfter caps how long a server's Retry-After is honoured (default 10m).
+	MaxRetryAfter time.Duration
+	// FlushTimeout bounds the last delivery attempt after Run's context ends (default 10s).
+	FlushTimeout time.Duration
+
+	sleep func(ctx context.Context, d time.Duration) error // tests
+}
+
+func (o *Options) defaults() {
+	if o.Interval <= 0 {
+		o.Interval = 4*time.Minute + 30*time.Second
+	}
+	if o.Jitter < 0 || o.Jitter >= 1 {
+		o.Jitter = 0.1
+	}
+	if o.MaxSamplesPerRequest <= 0 {
+		o.MaxSamplesPerRequest = 2000
+	}
+	if o.MinBackoff <= 0 {
+		o.MinBackoff = time.Second
+	}
+	if o.MaxBackoff < o.MinBackoff {
+		o.MaxBackoff = max(time.Minute, o.MinBackoff)
+	}
+	if o.MaxRetryAfter <= 0 {
+		o.MaxRetryAfter = 10 * time.Minute
+	}
+	if o.FlushTimeout <= 0 {
+		o.FlushTimeout = 10 * time.Second
+	}
+	if o.sleep == nil {
+		o.sleep = sleepCtx
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+type metrics struct {
+	cycles        *prometheus.CounterVec
+	cycleDuration prometheus.Histogram
+	lastSuccess   prometheus.Gauge
+	federated     prometheus.Counter
+	federateBytes prometheus.Counter
+	filtered      *prometheus.CounterVec
+	queued        prometheus.Counter
+	sent          prometheus.Counter
+	dropped       *prometheus.CounterVec
+	requests      *prometheus.CounterVec
+	sendDuration  prometheus.Histogram
+	retries       prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(reg)
+	m := &metrics{
+		cycles: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_forward_cycles_total", Help: "Collection cycles by result.",
+		}, []string{"result"}),
+		cycleDuration: f.NewHistogram(prometheus.HistogramOpts{
+			Name: "phonehome_forward_cycle_duration_seconds", Help: "Duration of a federate-filter-anonymize-queue cycle.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 4, 8),
+		}),
+		lastSuccess: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_forward_last_success_timestamp_seconds", Help: "Unix time of the last successful collection cycle.",
+		}),
+		federated: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_forward_federated_samples_total", Help: "Samples parsed from /federate (kept or not).",
+		}),
+		federateBytes: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_forward_federate_bytes_total", Help: "Bytes of /federate response bodies read.",
+		}),
+		filtered: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_forward_filtered_samples_total", Help: "Samples removed by policy, by reason (allowlist, relabel).",
+		}, []string{"reason"}),
+		queued: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_forward_queued_samples_total", Help: "Samples written to the on-disk queue.",
+		}),
+		sent: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_forward_sent_samples_total", Help: "Samples acknowledged by the receiver.",
+		}),
+		dropped: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_forward_dropped_samples_total", Help: "Collected samples lost, by reason.",
+		}, []string{"reason"}),
+		requests: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_forward_send_requests_total", Help: "Remote-write attempts by HTTP status code (\"error\" for transport failures).",
+		}, []string{"code"}),
+		sendDuration: f.NewHistogram(prometheus.HistogramOpts{
+			Name: "phonehome_forward_send_duration_seconds", Help: "Latency of remote-write attempts.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 4, 8),
+		}),
+		retries: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_forward_send_retries_total", Help: "Remote-write attempts that will be retried.",
+		}),
+	}
+	for _, r := range []string{"success", "error"} {
+		m.cycles.WithLabelValues(r)
+	}
+	for _, r := range []string{ReasonAllowlist, ReasonRelabel} {
+		m.filtered.WithLabelValues(r)
+	}
+	for _, r := range []string{ReasonMaxSeries, ReasonMaxBytes, ReasonQueueFull, ReasonRecordTooLarge, ReasonQueueError, ReasonHTTP4xx, ReasonInvalid} {
+		m.dropped.WithLabelValues(r)
+	}
+	return m
+}
+
+// Forwarder runs the collection and delivery loops. Create it with New.
+type Forwarder struct {
+	logger *slog.Logger
+	m      *metrics
+	src    Source
+	policy Policy
+	q      *Queue
+	sender Sender
+	opts   Options
+
+	loggedCap sync.Map // reason -> struct{}: caps are logged once per process
+}
+
+// New returns a Forwarder that collects from src, applies policy, queues in q
+// and delivers with sender. Unless q was opened with its own OnDrop, New
+// installs one that counts evicted samples as dropped{reason="queue_full"}.
+// The Forwarder does not close the queue; it must be the queue's only user.
+func New(logger *slog.Logger, reg prometheus.Registerer, src Source, policy Policy, q *Queue, sender Sender, opts Options) *Forwarder {
+	opts.defaults()
+	f := &Forwarder{logger: logger, m: newMetrics(reg), src: src, policy: policy, q: q, sender: sender, opts: opts}
+	q.setOnDropIfUnset(f.countQueueDrop)
+	return f
+}
+
+// countQueueDrop records the samples of a queue record evicted to make room.
+func (f *Forwarder) countQueueDrop(payload []byte) {
+	n, _, err := decodePayload(payload)
+	if err != nil {
+		return
+	}
+	f.m.dropped.WithLabelValues(ReasonQueueFull).Add(float64(n))
+	f.logCapOnce(ReasonQueueFull, "queue full, dropping oldest data")
+}
+
+func (f *Forwarder) logCapOnce(reason, msg string) {
+	if _, loaded := f.loggedCap.LoadOrStore(reason, struct{}{}); !loaded {
+		f.logger.Warn(msg, "reason", reason)
+	}
+}
+
+// Queue payload: uvarint(sample count) followed by the snappy-compressed
+// protobuf WriteRequest, i.e. the exact remote-write body.
+func encodePayload(samples int, body []byte) []byte {
+	out := binary.AppendUvarint(make([]byte, 0, len(body)+binary.MaxVarintLen32), uint64(samples))
+	return append(out, body...)
+}
+
+func decodePayload(p []byte) (samples int, body []byte, err error) {
+	n, k := binary.Uvarint(p)
+	if k <= 0 || n > 1<<31 {
+		return 0, nil, errors.New("invalid queue payload header")
+	}
+	return int(n), p[k:], nil
+}
+
+// Run collects every Interval and delivers the queue until ctx ends; then it
+// makes one bounded (FlushTimeout) attempt to deliver what is queued and
+// returns nil. Whatever is still queued stays on disk for the next start.
+func (f *Forwarder) Run(ctx context.Context) error {
+	sendCtx, cancelSend := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelSend()
+	draining := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f.sendLoop(sendCtx, draining)
+	}()
+
+	delay := time.Duration(rand.Float64() * f.opts.Jitter * float64(f.opts.Interval))
+	for {
+		if err := f.opts.sleep(ctx, delay); err != nil {
+			break
+		}
+		if err := f.Collect(ctx); err != nil && ctx.Err() == nil {
+			f.logger.Warn("collection failed", "err", err)
+		}
+		delay = time.Duration(float64(f.opts.Interval) * (1 + f.opts.Jitter*(2*rand.Float64()-1)))
+	}
+
+	close(draining)
+	t := time.AfterFunc(f.opts.FlushTimeout, cancelSend)
+	<-done
+	t.Stop()
+	if n, _ := f.q.Len(); n > 0 {
+		f.logger.Info("stopping with queued data, it is delivered after restart", "records", n)
+	}
+	return nil
+}
+
+// Collect runs one federate-filter-anonymize-encode cycle and appends the
+// resulting requests to the queue with a single fsync.
+func (f *Forwarder) Collect(ctx context.Context) (err error) {
+	start := time.Now()
+	defer func() {
+		f.m.cycleDuration.Observe(time.Since(start).Seconds())
+		if err != nil {
+			f.m.cycles.WithLabelValues("error").Inc()
+			return
+		}
+		f.m.cycles.WithLabelValues("success").Inc()
+		f.m.lastSuccess.SetToCurrentTime()
+	}()
+
+	var (
+		lb                  = labels.NewBuilder(labels.EmptyLabels())
+		batch               = make([]prompb.TimeSeries, 0, f.opts.MaxSamplesPerRequest)
+		records             [][]byte
+		recordSamples       []int
+		kept, federated     int
+		allowOut, relabOut  int
+		overSeries, invalid int
+		buf                 []byte
+	)
+	flush := func() {
+		if len(batch) == 0 {
+			return
+		}
+		req := prompb.WriteRequest{Timeseries: batch}
+		size := req.Size()
+		if cap(buf) < size {
+			buf = make([]byte, size)
+		}
+		raw := buf[:size]
+		if _, err := req.MarshalToSizedBuffer(raw); err != nil {
+			invalid += len(batch)
+			f.logger.Error("encode write request", "err", err)
+		} else {
+			records = append(records, encodePayload(len(batch), snappy.Encode(nil, raw)))
+			recordSamples = append(recordSamples, len(batch))
+		}
+		clear(batch)
+		batch = batch[:0]
+	}
+	st, ferr := f.src.Fetch(ctx, func(s *Sample) error {
+		federated++
+		if !f.policy.Allow.Allows(s.Labels) {
+			allowOut++
+			return nil
+		}
+		if f.opts.MaxSeries > 0 && kept >= f.opts.MaxSeries {
+			overSeries++
+			return nil
+		}
+		lb.Reset(s.Labels)
+		if !f.policy.Rules.Apply(lb) {
+			relabOut++
+			return nil
+		}
+		kept++
+		ts := prompb.TimeSeries{Labels: toProtoLabels(lb.Labels())}
+		switch {
+		case s.H != nil:
+			ts.Histograms = []prompb.Histogram{prompb.FromIntHistogram(s.T, s.H)}
+		case s.FH != nil:
+			ts.Histograms = []prompb.Histogram{prompb.FromFloatHistogram(s.T, s.FH)}
+		default:
+			ts.Samples = []prompb.Sample{{Value: s.V, Timestamp: s.T}}
+		}
+		batch = append(batch, ts)
+		if len(batch) >= f.opts.MaxSamplesPerRequest {
+			flush()
+		}
+		return nil
+	})
+	flush()
+
+	f.m.federated.Add(float64(federated + st.OverBytes))
+	f.m.federateBytes.Add(float64(st.Bytes))
+	f.m.filtered.WithLabelValues(ReasonAllowlist).Add(float64(allowOut))
+	f.m.filtered.WithLabelValues(ReasonRelabel).Add(float64(relabOut))
+	f.m.dropped.WithLabelValues(ReasonInvalid).Add(float64(invalid))
+	if overSeries > 0 {
+		f.m.dropped.WithLabelValues(ReasonMaxSeries).Add(float64(overSeries))
+		f.logCapOnce(ReasonMaxSeries, "series cap reached, dropping the rest of the cycle")
+	}
+	if st.OverBytes > 0 {
+		f.m.dropped.WithLabelValues(ReasonMaxBytes).Add(float64(st.OverBytes))
+		f.logCapOnce(ReasonMaxBytes, "federate byte cap reached, dropping the rest of the response")
+	}
+
+	qerr := f.enqueue(records, recordSamples)
+	f.logger.Debug("collected", "federated", federated, "kept", kept, "requests", len(records), "bytes", st.Bytes)
+	return errors.Join(ferr, qerr)
+}
+
+func (f *Forwarder) enqueue(records [][]byte, samples []int) error {
+	if len(records) == 0 {
+		return nil
+	}
+	total := 0
+	for _, n := range samples {
+		total += n
+	}
+	err := f.q.Append(records...)
+	if err == nil {
+		f.m.queued.Add(float64(total))
+		return nil
+	}
+	if !errors.Is(err, ErrRecordTooLarge) {
+		f.m.dropped.WithLabelValues(ReasonQueueError).Add(float64(total))
+		return fmt.Errorf("queue %d samples: %w", total, err)
+	}
+	// The cycle as a whole does not fit: store what fits, record by record.
+	for i, r := range records {
+		if err := f.q.Append(r); err != nil {
+			reason := ReasonQueueError
+			if errors.Is(err, ErrRecordTooLarge) {
+				reason = ReasonRecordTooLarge
+			}
+			f.m.dropped.WithLabelValues(reason).Add(float64(samples[i]))
+			f.logCapOnce(reason, "request does not fit the queue, dropping it")
+			continue
+		}
+		f.m.queued.Add(float64(samples[i]))
+	}
+	return nil
+}
+
+func toProtoLabels(ls labels.Labels) []prompb.Label {
+	out := make([]prompb.Label, 0, ls.Len())
+	ls.Range(func(l labels.Label) { out = append(out, prompb.Label{Name: l.Name, Value: l.Value}) })
+	return out
+}
+
+// sendLoop delivers queued records oldest first until ctx ends, or until the
+// queue is empty once draining is closed.
+func (f *Forwarder) sendLoop(ctx context.Context, draining <-chan struct{}) {
+	for ctx.Err() == nil {
+		p, pos, _, ok, err := f.q.Peek()
+		if err != nil {
+			f.logger.Error("read queue", "err", err)
+			return
+		}
+		if !ok {
+			select {
+			case <-f.q.Notify():
+				continue
+			case <-draining:
+				// Appends may have raced with the close of draining.
+				if _, _, _, ok, _ := f.q.Peek(); ok {
+					continue
+				}
+				return
+			case <-ctx.Done():
+				return
+			}
+		}
+		f.deliver(ctx, p, pos)
+	}
+}
+
+// deliver sends one queued record, retrying until it is accepted, rejected,
+// evicted from the queue, or ctx ends (then it stays queued).
+func (f *Forwarder) deliver(ctx context.Context, payload []byte, pos Position) {
+	n, body, err := decodePayload(payload)
+	if err != nil {
+		f.m.dropped.WithLabelValues(ReasonInvalid).Inc()
+		f.logger.Error("dropping undecodable queue record", "err", err)
+		f.ack(pos)
+		return
+	}
+	for attempt := 0; ; attempt++ {
+		start := time.Now()
+		err := f.send(ctx, body)
+		f.m.sendDuration.Observe(time.Since(start).Seconds())
+		f.m.requests.WithLabelValues(codeOf(err)).Inc()
+		if err == nil {
+			f.m.sent.Add(float64(n))
+			f.ack(pos)
+			if attempt > 0 {
+				f.logger.Info("remote write recovered", "attempts", attempt+1)
+			}
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		var re RetryableError
+		if !errors.As(err, &re) {
+			reason := ReasonHTTP4xx
+			var he *HTTPError
+			if !errors.As(err, &he) {
+				reason = ReasonInvalid
+			}
+			f.m.dropped.WithLabelValues(reason).Add(float64(n))
+			f.logger.Warn("remote write rejected, dropping request", "samples", n, "err", err)
+			f.ack(pos)
+			return
+		}
+		f.m.retries.Inc()
+		d := f.backoff(attempt)
+		if re.RetryAfter > 0 {
+			d = min(re.RetryAfter, f.opts.MaxRetryAfter)
+		}
+		if attempt == 0 {
+			f.logger.Warn("remote write failed, retrying", "err", err, "retry_in", d.String())
+		} else {
+			f.logger.Debug("remote write failed, retrying", "err", err, "attempt", attempt+1, "retry_in", d.String())
+		}
+		if f.opts.sleep(ctx, d) != nil {
+			return
+		}
+		if !f.q.Pending(pos) { // evicted from a full queue while we waited
+			return
+		}
+	}
+}
+
+func (f *Forwarder) send(ctx context.Context, body []byte) error {
+	if es, ok := f.sender.(EncodedSender); ok {
+		return es.SendEncoded(ctx, body)
+	}
+	raw, err := snappy.Decode(nil, body)
+	if err != nil {
+		return fmt.Errorf("decode queued request: %w", err)
+	}
+	var req prompb.WriteRequest
+	if err := req.Unmarshal(raw); err != nil {
+		return fmt.Errorf("decode queued request: %w", err)
+	}
+	return f.sender.Send(ctx, &req)
+}
+
+func (f *Forwarder) ack(pos Position) {
+	if err := f.q.Ack(pos); err != nil {
+		f.logger.Error("acknowledge queue record", "err", err)
+	}
+}
+
+// backoff is capped exponential with "equal jitter": half fixed, half random.
+func (f *Forwarder) backoff(attempt int) time.Duration {
+	d := f.opts.MaxBackoff
+	if attempt < 30 {
+		d = min(f.opts.MinBackoff<<attempt, f.opts.MaxBackoff)
+	}
+	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+}
+
+func codeOf(err error) string {
+	if err == nil {
+		return "2xx"
+	}
+	var he *HTTPError
+	if errors.As(err, &he) {
+		return fmt.Sprint(he.Code)
+	}
+	return "error"
+}
