@@ -1,0 +1,384 @@
+// Command forwarder runs inside a cluster: it federates allowlisted series
+// from Prometheus, anonymizes the cluster identity and chosen labels, queues
+// them on disk and remote-writes them to the fleet receiver.
+//
+// Telemetry is opt-out: with --disabled, or without --to, the forwarder logs
+// once that it is disabled, serves /healthz, /readyz and /metrics, and sends
+// nothing.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/alecthomas/units"
+	oklogrun "github.com/oklog/run"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/phonehome/phonehome/allowlist"
+	"github.com/phonehome/phonehome/forward"
+	"github.com/phonehome/phonehome/relabel"
+)
+
+const userAgent = "phonehome-forwarder/0.1"
+
+func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
+
+// listFlag is a repeatable string flag.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+type flags struct {
+	from, fromTokenFile, fromCAFile  string
+	to, toTokenFile, toCAFile        string
+	id                               string
+	matches, labels, renames         listFlag
+	matchFile                        string
+	interval                         time.Duration
+	anonymizeLabels, saltFile        string
+	listen, configFile, gatheringURL string
+	queueDir                         string
+	queueMaxBytes                    units.Base2Bytes
+	logLevel, logFormat              string
+	checkConfig, disabled            bool
+	set                              map[string]bool // flags given explicitly
+}
+
+func parseFlags(args []string, stderr io.Writer) (*flags, error) {
+	f := &flags{set: map[string]bool{}}
+	fs := flag.NewFlagSet("forwarder", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&f.from, "from", "", "Base URL of the in-cluster Prometheus to federate from.")
+	fs.StringVar(&f.fromTokenFile, "from-token-file", "", "File with the bearer token for --from.")
+	fs.StringVar(&f.fromCAFile, "from-ca-file", "", "PEM CA bundle to verify --from.")
+	fs.StringVar(&f.to, "to", "", "Base URL of the fleet receiver. Empty disables telemetry.")
+	fs.StringVar(&f.toTokenFile, "to-token-file", "", "File with the bearer token for --to (re-read on every request).")
+	fs.StringVar(&f.toCAFile, "to-ca-file", "", "PEM CA bundle to verify --to.")
+	fs.StringVar(&f.id, "id", "", "Raw cluster id; only its keyed hash leaves the cluster, as label _id.")
+	fs.Var(&f.matches, "match", "Series selector to federate and allow (repeatable).")
+	fs.StringVar(&f.matchFile, "match-file", "", "File with one series selector per line ('#' comments).")
+	fs.DurationVar(&f.interval, "interval", 4*time.Minute+30*time.Second, "Time between collections (jittered by ±10%).")
+	fs.StringVar(&f.anonymizeLabels, "anonymize-labels", "", "Comma-separated label names whose values are replaced by their keyed hash.")
+	fs.StringVar(&f.saltFile, "anonymize-salt-file", "", "File with the secret per-cluster anonymization salt (>= 16 bytes).")
+	fs.Var(&f.labels, "label", "Extra label key=value for every series (repeatable).")
+	fs.Var(&f.renames, "rename", "Metric rename old=new (repeatable; default ALERTS=alerts).")
+	fs.StringVar(&f.listen, "listen", ":9002", "Address for /metrics, /healthz and /readyz.")
+	fs.StringVar(&f.listen, "web.listen-address", ":9002", "Alias of --listen.")
+	fs.StringVar(&f.configFile, "config.file", "", "Optional YAML file: relabel_configs, limits, queue and send settings.")
+	fs.StringVar(&f.gatheringURL, "gathering-url", "", "URL of the fleet's gathering definition (accepted; polling is not implemented yet).")
+	fs.StringVar(&f.queueDir, "queue.dir", "data/queue", "Directory of the on-disk queue.")
+	fs.TextVar(&f.queueMaxBytes, "queue.max-bytes", 256*units.MiB, "Bound of the on-disk queue, e.g. 256MiB (overrides queue.max_bytes).")
+	fs.StringVar(&f.logLevel, "log.level", "info", "debug, info, warn or error.")
+	fs.StringVar(&f.logFormat, "log.format", "json", "json or logfmt.")
+	fs.BoolVar(&f.checkConfig, "check-config", false, "Validate flags and configuration, print ok and exit.")
+	fs.BoolVar(&f.disabled, "disabled", false, "Opt out of telemetry: collect and send nothing.")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	return f, nil
+}
+
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log.level %q: %w", level, err)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "logfmt", "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	default:
+		return nil, fmt.Errorf("--log.format %q: want json or logfmt", format)
+	}
+}
+
+// setup is the validated, compiled configuration.
+type setup struct {
+	disabledReason string
+	from, to       *url.URL
+	policy         forward.Policy
+	file           forward.FileConfig
+	fromClient     *http.Client
+	toClient       *http.Client
+}
+
+// load validates every flag and the config file, reporting all problems at once.
+func load(f *flags) (*setup, error) {
+	s := &setup{}
+	var errs []error
+	add := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	file, err := forward.LoadFileConfig(f.configFile)
+	if err != nil {
+		add(fmt.Errorf("--config.file %s: %w", f.configFile, err))
+	}
+	s.file = file
+	if f.set["queue.max-bytes"] {
+		s.file.Queue.MaxBytes = f.queueMaxBytes
+		if f.queueMaxBytes < 64*units.KiB {
+			add(errors.New("--queue.max-bytes: must be at least 64KiB"))
+		}
+	}
+
+	switch {
+	case f.disabled:
+		s.disabledReason = "--disabled"
+	case f.to == "":
+		s.disabledReason = "no --to"
+	}
+	enabled := s.disabledReason == ""
+	parseURL := func(name, v string, required bool) *url.URL {
+		if v == "" {
+			if required {
+				add(fmt.Errorf("--%s: required", name))
+			}
+			return nil
+		}
+		u, err := url.Parse(v)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			add(fmt.Errorf("--%s %q: want an http(s) base URL", name, v))
+			return nil
+		}
+		return u
+	}
+	s.from = parseURL("from", f.from, enabled)
+	s.to = parseURL("to", f.to, false)
+	parseURL("gathering-url", f.gatheringURL, false)
+	if enabled && f.id == "" {
+		add(errors.New("--id: required"))
+	}
+	if f.interval <= 0 {
+		add(fmt.Errorf("--interval %s: must be positive", f.interval))
+	}
+	for _, tf := range []struct{ name, path string }{{"from-token-file", f.fromTokenFile}, {"to-token-file", f.toTokenFile}} {
+		if tf.path == "" {
+			continue
+		}
+		if b, err := os.ReadFile(tf.path); err != nil {
+			add(fmt.Errorf("--%s: %w", tf.name, err))
+		} else if strings.TrimSpace(string(b)) == "" {
+			add(fmt.Errorf("--%s %s: empty", tf.name, tf.path))
+		}
+	}
+	if s.fromClient, err = forward.NewHTTPClient(f.fromCAFile); err != nil {
+		add(fmt.Errorf("--from-ca-file: %w", err))
+	}
+	if s.toClient, err = forward.NewHTTPClient(f.toCAFile); err != nil {
+		add(fmt.Errorf("--to-ca-file: %w", err))
+	}
+	s.fromClient.Timeout = time.Duration(s.file.Federate.Timeout)
+
+	// Allowlist: --match, --match-file, then the config file's matches.
+	sel := append([]string(nil), f.matches...)
+	if f.matchFile != "" {
+		if mf, err := os.Open(f.matchFile); err != nil {
+			add(fmt.Errorf("--match-file: %w", err))
+		} else {
+			more, err := allowlist.ReadSelectors(mf)
+			_ = mf.Close()
+			add(err)
+			sel = append(sel, more...)
+		}
+	}
+	sel = append(sel, s.file.Matches...)
+	if enabled && len(sel) == 0 {
+		add(errors.New("--match/--match-file: at least one selector is required"))
+	}
+	if s.policy.Allow, err = allowlist.Parse(sel); err != nil {
+		add(fmt.Errorf("selectors: %w", err))
+	}
+
+	// Relabel rules.
+	rc := relabel.Config{RelabelConfigs: s.file.RelabelConfigs, Rename: map[string]string{}, ExternalLabels: map[string]string{}}
+	if enabled {
+		rc.ID = f.id
+	}
+	for _, n := range strings.Split(f.anonymizeLabels, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			rc.AnonymizeLabels = append(rc.AnonymizeLabels, n)
+		}
+	}
+	rc.AnonymizeLabels = append(rc.AnonymizeLabels, s.file.AnonymizeLabels...)
+	if f.saltFile != "" {
+		b, err := os.ReadFile(f.saltFile)
+		if err != nil {
+			add(fmt.Errorf("--anonymize-salt-file: %w", err))
+		}
+		rc.Salt = []byte(strings.TrimRight(string(b), "\r\n"))
+	}
+	renames := f.renames
+	if !f.set["rename"] {
+		renames = listFlag{"ALERTS=alerts"}
+	}
+	for _, kv := range renames {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			add(fmt.Errorf("--rename %q: want old=new", kv))
+			continue
+		}
+		rc.Rename[k] = v
+	}
+	for _, kv := range f.labels {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			add(fmt.Errorf("--label %q: want key=value", kv))
+			continue
+		}
+		rc.ExternalLabels[k] = v
+	}
+	if s.policy.Rules, err = relabel.Parse(rc); err != nil {
+		add(fmt.Errorf("relabeling: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func run(args []string, stderr io.Writer) int {
+	f, err := parseFlags(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(stderr, "forwarder: %v\n", err)
+		return 2
+	}
+	logger, err := newLogger(stderr, f.logLevel, f.logFormat)
+	if err != nil {
+		fmt.Fprintf(stderr, "forwarder: %v\n", err)
+		return 2
+	}
+	s, err := load(f)
+	if err != nil {
+		logger.Error("invalid configuration", "file", f.configFile, "err", err)
+		return 2
+	}
+	if f.checkConfig {
+		fmt.Fprintln(stderr, "ok")
+		return 0
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		collectors.NewBuildInfoCollector(),
+	)
+
+	var fwd *forward.Forwarder
+	if s.disabledReason == "" {
+		q, err := forward.OpenQueue(f.queueDir, logger.With("component", "queue"), reg, forward.QueueOptions{
+			MaxBytes: int64(s.file.Queue.MaxBytes), SegmentBytes: int64(s.file.Queue.SegmentBytes),
+		})
+		if err != nil {
+			logger.Error("open queue", "dir", f.queueDir, "err", err)
+			return 1
+		}
+		defer func() {
+			if err := q.Close(); err != nil {
+				logger.Error("close queue", "err", err)
+			}
+		}()
+		src := forward.NewFederator(s.from, s.fromClient, forward.FederateOptions{
+			Matches: s.policy.Allow.Selectors(), TokenFile: f.fromTokenFile,
+			MaxBytes: int64(s.file.Federate.MaxBytes), UserAgent: userAgent,
+		})
+		sender := forward.NewHTTPSender(s.to, s.toClient, forward.HTTPSenderOptions{
+			TokenFile: f.toTokenFile, UserAgent: userAgent, Timeout: time.Duration(s.file.Send.Timeout),
+		})
+		fwd = forward.New(logger.With("component", "forward"), reg, src, s.policy, q, sender, forward.Options{
+			Interval:             f.interval,
+			MaxSeries:            s.file.Federate.MaxSeries,
+			MaxSamplesPerRequest: s.file.Send.MaxSamplesPerRequest,
+			MinBackoff:           time.Duration(s.file.Send.MinBackoff),
+			MaxBackoff:           time.Duration(s.file.Send.MaxBackoff),
+			FlushTimeout:         time.Duration(s.file.Send.FlushTimeout),
+		})
+	} else {
+		logger.Info("telemetry disabled, nothing will be collected or sent", "reason", s.disabledReason)
+	}
+	if f.gatheringURL != "" {
+		logger.Info("gathering definition polling is not implemented yet, using the local selectors", "gathering_url", f.gatheringURL)
+	}
+
+	ln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		logger.Error("listen", "addr", f.listen, "err", err)
+		return 1
+	}
+	var ready atomic.Bool
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+
+	var g oklogrun.Group
+	g.Add(oklogrun.SignalHandler(context.Background(), os.Interrupt, syscall.SIGTERM))
+	{ // HTTP server for self-metrics and health.
+		g.Add(func() error {
+			logger.Info("listening", "addr", ln.Addr().String())
+			if fwd == nil {
+				ready.Store(true) // disabled: nothing to wait for
+			}
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("serve http: %w", err)
+			}
+			return nil
+		}, func(error) {
+			ready.Store(false)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(ctx)
+		})
+	}
+	if fwd != nil { // Collection and delivery; returns after a bounded last flush.
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error {
+			ready.Store(true)
+			return fwd.Run(ctx)
+		}, func(error) {
+			ready.Store(false)
+			cancel()
+		})
+	}
+
+	if err := g.Run(); err != nil && !errors.Is(err, oklogrun.ErrSignal) {
+		logger.Error("forwarder stopped", "err", err)
+		return 1
+	}
+	logger.Info("forwarder stopped")
+	return 0
+}

@@ -1,0 +1,57 @@
+package forward
+
+import (
+	"testing"
+	"time"
+
+	"github.com/alecthomas/units"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseFileConfig(t *testing.T) {
+	c, err := ParseFileConfig([]byte(`
+matches: ['up']
+anonymize_labels: [namespace]
+relabel_configs:
+  - action: labeldrop
+    regex: prometheus_replica
+federate:
+  max_series: 10
+  max_bytes: 1MiB
+send:
+  max_backoff: 2m
+queue:
+  max_bytes: 1GiB
+`))
+	require.NoError(t, err)
+	require.Equal(t, []string{"up"}, c.Matches)
+	require.Len(t, c.RelabelConfigs, 1)
+	require.Equal(t, "labeldrop", string(c.RelabelConfigs[0].Action))
+	require.Equal(t, units.MiB, c.Federate.MaxBytes)
+	require.Equal(t, model.Duration(2*time.Minute), c.Send.MaxBackoff)
+	require.Equal(t, model.Duration(time.Second), c.Send.MinBackoff, "defaults kept")
+	require.Equal(t, units.GiB, c.Queue.MaxBytes)
+
+	empty, err := ParseFileConfig(nil)
+	require.NoError(t, err)
+	require.Equal(t, DefaultFileConfig(), empty)
+}
+
+func TestParseFileConfigErrors(t *testing.T) {
+	_, err := ParseFileConfig([]byte("queue:\n  max_byte: 1\n"))
+	require.ErrorContains(t, err, "field max_byte not found")
+
+	_, err = ParseFileConfig([]byte("relabel_configs:\n  - action: labeldrop\n    regexp: x\n"))
+	require.ErrorContains(t, err, "regexp", "strictness reaches into relabel configs")
+
+	_, err = ParseFileConfig([]byte(`
+federate: {max_series: -1, timeout: 0s}
+send: {max_samples_per_request: 0, min_backoff: 2m, max_backoff: 1m}
+queue: {max_bytes: 1KiB}
+`))
+	require.Error(t, err)
+	for _, want := range []string{"federate.max_series", "federate.timeout", "send.max_samples_per_request", "send.max_backoff", "queue.max_bytes"} {
+		require.ErrorContains(t, err, want)
+	}
+}
