@@ -1,0 +1,72 @@
+package limits
+
+import (
+	"errors"
+	"strconv"
+)
+
+// Limit names: the YAML key of the limit that refused something. They are the
+// values of LimitError.Limit and of the `limit` label of
+// phonehome_limits_rejected_total.
+const (
+	LimitSeriesPerCluster        = "max_series_per_cluster"
+	LimitSeriesPerTenant         = "max_series_per_tenant"
+	LimitSeriesPerMetric         = "max_series_per_metric"
+	LimitLabelNamesPerSeries     = "max_label_names_per_series"
+	LimitLabelNameLength         = "max_label_name_length"
+	LimitLabelValueLength        = "max_label_value_length"
+	LimitSamplesPerSecondCluster = "samples_per_second_per_cluster"
+	LimitSamplesPerSecondTenant  = "samples_per_second_per_tenant"
+	LimitBodyBytes               = "max_body_bytes"
+	LimitDecodedBytes            = "max_decoded_bytes"
+)
+
+// limitNames is the fixed label set of the rejected counter.
+func limitNames() []string {
+	return []string{
+		LimitSeriesPerCluster, LimitSeriesPerTenant, LimitSeriesPerMetric,
+		LimitLabelNamesPerSeries, LimitLabelNameLength, LimitLabelValueLength,
+		LimitSamplesPerSecondCluster, LimitSamplesPerSecondTenant,
+		LimitBodyBytes, LimitDecodedBytes,
+	}
+}
+
+// Classes of refusal. Every *LimitError wraps exactly one, so the receiver
+// maps them to a status with errors.Is:
+//
+//	ErrSeriesLimit → drop the series, keep the rest of the request (partial write)
+//	ErrLabelLimit  → 400, the series is invalid
+//	ErrRateLimited → 429 with Retry-After
+//	ErrTooLarge    → 413
+var (
+	ErrSeriesLimit = errors.New("series limit reached")
+	ErrLabelLimit  = errors.New("label limit exceeded")
+	ErrRateLimited = errors.New("rate limited")
+	ErrTooLarge    = errors.New("request too large")
+)
+
+// LimitError says which limit refused something and its value, for the
+// response body. It wraps one of the Err* classes above.
+type LimitError struct {
+	Limit string  // one of the Limit* names
+	Value float64 // the configured value of that limit
+}
+
+func (e *LimitError) Error() string {
+	return e.Limit + " limit of " + strconv.FormatFloat(e.Value, 'f', -1, 64) + " reached"
+}
+
+// Unwrap returns the class of the refusal.
+func (e *LimitError) Unwrap() error {
+	switch e.Limit {
+	case LimitSeriesPerCluster, LimitSeriesPerTenant, LimitSeriesPerMetric:
+		return ErrSeriesLimit
+	case LimitLabelNamesPerSeries, LimitLabelNameLength, LimitLabelValueLength:
+		return ErrLabelLimit
+	case LimitSamplesPerSecondCluster, LimitSamplesPerSecondTenant:
+		return ErrRateLimited
+	case LimitBodyBytes, LimitDecodedBytes:
+		return ErrTooLarge
+	}
+	return nil
+}

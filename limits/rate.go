@@ -1,0 +1,118 @@
+package limits
+
+import (
+	"math"
+	"strings"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// bucket is a token bucket and the configuration it was last set from.
+type bucket struct {
+	lim *rate.Limiter
+	cfg *resolved
+}
+
+// sync applies a reloaded rate or burst, keeping the current fill level.
+func (b *bucket) sync(now time.Time, cfg *resolved, r float64, burst int) {
+	if b.cfg == cfg {
+		return
+	}
+	b.cfg = cfg
+	if b.lim.Limit() != rate.Limit(r) {
+		b.lim.SetLimitAt(now, rate.Limit(r))
+	}
+	if b.lim.Burst() != burst {
+		b.lim.SetBurstAt(now, burst)
+	}
+}
+
+// AllowSamples takes n samples from the token buckets of cluster and of
+// tenant. Each bucket holds up to its burst, starts full and refills at its
+// samples_per_second; a rate of 0 disables that bucket.
+//
+// If both buckets hold enough, it takes n from each and returns (0, nil).
+// Otherwise it takes nothing and returns a *LimitError (ErrRateLimited) for
+// the bucket that is short longest, and retryAfter: how long until both could
+// give n, rounded up to whole seconds and at least 1s, for Retry-After.
+//
+// A request larger than a bucket's burst could never pass; it needs a full
+// bucket instead, and empties it.
+//
+// Both buckets are checked and taken under one per-tenant lock, so a refused
+// request consumes nothing even under concurrency (rate.Limiter's
+// Reserve/Cancel only restores tokens approximately once other reservations
+// intervene). The lock is per request, not per sample.
+func (l *Limiter) AllowSamples(tenant, cluster string, n int) (retryAfter time.Duration, err error) {
+	cfg := l.cfg.Load()
+	lim := cfg.forTenant(tenant)
+	if n <= 0 || (lim.SamplesPerSecondPerCluster <= 0 && lim.SamplesPerSecondPerTenant <= 0) {
+		return 0, nil
+	}
+	now := l.now()
+	t := l.tenant(tenant)
+	t.rateMu.Lock()
+	defer t.rateMu.Unlock()
+
+	var cb, tb *rate.Limiter
+	if lim.SamplesPerSecondPerCluster > 0 {
+		b := t.clusterRates[cluster]
+		if b == nil {
+			b = &bucket{lim: rate.NewLimiter(rate.Limit(lim.SamplesPerSecondPerCluster), lim.BurstPerCluster), cfg: cfg}
+			t.clusterRates[strings.Clone(cluster)] = b
+		}
+		b.sync(now, cfg, lim.SamplesPerSecondPerCluster, lim.BurstPerCluster)
+		cb = b.lim
+	}
+	if lim.SamplesPerSecondPerTenant > 0 {
+		if t.rate == nil {
+			t.rate = &bucket{lim: rate.NewLimiter(rate.Limit(lim.SamplesPerSecondPerTenant), lim.BurstPerTenant), cfg: cfg}
+		}
+		t.rate.sync(now, cfg, lim.SamplesPerSecondPerTenant, lim.BurstPerTenant)
+		tb = t.rate.lim
+	}
+
+	var (
+		wait  time.Duration
+		limit string
+		value float64
+	)
+	short := func(b *rate.Limiter, name string, r float64, burst int) {
+		if b == nil {
+			return
+		}
+		need := float64(min(n, burst))
+		if have := b.TokensAt(now); have < need {
+			if d := time.Duration((need - have) / r * float64(time.Second)); limit == "" || d > wait {
+				wait, limit, value = d, name, r
+			}
+		}
+	}
+	short(cb, LimitSamplesPerSecondCluster, lim.SamplesPerSecondPerCluster, lim.BurstPerCluster)
+	short(tb, LimitSamplesPerSecondTenant, lim.SamplesPerSecondPerTenant, lim.BurstPerTenant)
+	if limit != "" {
+		secs := math.Ceil(wait.Seconds())
+		return time.Duration(max(secs, 1)) * time.Second, l.reject(limit, value)
+	}
+	// Both hold enough, and the lock keeps it so: these cannot fail.
+	if cb != nil {
+		cb.AllowN(now, min(n, lim.BurstPerCluster))
+	}
+	if tb != nil {
+		tb.AllowN(now, min(n, lim.BurstPerTenant))
+	}
+	return 0, nil
+}
+
+// gcRates drops cluster buckets that have refilled: a new bucket starts full,
+// so dropping a full one changes nothing.
+func (t *tenant) gcRates(now time.Time) {
+	t.rateMu.Lock()
+	defer t.rateMu.Unlock()
+	for name, b := range t.clusterRates {
+		if b.lim.TokensAt(now) >= float64(b.lim.Burst()) {
+			delete(t.clusterRates, name)
+		}
+	}
+}
