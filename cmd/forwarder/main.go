@@ -191,7 +191,9 @@ func load(f *flags) (*setup, error) {
 	if s.toClient, err = forward.NewHTTPClient(f.toCAFile); err != nil {
 		add(fmt.Errorf("--to-ca-file: %w", err))
 	}
-	s.fromClient.Timeout = time.Duration(s.file.Federate.Timeout)
+	if s.fromClient != nil {
+		s.fromClient.Timeout = time.Duration(s.file.Federate.Timeout)
+	}
 
 	// Allowlist: --match, --match-file, then the config file's matches.
 	sel := append([]string(nil), f.matches...)
