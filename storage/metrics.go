@@ -15,15 +15,15 @@ const (
 )
 
 type metrics struct {
-	appendedSamples                prometheus.Counter
-	appendedHistograms             prometheus.Counter
-	appendedExemplars              prometheus.Counter
-	rejected                       *prometheus.CounterVec // by reason
-	exemplarsRejected              prometheus.Counter
-	tenants                        prometheus.Gauge
-	uploads                        *prometheus.CounterVec // by result
-	bucketLag                      prometheus.Gauge
-	pendingBlocks                  prometheus.Gauge
+	appendedSamples    prometheus.Counter
+	appendedHistograms prometheus.Counter
+	appendedExemplars  prometheus.Counter
+	rejected           *prometheus.CounterVec // by reason
+	exemplarsRejected  prometheus.Counter
+	tenants            prometheus.Gauge
+	uploads            *prometheus.CounterVec // by result
+	bucketLag          prometheus.Gauge
+	pendingBlocks      prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics { // nil reg: not registered (tests)

@@ -130,4 +130,3 @@ func (db *DB) uploadFile(ctx context.Context, src, dst string) error {
 	}
 	return nil
 }
-
