@@ -6,6 +6,7 @@ package auth
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 )
@@ -19,7 +20,26 @@ var ErrUnauthorized = errors.New("unauthorized")
 type Identity struct {
 	Tenant    string
 	ClusterID string
+	// Allow is what the credential may do. Cluster credentials may only
+	// write (and read their gathering definition), never query the fleet.
+	Allow Permission
 }
+
+// Permission is a set of things a credential may do.
+type Permission uint8
+
+// Permissions, as named in the tokens file's `allow` list.
+const (
+	PermWrite     Permission = 1 << iota // remote-write and push
+	PermRead                             // the query API
+	PermAuthorize                        // exchange for a cluster credential at /authorize
+	PermAll       = PermWrite | PermRead | PermAuthorize
+)
+
+var permNames = map[string]Permission{"write": PermWrite, "read": PermRead, "authorize": PermAuthorize}
+
+// ErrForbidden means the credential is valid but may not do this.
+var ErrForbidden = errors.New("forbidden")
 
 // Authenticator checks a request's credential. Implementations are safe for
 // concurrent use and must not log secrets.
@@ -51,14 +71,23 @@ func bearerToken(r *http.Request) (string, bool) {
 	return token, token != ""
 }
 
-// Middleware authenticates every request before next sees it. A failure is
-// answered 401 with a WWW-Authenticate challenge, and reported to onReject.
-func Middleware(a Authenticator, onReject func(r *http.Request, err error), next http.Handler) http.Handler {
+// Middleware authenticates every request before next sees it and requires
+// the need permission. A missing or invalid credential is answered 401 with a
+// WWW-Authenticate challenge, a valid one without the permission 403; both
+// are reported to onReject (which may be nil).
+func Middleware(a Authenticator, need Permission, onReject func(r *http.Request, err error), next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, err := a.Authenticate(r)
+		if err == nil && id.Allow&need != need {
+			err = fmt.Errorf("credential of tenant %q lacks the permission for %s: %w", id.Tenant, r.URL.Path, ErrForbidden)
+		}
 		if err != nil {
 			if onReject != nil {
 				onReject(r, err)
+			}
+			if errors.Is(err, ErrForbidden) {
+				http.Error(w, "forbidden: this credential may not "+need.String(), http.StatusForbidden)
+				return
 			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="phonehome"`)
 			http.Error(w, "unauthorized: a valid bearer token is required", http.StatusUnauthorized)
@@ -68,11 +97,21 @@ func Middleware(a Authenticator, onReject func(r *http.Request, err error), next
 	})
 }
 
+func (p Permission) String() string {
+	var names []string
+	for _, n := range []string{"write", "read", "authorize"} {
+		if p&permNames[n] != 0 {
+			names = append(names, n)
+		}
+	}
+	return strings.Join(names, "+")
+}
+
 // Insecure accepts every request as Tenant. It exists only for the receiver's
 // explicitly named --insecure.no-auth mode.
 type Insecure struct{ Tenant string }
 
 // Authenticate implements Authenticator.
 func (i Insecure) Authenticate(*http.Request) (Identity, error) {
-	return Identity{Tenant: i.Tenant}, nil
+	return Identity{Tenant: i.Tenant, Allow: PermAll}, nil
 }

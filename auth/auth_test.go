@@ -26,9 +26,9 @@ func TestTokensAuthenticate(t *testing.T) {
 		want   Identity
 		ok     bool
 	}{
-		{"plain", "Bearer plain-secret", Identity{Tenant: "acme"}, true},
-		{"hashed", "Bearer hashed-secret", Identity{Tenant: "globex", ClusterID: "c1"}, true},
-		{"scheme is case-insensitive", "bearer plain-secret", Identity{Tenant: "acme"}, true},
+		{"plain", "Bearer plain-secret", Identity{Tenant: "acme", Allow: PermAll}, true},
+		{"hashed", "Bearer hashed-secret", Identity{Tenant: "globex", ClusterID: "c1", Allow: PermAll}, true},
+		{"scheme is case-insensitive", "bearer plain-secret", Identity{Tenant: "acme", Allow: PermAll}, true},
 		{"wrong token", "Bearer nope", Identity{}, false},
 		{"no header", "", Identity{}, false},
 		{"basic auth", "Basic cGxhaW4tc2VjcmV0", Identity{}, false},
@@ -95,7 +95,7 @@ func TestMiddleware(t *testing.T) {
 	tok, err := NewTokens([]TokenEntry{{Token: "s", Tenant: "acme"}})
 	require.NoError(t, err)
 	var rejected int
-	h := Middleware(tok, func(*http.Request, error) { rejected++ }, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := Middleware(tok, PermRead, func(*http.Request, error) { rejected++ }, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, ok := FromContext(r.Context())
 		require.True(t, ok)
 		_, _ = w.Write([]byte(id.Tenant))

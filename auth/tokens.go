@@ -22,16 +22,18 @@ import (
 //	  - token: plaintext-token     # or the token itself
 //	    tenant: acme
 //	    cluster_id: 3kq...         # optional: bind writes to this _id
+//	    allow: [authorize]         # optional: write, read, authorize (default: all)
 type TokensFile struct {
 	Tokens []TokenEntry `yaml:"tokens"`
 }
 
 // TokenEntry maps one bearer token to an identity.
 type TokenEntry struct {
-	Token       string `yaml:"token,omitempty"`
-	TokenSHA256 string `yaml:"token_sha256,omitempty"`
-	Tenant      string `yaml:"tenant"`
-	ClusterID   string `yaml:"cluster_id,omitempty"`
+	Token       string   `yaml:"token,omitempty"`
+	TokenSHA256 string   `yaml:"token_sha256,omitempty"`
+	Tenant      string   `yaml:"tenant"`
+	ClusterID   string   `yaml:"cluster_id,omitempty"`
+	Allow       []string `yaml:"allow,omitempty"`
 }
 
 // tenantRE keeps tenants safe as directory names and label values.
@@ -101,11 +103,22 @@ func NewTokens(entries []TokenEntry) (*Tokens, error) {
 		if !ValidTenant(e.Tenant) {
 			errs = append(errs, fmt.Errorf("%s.tenant: %q must match %s", path, e.Tenant, tenantRE))
 		}
+		allow := PermAll
+		if len(e.Allow) > 0 {
+			allow = 0
+			for k, a := range e.Allow {
+				p, ok := permNames[a]
+				if !ok {
+					errs = append(errs, fmt.Errorf("%s.allow[%d]: %q, want write, read or authorize", path, k, a))
+				}
+				allow |= p
+			}
+		}
 		if j, dup := seen[sum]; dup {
 			errs = append(errs, fmt.Errorf("%s: same token as tokens[%d]", path, j))
 		}
 		seen[sum] = i
-		t.entries = append(t.entries, tokenDigest{sum: sum, id: Identity{Tenant: e.Tenant, ClusterID: e.ClusterID}})
+		t.entries = append(t.entries, tokenDigest{sum: sum, id: Identity{Tenant: e.Tenant, ClusterID: e.ClusterID, Allow: allow}})
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err

@@ -115,8 +115,8 @@ func run(args []string, stderr io.Writer) int {
 	api := query.NewHandler(logger.With("component", "query"), engine, db, query.Options{Ready: isReady, Version: version.Version})
 
 	mux := http.NewServeMux()
-	mux.Handle("POST /api/v1/write", auth.Middleware(authn, writes.CountUnauthenticated, writes))
-	mux.Handle("/api/v1/", auth.Middleware(authn, nil, api))
+	mux.Handle("POST /api/v1/write", auth.Middleware(authn, auth.PermWrite, writes.CountUnauthenticated, writes))
+	mux.Handle("/api/v1/", auth.Middleware(authn, auth.PermRead, nil, api))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /-/healthy", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "healthy") })
 	mux.HandleFunc("GET /-/ready", func(w http.ResponseWriter, _ *http.Request) {

@@ -1,0 +1,136 @@
+package auth
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// KeysFile is the on-disk format of the signing keys file. Several keys may
+// be listed: the newest (by `created`) signs, any of them verifies, so a key
+// is rotated by adding a new one, waiting one credential lifetime, and then
+// removing the old one. Every receiver replica must read the same file.
+//
+//	keys:
+//	  - kid: 2026-11
+//	    created: 2026-11-01T00:00:00Z
+//	    private_key_file: ed25519-2026-11.pem   # PKCS#8 PEM, `openssl genpkey -algorithm ed25519`
+type KeysFile struct {
+	Keys []KeyEntry `yaml:"keys"`
+}
+
+// KeyEntry is one Ed25519 signing key.
+type KeyEntry struct {
+	KID            string    `yaml:"kid"`
+	Created        time.Time `yaml:"created"`
+	PrivateKeyFile string    `yaml:"private_key_file"`
+}
+
+// signingKey is a loaded key.
+type signingKey struct {
+	kid     string
+	created time.Time
+	private ed25519.PrivateKey
+}
+
+// KeySet holds the loaded keys, newest first. Immutable.
+type KeySet struct {
+	keys []signingKey
+	byID map[string]ed25519.PublicKey
+}
+
+// LoadKeysFile reads a keys file and every key it names, reporting every problem.
+func LoadKeysFile(path string) (*KeySet, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read keys file: %w", err)
+	}
+	var f KeysFile
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil {
+		return nil, fmt.Errorf("keys file %s: %w", path, err)
+	}
+	var errs []error
+	ks := &KeySet{byID: map[string]ed25519.PublicKey{}}
+	if len(f.Keys) == 0 {
+		errs = append(errs, errors.New("keys: at least one key is required"))
+	}
+	for i, e := range f.Keys {
+		p := fmt.Sprintf("keys[%d]", i)
+		if e.KID == "" {
+			errs = append(errs, fmt.Errorf("%s.kid: required", p))
+		} else if _, dup := ks.byID[e.KID]; dup {
+			errs = append(errs, fmt.Errorf("%s.kid: %q is listed twice", p, e.KID))
+		}
+		if e.Created.IsZero() {
+			errs = append(errs, fmt.Errorf("%s.created: required (RFC 3339), it decides which key signs", p))
+		}
+		file := e.PrivateKeyFile
+		if file != "" && !filepath.IsAbs(file) {
+			file = filepath.Join(filepath.Dir(path), file)
+		}
+		priv, err := readEd25519(file)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s.private_key_file: %w", p, err))
+			continue
+		}
+		ks.keys = append(ks.keys, signingKey{kid: e.KID, created: e.Created, private: priv})
+		ks.byID[e.KID] = priv.Public().(ed25519.PublicKey)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("keys file %s: %w", path, err)
+	}
+	sort.SliceStable(ks.keys, func(i, j int) bool { return ks.keys[i].created.After(ks.keys[j].created) })
+	return ks, nil
+}
+
+func readEd25519(path string) (ed25519.PrivateKey, error) {
+	if path == "" {
+		return nil, errors.New("required")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	block, _ := pem.Decode(b)
+	if block == nil {
+		return nil, errors.New("no PEM block")
+	}
+	k, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("parse PKCS#8: %w", err)
+	}
+	priv, ok := k.(ed25519.PrivateKey)
+	if !ok {
+		return nil, fmt.Errorf("key is %T, want Ed25519", k)
+	}
+	return priv, nil
+}
+
+// newestKey is the key that signs new credentials.
+func (ks *KeySet) newestKey() signingKey { return ks.keys[0] }
+
+// NewKeySet builds a KeySet from in-memory keys (tests, tools).
+func NewKeySet(keys map[string]ed25519.PrivateKey, newest string) *KeySet {
+	ks := &KeySet{byID: map[string]ed25519.PublicKey{}}
+	for kid, k := range keys {
+		sk := signingKey{kid: kid, private: k}
+		if kid == newest {
+			ks.keys = append([]signingKey{sk}, ks.keys...)
+		} else {
+			ks.keys = append(ks.keys, sk)
+		}
+		ks.byID[kid] = k.Public().(ed25519.PublicKey)
+	}
+	return ks
+}
