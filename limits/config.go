@@ -3,8 +3,8 @@ package limits
 import (
 	"errors"
 	"fmt"
-	"math"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"time"

@@ -48,7 +48,7 @@ type entry struct {
 type shard struct {
 	mu   sync.Mutex
 	m    map[uint64]entry
-	peak int               // largest len(m) since m was allocated
+	peak int                  // largest len(m) since m was allocated
 	_    [64 - 8 - 8 - 8]byte // one shard per cache line
 }
 

@@ -1,0 +1,323 @@
+package limits
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+)
+
+// unlimitedSeries is a Spec with every series limit off, to test one at a time.
+func unlimitedSeries() Spec {
+	return Spec{MaxSeriesPerCluster: ptr(0), MaxSeriesPerTenant: ptr(0), MaxSeriesPerMetric: ptr(0)}
+}
+
+func rejected(t *testing.T, reg *prometheus.Registry, limit string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "phonehome_limits_rejected_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetLabel()[0].GetValue() == limit {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no rejected counter for %s", limit)
+	return 0
+}
+
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			m := mf.GetMetric()[0]
+			if m.GetGauge() != nil {
+				return m.GetGauge().GetValue()
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+func TestSeriesLimits(t *testing.T) {
+	const limit = 5
+	cases := []struct {
+		limit string
+		set   func(*Spec)
+		// series i of the fill; all hit the limit under test and no other.
+		series func(i int) (cluster, metric string)
+		// other is a new series not subject to the full limit.
+		other func() (cluster, metric string)
+	}{
+		{
+			limit:  LimitSeriesPerCluster,
+			set:    func(s *Spec) { s.MaxSeriesPerCluster = ptr(limit) },
+			series: func(i int) (string, string) { return "c1", fmt.Sprintf("m%d", i) },
+			other:  func() (string, string) { return "c2", "m0" },
+		},
+		{
+			limit:  LimitSeriesPerTenant,
+			set:    func(s *Spec) { s.MaxSeriesPerTenant = ptr(limit) },
+			series: func(i int) (string, string) { return fmt.Sprintf("c%d", i), fmt.Sprintf("m%d", i) },
+			other:  nil, // the whole tenant is full
+		},
+		{
+			limit:  LimitSeriesPerMetric,
+			set:    func(s *Spec) { s.MaxSeriesPerMetric = ptr(limit) },
+			series: func(i int) (string, string) { return fmt.Sprintf("c%d", i), "up" },
+			other:  func() (string, string) { return "c0", "other" },
+		},
+	}
+	for _, tc := range cases {
+		for _, fill := range []int{limit - 2, limit - 1, limit} {
+			name := map[int]string{limit - 2: "under", limit - 1: "just under", limit: "at"}[fill]
+			t.Run(tc.limit+"/"+name, func(t *testing.T) {
+				spec := unlimitedSeries()
+				tc.set(&spec)
+				reg := prometheus.NewRegistry()
+				l := New(reg, Config{Defaults: spec}, newClock().Now)
+				for i := range fill {
+					c, m := tc.series(i)
+					require.NoError(t, l.AdmitSeries("t", c, m, uint64(i+1)))
+				}
+				c, m := tc.series(fill)
+				err := l.AdmitSeries("t", c, m, uint64(fill+1))
+				if fill < limit {
+					require.NoError(t, err)
+					require.Equal(t, 0.0, rejected(t, reg, tc.limit))
+					return
+				}
+				var le *LimitError
+				require.ErrorAs(t, err, &le)
+				require.Equal(t, LimitError{Limit: tc.limit, Value: limit}, *le)
+				require.ErrorIs(t, err, ErrSeriesLimit)
+				require.Equal(t, tc.limit+" limit of 5 reached", err.Error())
+				require.Equal(t, 1.0, rejected(t, reg, tc.limit))
+				require.Equal(t, float64(limit), gauge(t, reg, "phonehome_limits_tracked_series"))
+
+				// Existing series keep flowing while the limit is reached.
+				for i := range fill {
+					c, m := tc.series(i)
+					require.NoError(t, l.AdmitSeries("t", c, m, uint64(i+1)))
+				}
+				if tc.other != nil {
+					c, m := tc.other()
+					require.NoError(t, l.AdmitSeries("t", c, m, 1000), "a series outside the full scope passes")
+				}
+				require.NoError(t, l.AdmitSeries("other-tenant", c, m, uint64(fill+1)), "tenants are independent")
+			})
+		}
+	}
+}
+
+// Over: a reload lowers the limit below the tracked count.
+func TestSeriesLimitLoweredBelowCount(t *testing.T) {
+	l := New(nil, Config{Defaults: Spec{MaxSeriesPerCluster: ptr(5)}}, newClock().Now)
+	for i := range 5 {
+		require.NoError(t, l.AdmitSeries("t", "c", "m", uint64(i+1)))
+	}
+	l.Reload(Config{Defaults: Spec{MaxSeriesPerCluster: ptr(3)}})
+	require.Equal(t, 3, l.For("t").MaxSeriesPerCluster)
+	for i := range 5 {
+		require.NoError(t, l.AdmitSeries("t", "c", "m", uint64(i+1)), "existing series %d still passes", i)
+	}
+	require.ErrorIs(t, l.AdmitSeries("t", "c", "m", 100), ErrSeriesLimit)
+}
+
+func TestSeriesHotReload(t *testing.T) {
+	cfg := func(perCluster int) Config {
+		return Config{Tenants: map[string]Spec{"acme": {MaxSeriesPerCluster: ptr(perCluster)}}}
+	}
+	l := New(nil, cfg(3), newClock().Now)
+	s := l.Session("acme", "c")
+	for i := range 3 {
+		require.NoError(t, s.Admit("m", uint64(i+1)))
+	}
+	require.Error(t, s.Admit("m", 4))
+
+	// Lower: existing pass, new refused.
+	l.Reload(cfg(2))
+	s = l.Session("acme", "c")
+	for i := range 3 {
+		require.NoError(t, s.Admit("m", uint64(i+1)))
+	}
+	err := s.Admit("m", 4)
+	require.Equal(t, "max_series_per_cluster limit of 2 reached", err.Error())
+
+	// Raise: admitted at once, no restart, nothing forgotten.
+	l.Reload(cfg(5))
+	s = l.Session("acme", "c")
+	require.NoError(t, s.Admit("m", 4))
+	require.NoError(t, s.Admit("m", 5))
+	require.ErrorIs(t, s.Admit("m", 6), ErrSeriesLimit)
+	require.Equal(t, int64(5), l.tracked.Load())
+
+	// Removing the override falls back to the defaults (10000).
+	l.Reload(Config{})
+	require.NoError(t, l.AdmitSeries("acme", "c", "m", 6))
+}
+
+func TestSeriesIdleExpiryFreesSlot(t *testing.T) {
+	clk := newClock()
+	reg := prometheus.NewRegistry()
+	l := New(reg, Config{Defaults: Spec{
+		MaxSeriesPerCluster: ptr(2),
+		SeriesIdleTimeout:   ptr(modelDuration(30 * time.Minute)),
+	}}, clk.Now)
+
+	require.NoError(t, l.AdmitSeries("t", "c", "m", 1))
+	clk.Advance(10 * time.Minute)
+	require.NoError(t, l.AdmitSeries("t", "c", "m", 2))
+	require.ErrorIs(t, l.AdmitSeries("t", "c", "m", 3), ErrSeriesLimit)
+
+	clk.Advance(20 * time.Minute) // series 1 idle exactly 30m: still counts
+	require.Equal(t, 0, l.Expire())
+	require.ErrorIs(t, l.AdmitSeries("t", "c", "m", 3), ErrSeriesLimit)
+
+	clk.Advance(time.Second) // now idle longer than 30m
+	require.Equal(t, 1, l.Expire())
+	require.Equal(t, 1.0, gauge(t, reg, "phonehome_limits_expired_series_total"))
+	require.Equal(t, 1.0, gauge(t, reg, "phonehome_limits_tracked_series"))
+	require.NoError(t, l.AdmitSeries("t", "c", "m", 3), "the slot is free")
+	require.ErrorIs(t, l.AdmitSeries("t", "c", "m", 1), ErrSeriesLimit, "series 1 is new again, and the cluster is full")
+
+	// A write refreshes last-seen.
+	clk.Advance(29 * time.Minute)
+	require.NoError(t, l.AdmitSeries("t", "c", "m", 2)) // refreshes series 2
+	clk.Advance(29 * time.Minute)
+	require.Equal(t, 1, l.Expire(), "series 3 (58m idle) goes, series 2 (29m idle) stays")
+	require.NoError(t, l.AdmitSeries("t", "c", "m", 2))
+
+	// Everything idle: names and counts are collected.
+	clk.Advance(time.Hour)
+	require.Equal(t, 1, l.Expire())
+	tn := l.tenant("t")
+	require.Zero(t, tn.series.Load())
+	require.Empty(t, tn.clusters.ids)
+	require.Empty(t, tn.metrics.ids)
+	require.NoError(t, l.AdmitSeries("t", "c", "m", 9), "a collected cluster comes back")
+	require.Equal(t, int64(1), tn.series.Load())
+}
+
+// A session that cached a cluster survives the cluster being collected.
+func TestSessionSurvivesCollection(t *testing.T) {
+	clk := newClock()
+	l := New(nil, Config{}, clk.Now)
+	s := l.Session("t", "c")
+	require.NoError(t, s.Admit("m", 1))
+	clk.Advance(2 * time.Hour)
+	require.Equal(t, 1, l.Expire())
+	require.True(t, s.cs.dead)
+	require.NoError(t, s.Admit("m", 2))
+	tn := l.tenant("t")
+	_, cs, ok := tn.clusters.get("c")
+	require.True(t, ok)
+	require.Equal(t, int64(1), cs.n.Load())
+}
+
+func TestSeriesLimitExactUnderConcurrency(t *testing.T) {
+	const limit, workers, each = 100, 8, 50
+	l := New(nil, Config{Defaults: Spec{MaxSeriesPerCluster: ptr(limit)}}, newClock().Now)
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		admitted int
+	)
+	for w := range workers {
+		wg.Go(func() {
+			s := l.Session("t", "c")
+			n := 0
+			for i := range each {
+				err := s.Admit("m", uint64(w*each+i+1)*0x9E3779B97F4A7C15)
+				if err == nil {
+					n++
+				} else if !errors.Is(err, ErrSeriesLimit) {
+					panic(err)
+				}
+			}
+			mu.Lock()
+			admitted += n
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	require.Equal(t, limit, admitted)
+	require.Equal(t, int64(limit), l.tracked.Load())
+}
+
+// Stress: writers, Expire, Reload and rate checks at once; run with -race.
+// The invariants: counts equal what the shards hold, and never exceed limits.
+func TestConcurrentStress(t *testing.T) {
+	clk := newClock()
+	const clusterLimit, tenantLimit = 300, 1000
+	cfg := Config{Defaults: Spec{
+		MaxSeriesPerCluster: ptr(clusterLimit),
+		MaxSeriesPerTenant:  ptr(tenantLimit),
+		MaxSeriesPerMetric:  ptr(0),
+		SeriesIdleTimeout:   ptr(modelDuration(time.Minute)),
+	}}
+	l := New(prometheus.NewRegistry(), cfg, clk.Now)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for w := range 6 {
+		wg.Go(func() {
+			for round := range 30 {
+				s := l.Session("t", fmt.Sprintf("c%d", w))
+				for i := range 200 {
+					h := uint64(w)<<40 | uint64(round%3)<<20 | uint64(i)
+					err := s.Admit(fmt.Sprintf("m%d", i%7), h*0x9E3779B97F4A7C15)
+					if err != nil && !errors.Is(err, ErrSeriesLimit) {
+						panic(err)
+					}
+				}
+				_, _ = l.AllowSamples("t", fmt.Sprintf("c%d", w), 100)
+			}
+		})
+	}
+	expirerDone := make(chan struct{})
+	go func() { // expirer: moves the clock, expires and reloads while writers run
+		defer close(expirerDone)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			clk.Advance(20 * time.Second)
+			l.Expire()
+			l.Reload(cfg)
+		}
+	}()
+	wg.Wait()
+	close(stop)
+	<-expirerDone
+
+	tn := l.tenant("t")
+	var inShards int64
+	perCluster := map[uint32]int64{}
+	for i := range tn.shards {
+		for _, e := range tn.shards[i].m {
+			inShards++
+			perCluster[e.cluster]++
+		}
+	}
+	require.Equal(t, inShards, tn.series.Load())
+	require.Equal(t, inShards, l.tracked.Load())
+	require.LessOrEqual(t, inShards, int64(tenantLimit))
+	for id, n := range perCluster {
+		require.Equal(t, n, tn.clusters.byID[id].n.Load())
+		require.LessOrEqual(t, n, int64(clusterLimit))
+	}
+}
