@@ -55,9 +55,16 @@ func New(reg prometheus.Registerer, cfg Config, now func() time.Time) *Limiter {
 // configuration they started with. Tracked series, their counts and the rate
 // buckets' fill levels are kept: a lowered series limit refuses new series
 // while the existing ones keep passing, a raised one admits new series at
-// once, and a changed rate or burst applies to the next request.
+// once, and a changed rate or burst applies from now on (tokens earned
+// before the reload were earned at the old rate).
 func (l *Limiter) Reload(cfg Config) {
-	l.cfg.Store(cfg.resolve())
+	r := cfg.resolve()
+	l.cfg.Store(r)
+	now := l.now()
+	l.tenants.Range(func(_, v any) bool {
+		v.(*tenant).syncRates(now, r)
+		return true
+	})
 }
 
 // For returns the effective limits of tenant: its override merged over the

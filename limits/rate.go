@@ -105,13 +105,27 @@ func (l *Limiter) AllowSamples(tenant, cluster string, n int) (retryAfter time.D
 	return 0, nil
 }
 
+// syncRates applies cfg to t's existing buckets.
+func (t *tenant) syncRates(now time.Time, cfg *resolved) {
+	lim := cfg.forTenant(t.name)
+	t.rateMu.Lock()
+	defer t.rateMu.Unlock()
+	if t.rate != nil {
+		t.rate.sync(now, cfg, lim.SamplesPerSecondPerTenant, lim.BurstPerTenant)
+	}
+	for _, b := range t.clusterRates {
+		b.sync(now, cfg, lim.SamplesPerSecondPerCluster, lim.BurstPerCluster)
+	}
+}
+
 // gcRates drops cluster buckets that have refilled: a new bucket starts full,
-// so dropping a full one changes nothing.
+// so dropping a full one changes nothing. Buckets whose rate is now
+// unlimited are dropped too (they start full if the limit comes back).
 func (t *tenant) gcRates(now time.Time) {
 	t.rateMu.Lock()
 	defer t.rateMu.Unlock()
 	for name, b := range t.clusterRates {
-		if b.lim.TokensAt(now) >= float64(b.lim.Burst()) {
+		if b.lim.Limit() <= 0 || b.lim.TokensAt(now) >= float64(b.lim.Burst()) {
 			delete(t.clusterRates, name)
 		}
 	}

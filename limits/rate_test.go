@@ -1,0 +1,208 @@
+package limits
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+)
+
+// rateOnly limits only the per-cluster rate (or the tenant rate, if tenant).
+func rateSpec(perSec float64, burst int, tenantPerSec float64, tenantBurst int) Config {
+	return Config{Defaults: Spec{
+		SamplesPerSecondPerCluster: ptr(perSec), BurstPerCluster: ptr(burst),
+		SamplesPerSecondPerTenant: ptr(tenantPerSec), BurstPerTenant: ptr(tenantBurst),
+	}}
+}
+
+func TestRateAtUnderOver(t *testing.T) {
+	// The bucket holds 50 tokens after draining 100 and waiting 5s at 10/s.
+	for _, tc := range []struct {
+		name string
+		n    int
+		ok   bool
+	}{
+		{"under", 49, true},
+		{"at", 50, true},
+		{"over", 51, false},
+	} {
+		for _, scope := range []string{"cluster", "tenant"} {
+			t.Run(scope+"/"+tc.name, func(t *testing.T) {
+				clk := newClock()
+				cfg := rateSpec(10, 100, 0, 0)
+				limit := LimitSamplesPerSecondCluster
+				if scope == "tenant" {
+					cfg = rateSpec(0, 0, 10, 100)
+					limit = LimitSamplesPerSecondTenant
+				}
+				reg := prometheus.NewRegistry()
+				l := New(reg, cfg, clk.Now)
+				_, err := l.AllowSamples("t", "c", 100)
+				require.NoError(t, err, "the bucket starts full")
+				clk.Advance(5 * time.Second)
+				retry, err := l.AllowSamples("t", "c", tc.n)
+				if tc.ok {
+					require.NoError(t, err)
+					require.Zero(t, retry)
+					return
+				}
+				require.Equal(t, &LimitError{Limit: limit, Value: 10}, err)
+				require.ErrorIs(t, err, ErrRateLimited)
+				require.Equal(t, limit+" limit of 10 reached", err.Error())
+				require.Equal(t, time.Second, retry, "0.1s short, rounded up to 1s")
+				require.Equal(t, 1.0, rejected(t, reg, limit))
+			})
+		}
+	}
+}
+
+func TestRateBurstRefillRetryAfter(t *testing.T) {
+	clk := newClock()
+	l := New(nil, rateSpec(10, 100, 0, 0), clk.Now)
+
+	_, err := l.AllowSamples("t", "c", 60)
+	require.NoError(t, err)
+	_, err = l.AllowSamples("t", "c", 40)
+	require.NoError(t, err, "a full burst passes at once")
+
+	retry, err := l.AllowSamples("t", "c", 35)
+	require.Error(t, err)
+	require.Equal(t, 4*time.Second, retry, "35 tokens at 10/s: 3.5s, rounded up")
+
+	clk.Advance(3 * time.Second)
+	retry, err = l.AllowSamples("t", "c", 35)
+	require.Error(t, err)
+	require.Equal(t, time.Second, retry, "5 short: 0.5s, rounded up to 1s")
+
+	clk.Advance(500 * time.Millisecond)
+	_, err = l.AllowSamples("t", "c", 35)
+	require.NoError(t, err, "refilled after exactly the announced wait")
+
+	clk.Advance(time.Hour)
+	_, err = l.AllowSamples("t", "c", 100)
+	require.NoError(t, err, "refill stops at the burst")
+	_, err = l.AllowSamples("t", "c", 1)
+	require.Error(t, err)
+}
+
+func TestRateRefusedConsumesNothing(t *testing.T) {
+	clk := newClock()
+	// Cluster buckets 100 each; the tenant bucket 150 shared.
+	l := New(nil, rateSpec(10, 100, 10, 150), clk.Now)
+	_, err := l.AllowSamples("t", "c1", 100)
+	require.NoError(t, err) // c1: 0 left, tenant: 50 left
+
+	for range 10 {
+		retry, err := l.AllowSamples("t", "c2", 60)
+		require.ErrorIs(t, err, ErrRateLimited)
+		require.Equal(t, LimitSamplesPerSecondTenant, err.(*LimitError).Limit)
+		require.Equal(t, time.Second, retry)
+	}
+	for range 10 {
+		_, err := l.AllowSamples("t", "c1", 30)
+		require.Equal(t, LimitSamplesPerSecondCluster, err.(*LimitError).Limit)
+	}
+	// Nothing was taken by the refusals: the tenant still holds 50, c2 100.
+	_, err = l.AllowSamples("t", "c2", 50)
+	require.NoError(t, err)
+	_, err = l.AllowSamples("t", "c2", 1)
+	require.Equal(t, LimitSamplesPerSecondTenant, err.(*LimitError).Limit)
+	clk.Advance(5 * time.Second) // tenant +50, c2 50+50
+	_, err = l.AllowSamples("t", "c2", 50)
+	require.NoError(t, err)
+}
+
+func TestRateRetryAfterIsTheLongerWait(t *testing.T) {
+	clk := newClock()
+	l := New(nil, rateSpec(10, 100, 1, 100), clk.Now)
+	_, err := l.AllowSamples("t", "c", 100)
+	require.NoError(t, err)
+	clk.Advance(2 * time.Second) // cluster 20, tenant 2
+	retry, err := l.AllowSamples("t", "c", 30)
+	require.Equal(t, LimitSamplesPerSecondTenant, err.(*LimitError).Limit)
+	require.Equal(t, 28*time.Second, retry, "tenant needs 28 more at 1/s; the cluster only 1s")
+}
+
+func TestRateLargerThanBurstNeedsFullBucket(t *testing.T) {
+	clk := newClock()
+	l := New(nil, rateSpec(10, 100, 0, 0), clk.Now)
+	_, err := l.AllowSamples("t", "c", 1000)
+	require.NoError(t, err, "a full bucket admits a request larger than the burst")
+	retry, err := l.AllowSamples("t", "c", 1000)
+	require.Error(t, err)
+	require.Equal(t, 10*time.Second, retry, "until the bucket is full again")
+}
+
+func TestRateUnlimited(t *testing.T) {
+	l := New(nil, rateSpec(0, 0, 0, 0), newClock().Now)
+	for range 3 {
+		retry, err := l.AllowSamples("t", "c", 1<<30)
+		require.NoError(t, err)
+		require.Zero(t, retry)
+	}
+	_, err := l.AllowSamples("t", "c", 0)
+	require.NoError(t, err)
+}
+
+func TestRateHotReload(t *testing.T) {
+	clk := newClock()
+	l := New(nil, rateSpec(10, 100, 0, 0), clk.Now)
+	_, err := l.AllowSamples("t", "c", 100)
+	require.NoError(t, err)
+
+	l.Reload(rateSpec(100, 1000, 0, 0)) // the bucket keeps its level (0), refills faster
+	clk.Advance(time.Second)
+	_, err = l.AllowSamples("t", "c", 100)
+	require.NoError(t, err)
+	_, err = l.AllowSamples("t", "c", 1)
+	require.Error(t, err)
+
+	clk.Advance(10 * time.Second)
+	_, err = l.AllowSamples("t", "c", 1000)
+	require.NoError(t, err, "the raised burst applies")
+
+	l.Reload(rateSpec(1, 5, 0, 0))
+	clk.Advance(time.Hour)
+	_, err = l.AllowSamples("t", "c", 5)
+	require.NoError(t, err)
+	retry, err := l.AllowSamples("t", "c", 3)
+	require.Error(t, err, "the lowered burst caps the refill")
+	require.Equal(t, 3*time.Second, retry)
+
+	l.Reload(rateSpec(0, 0, 0, 0))
+	_, err = l.AllowSamples("t", "c", 1000)
+	require.NoError(t, err, "0 = unlimited takes effect at once")
+}
+
+func TestRateIdleBucketsCollected(t *testing.T) {
+	clk := newClock()
+	l := New(nil, rateSpec(10, 100, 10, 1000), clk.Now)
+	for _, c := range []string{"a", "b", "c"} {
+		_, err := l.AllowSamples("t", c, 50)
+		require.NoError(t, err)
+	}
+	tn := l.tenant("t")
+	require.Len(t, tn.clusterRates, 3)
+	clk.Advance(4 * time.Second)
+	_, err := l.AllowSamples("t", "a", 1)
+	require.NoError(t, err)
+	l.Expire()
+	require.Len(t, tn.clusterRates, 3, "not yet refilled")
+	clk.Advance(time.Second)
+	l.Expire()
+	require.Len(t, tn.clusterRates, 1, "b and c refilled; a took one more")
+	clk.Advance(time.Second)
+	l.Expire()
+	require.Empty(t, tn.clusterRates)
+}
+
+func TestRunStopsOnCancel(t *testing.T) {
+	l := New(nil, Config{}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- l.Run(ctx) }()
+	cancel()
+	require.NoError(t, <-done)
+}
