@@ -3,6 +3,7 @@ package auth
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -130,3 +131,5 @@ func FuzzAuthorizationHeader(f *testing.F) {
 		}
 	})
 }
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

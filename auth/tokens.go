@@ -132,6 +132,11 @@ func (t *Tokens) Authenticate(r *http.Request) (Identity, error) {
 	if !ok {
 		return Identity{}, fmt.Errorf("no bearer token: %w", ErrUnauthorized)
 	}
+	return t.lookup(token)
+}
+
+// lookup finds the identity of token, comparing digests in constant time.
+func (t *Tokens) lookup(token string) (Identity, error) {
 	sum := sha256.Sum256([]byte(token))
 	found := -1
 	for i := range t.entries {

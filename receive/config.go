@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"net/url"
 	"path/filepath"
+	"time"
 
 	"github.com/alecthomas/units"
+	"github.com/prometheus/common/model"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/phonehome/phonehome/storage"
@@ -21,11 +24,59 @@ type Config struct {
 	Storage storage.Config `yaml:"storage"`
 }
 
-// AuthConfig names where credentials come from.
+// AuthConfig names where credentials come from. Relative paths are
+// relative to the configuration file.
 type AuthConfig struct {
-	// TokensFile maps bearer tokens to tenants; see auth.TokensFile.
-	// A relative path is relative to the configuration file.
-	TokensFile string `yaml:"tokens_file"`
+	// TokensFile maps bearer tokens to tenants; see auth.TokensFile. It is
+	// re-read every ReloadInterval, so revoking a token needs no restart.
+	TokensFile     string         `yaml:"tokens_file"`
+	ReloadInterval model.Duration `yaml:"reload_interval"`
+	// KeysFile holds the Ed25519 keys that sign cluster credentials; it
+	// enables POST /authorize. See auth.KeysFile.
+	KeysFile      string         `yaml:"keys_file"`
+	CredentialTTL model.Duration `yaml:"credential_ttl"`
+	// AuthorizeWebhook, when set, decides which fleet tokens may authorize
+	// instead of the tokens file.
+	AuthorizeWebhook *WebhookConfig `yaml:"authorize_webhook"`
+}
+
+// WebhookConfig is an upstream authorizer; see auth.Webhook.
+type WebhookConfig struct {
+	URL     string         `yaml:"url"`
+	Timeout model.Duration `yaml:"timeout"`
+}
+
+// SetDefaults fills every unset field.
+func (a *AuthConfig) SetDefaults() {
+	if a.ReloadInterval == 0 {
+		a.ReloadInterval = model.Duration(time.Minute)
+	}
+	if a.CredentialTTL == 0 {
+		a.CredentialTTL = model.Duration(time.Hour)
+	}
+	if a.AuthorizeWebhook != nil && a.AuthorizeWebhook.Timeout == 0 {
+		a.AuthorizeWebhook.Timeout = model.Duration(5 * time.Second)
+	}
+}
+
+// Validate reports every problem with its YAML path.
+func (a *AuthConfig) Validate() error {
+	var errs []error
+	if a.CredentialTTL < model.Duration(time.Minute) {
+		errs = append(errs, fmt.Errorf("auth.credential_ttl: %s is shorter than 1m", a.CredentialTTL))
+	}
+	if a.ReloadInterval < model.Duration(time.Second) {
+		errs = append(errs, fmt.Errorf("auth.reload_interval: %s is shorter than 1s", a.ReloadInterval))
+	}
+	if wh := a.AuthorizeWebhook; wh != nil {
+		if u, err := url.Parse(wh.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("auth.authorize_webhook.url: %q is not an http(s) URL", wh.URL))
+		}
+		if a.KeysFile == "" {
+			errs = append(errs, errors.New("auth.authorize_webhook: needs auth.keys_file to sign credentials"))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Limits bound what one request may carry. Zero means the default.
@@ -103,16 +154,17 @@ func LoadConfig(path string) (*Config, error) {
 		}
 		cfg.resolvePaths(filepath.Dir(path))
 	}
+	cfg.Auth.SetDefaults()
 	cfg.Limits.SetDefaults()
 	cfg.Storage.SetDefaults()
-	if err := errors.Join(cfg.Limits.Validate(), cfg.Storage.Validate()); err != nil {
+	if err := errors.Join(cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate()); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return cfg, nil
 }
 
 func (c *Config) resolvePaths(dir string) {
-	for _, p := range []*string{&c.Auth.TokensFile, &c.Storage.Bucket.S3.SecretKeyFile} {
+	for _, p := range []*string{&c.Auth.TokensFile, &c.Auth.KeysFile, &c.Storage.Bucket.S3.SecretKeyFile} {
 		if *p != "" && !filepath.IsAbs(*p) {
 			*p = filepath.Join(dir, *p)
 		}

@@ -69,7 +69,8 @@ func run(args []string, stderr io.Writer) int {
 		logger.Error("invalid configuration", "file", *configFile, "err", err)
 		return 2
 	}
-	authn, err := newAuthenticator(cfg.Auth, *noAuth)
+	reg := prometheus.NewRegistry()
+	a, err := setupAuth(logger.With("component", "auth"), reg, cfg.Auth, *noAuth)
 	if err != nil {
 		logger.Error("invalid configuration", "file", *configFile, "err", err)
 		return 2
@@ -81,8 +82,6 @@ func run(args []string, stderr io.Writer) int {
 	if *noAuth {
 		logger.Warn("authentication is DISABLED (--insecure.no-auth): anyone who can reach this port can write and read", "tenant", defaultTenant)
 	}
-
-	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -115,8 +114,11 @@ func run(args []string, stderr io.Writer) int {
 	api := query.NewHandler(logger.With("component", "query"), engine, db, query.Options{Ready: isReady, Version: version.Version})
 
 	mux := http.NewServeMux()
-	mux.Handle("POST /api/v1/write", auth.Middleware(authn, auth.PermWrite, writes.CountUnauthenticated, writes))
-	mux.Handle("/api/v1/", auth.Middleware(authn, auth.PermRead, nil, api))
+	mux.Handle("POST /api/v1/write", auth.Middleware(a.authn, auth.PermWrite, writes.CountUnauthenticated, writes))
+	mux.Handle("/api/v1/", auth.Middleware(a.authn, auth.PermRead, nil, api))
+	if a.authorize != nil {
+		mux.Handle("POST /authorize", a.authorize)
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /-/healthy", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "healthy") })
 	mux.HandleFunc("GET /-/ready", func(w http.ResponseWriter, _ *http.Request) {
@@ -145,6 +147,10 @@ func run(args []string, stderr io.Writer) int {
 			_ = srv.Shutdown(ctx)
 		})
 	}
+	if a.tokens != nil { // Tokens file reloader: revocation without restart.
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return a.tokens.Run(ctx, time.Duration(cfg.Auth.ReloadInterval)) }, func(error) { cancel() })
+	}
 	{ // Block shipper.
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return db.RunShipper(ctx) }, func(error) { cancel() })
@@ -158,19 +164,44 @@ func run(args []string, stderr io.Writer) int {
 	return 0
 }
 
-// newAuthenticator builds the configured authenticator. Running without one
+// authSetup is the receiver's authentication, built from the config.
+type authSetup struct {
+	authn     auth.Authenticator
+	tokens    *auth.FileTokens // nil under --insecure.no-auth
+	authorize http.Handler     // nil without auth.keys_file
+}
+
+// setupAuth builds the configured authentication. Running without any
 // needs the explicit --insecure.no-auth flag.
-func newAuthenticator(cfg receive.AuthConfig, noAuth bool) (auth.Authenticator, error) {
+func setupAuth(logger *slog.Logger, reg prometheus.Registerer, cfg receive.AuthConfig, noAuth bool) (authSetup, error) {
 	switch {
 	case cfg.TokensFile != "" && noAuth:
-		return nil, errors.New("auth.tokens_file and --insecure.no-auth are mutually exclusive")
-	case cfg.TokensFile != "":
-		return auth.LoadTokensFile(cfg.TokensFile)
+		return authSetup{}, errors.New("auth.tokens_file and --insecure.no-auth are mutually exclusive")
 	case noAuth:
-		return auth.Insecure{Tenant: defaultTenant}, nil
-	default:
-		return nil, errors.New("no authentication configured: set auth.tokens_file in --config.file, or pass --insecure.no-auth for a local trial")
+		return authSetup{authn: auth.Insecure{Tenant: defaultTenant}}, nil
+	case cfg.TokensFile == "":
+		return authSetup{}, errors.New("no authentication configured: set auth.tokens_file in --config.file, or pass --insecure.no-auth for a local trial")
 	}
+	tokens, err := auth.NewFileTokens(logger, reg, cfg.TokensFile)
+	if err != nil {
+		return authSetup{}, err
+	}
+	s := authSetup{authn: tokens, tokens: tokens}
+	if cfg.KeysFile == "" {
+		return s, nil
+	}
+	keys, err := auth.LoadKeysFile(cfg.KeysFile)
+	if err != nil {
+		return authSetup{}, err
+	}
+	issuer := auth.NewIssuer(keys, time.Duration(cfg.CredentialTTL), nil)
+	var fleet auth.FleetAuthorizer = tokens
+	if wh := cfg.AuthorizeWebhook; wh != nil {
+		fleet = auth.Webhook{URL: wh.URL, Client: &http.Client{Timeout: time.Duration(wh.Timeout)}}
+	}
+	s.authn = auth.Chain{Issuer: issuer, Static: tokens}
+	s.authorize = auth.NewAuthorizeHandler(logger, reg, fleet, issuer)
+	return s, nil
 }
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {

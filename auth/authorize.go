@@ -1,0 +1,177 @@
+package auth
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// clusterIDRE bounds what a pseudonymous cluster id may look like: the
+// forwarder sends a keyed hash, never a raw id, so this is generous.
+var clusterIDRE = regexp.MustCompile(`^[A-Za-z0-9_=.:-]{1,128}$`)
+
+// ErrUpstream means the upstream authorizer could not give an answer.
+var ErrUpstream = errors.New("upstream authorizer unavailable")
+
+// FleetAuthorizer decides whether a fleet token may obtain a credential for
+// a cluster, and for which tenant.
+type FleetAuthorizer interface {
+	AuthorizeFleet(ctx context.Context, token, clusterID string) (tenant string, err error)
+}
+
+// AuthorizeFleet implements FleetAuthorizer for static tokens: the token
+// needs the authorize permission, and a token bound to a cluster only
+// authorizes that cluster.
+func (t *Tokens) AuthorizeFleet(_ context.Context, token, clusterID string) (string, error) {
+	id, err := t.lookup(token)
+	if err != nil {
+		return "", err
+	}
+	if id.Allow&PermAuthorize == 0 {
+		return "", fmt.Errorf("token may not authorize: %w", ErrForbidden)
+	}
+	if id.ClusterID != "" && id.ClusterID != clusterID {
+		return "", fmt.Errorf("token is bound to another cluster: %w", ErrForbidden)
+	}
+	return id.Tenant, nil
+}
+
+// AuthorizeResponse is the JSON body of a successful POST /authorize.
+type AuthorizeResponse struct {
+	Token            string    `json:"token"`
+	ExpiresAt        time.Time `json:"expires_at"`
+	ExpiresInSeconds int64     `json:"expires_in_seconds"`
+	Tenant           string    `json:"tenant"`
+	ClusterID        string    `json:"cluster_id"`
+}
+
+// AuthorizeHandler serves POST /authorize: a fleet token (bearer) plus the
+// cluster's pseudonymous id (form field `id`, as telemeter sends it) buys a
+// short-lived credential binding tenant and `_id`.
+type AuthorizeHandler struct {
+	logger  *slog.Logger
+	fleet   FleetAuthorizer
+	issuer  *Issuer
+	results *prometheus.CounterVec
+}
+
+// NewAuthorizeHandler returns the /authorize handler. reg may be nil.
+func NewAuthorizeHandler(logger *slog.Logger, reg prometheus.Registerer, fleet FleetAuthorizer, issuer *Issuer) *AuthorizeHandler {
+	h := &AuthorizeHandler{
+		logger: logger, fleet: fleet, issuer: issuer,
+		results: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_auth_authorize_requests_total",
+			Help: "POST /authorize requests by result.",
+		}, []string{"result"}),
+	}
+	for _, r := range []string{"issued", "unauthorized", "forbidden", "invalid", "upstream_error", "error"} {
+		h.results.WithLabelValues(r)
+	}
+	return h
+}
+
+func (h *AuthorizeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	token, ok := bearerToken(r)
+	if !ok {
+		h.fail(w, "unauthorized", http.StatusUnauthorized, "a fleet token is required as bearer token")
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, 4<<10)
+	clusterID := r.FormValue("id")
+	if !clusterIDRE.MatchString(clusterID) {
+		h.fail(w, "invalid", http.StatusBadRequest, "form field id must be the cluster's pseudonymous id ("+clusterIDRE.String()+")")
+		return
+	}
+	tenant, err := h.fleet.AuthorizeFleet(r.Context(), token, clusterID)
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrForbidden):
+		h.fail(w, "forbidden", http.StatusForbidden, "this fleet token may not authorize this cluster")
+		return
+	case errors.Is(err, ErrUnauthorized):
+		h.fail(w, "unauthorized", http.StatusUnauthorized, "unknown fleet token")
+		return
+	case errors.Is(err, ErrUpstream):
+		h.logger.Warn("upstream authorizer failed", "err", err)
+		w.Header().Set("Retry-After", "30")
+		h.fail(w, "upstream_error", http.StatusServiceUnavailable, "the upstream authorizer is unavailable, retry later")
+		return
+	default:
+		h.logger.Error("authorize", "err", err)
+		h.fail(w, "error", http.StatusInternalServerError, "internal error")
+		return
+	}
+	signed, exp, err := h.issuer.Issue(tenant, clusterID)
+	if err != nil {
+		h.logger.Error("issue credential", "err", err)
+		h.fail(w, "error", http.StatusInternalServerError, "internal error")
+		return
+	}
+	h.results.WithLabelValues("issued").Inc()
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(AuthorizeResponse{
+		Token: signed, ExpiresAt: exp.UTC(), ExpiresInSeconds: int64(time.Until(exp).Seconds()),
+		Tenant: tenant, ClusterID: clusterID,
+	})
+}
+
+func (h *AuthorizeHandler) fail(w http.ResponseWriter, result string, code int, msg string) {
+	h.results.WithLabelValues(result).Inc()
+	if code == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="phonehome"`)
+	}
+	http.Error(w, msg, code)
+}
+
+// Webhook asks an upstream HTTP service whether a fleet token may authorize
+// a cluster. It POSTs {"token": ..., "cluster_id": ...} as JSON and expects
+// 200 with {"tenant": ...}; 401 and 403 refuse; anything else is ErrUpstream.
+type Webhook struct {
+	URL    string
+	Client *http.Client
+}
+
+// AuthorizeFleet implements FleetAuthorizer.
+func (wh Webhook) AuthorizeFleet(ctx context.Context, token, clusterID string) (string, error) {
+	body, _ := json.Marshal(map[string]string{"token": token, "cluster_id": clusterID})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, wh.URL, bytes.NewReader(body))
+	if err != nil {
+		return "", fmt.Errorf("webhook request: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := wh.Client.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("webhook: %w: %w", ErrUpstream, err)
+	}
+	defer func() {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		_ = resp.Body.Close()
+	}()
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusUnauthorized:
+		return "", fmt.Errorf("webhook refused the token: %w", ErrUnauthorized)
+	case http.StatusForbidden:
+		return "", fmt.Errorf("webhook refused the cluster: %w", ErrForbidden)
+	default:
+		return "", fmt.Errorf("webhook answered %d: %w", resp.StatusCode, ErrUpstream)
+	}
+	var out struct {
+		Tenant string `json:"tenant"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&out); err != nil || !ValidTenant(out.Tenant) {
+		return "", fmt.Errorf("webhook answer has no valid tenant: %w", ErrUpstream)
+	}
+	return out.Tenant, nil
+}

@@ -1,0 +1,85 @@
+package auth
+
+import (
+	"context"
+	"crypto/sha256"
+	"log/slog"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// FileTokens is a tokens file that is re-read while the receiver runs, so a
+// revoked token stops working without a restart. An invalid new version is
+// logged and counted, and the previous tokens stay in force.
+type FileTokens struct {
+	path    string
+	logger  *slog.Logger
+	cur     atomic.Pointer[Tokens]
+	sum     [sha256.Size]byte // of the file content in force
+	reloads *prometheus.CounterVec
+}
+
+// NewFileTokens loads path; it fails if the first load fails. reg may be nil.
+func NewFileTokens(logger *slog.Logger, reg prometheus.Registerer, path string) (*FileTokens, error) {
+	f := &FileTokens{
+		path: path, logger: logger,
+		reloads: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_auth_tokens_reloads_total",
+			Help: "Reloads of the tokens file by result (success, failure).",
+		}, []string{"result"}),
+	}
+	f.reloads.WithLabelValues("success")
+	f.reloads.WithLabelValues("failure")
+	if err := f.Reload(); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// Reload re-reads the file if its content changed.
+func (f *FileTokens) Reload() error {
+	b, err := os.ReadFile(f.path)
+	if err == nil && f.cur.Load() != nil && sha256.Sum256(b) == f.sum {
+		return nil
+	}
+	t, err := LoadTokensFile(f.path)
+	if err != nil {
+		f.reloads.WithLabelValues("failure").Inc()
+		return err
+	}
+	f.cur.Store(t)
+	f.sum = sha256.Sum256(b)
+	f.reloads.WithLabelValues("success").Inc()
+	return nil
+}
+
+// Run reloads every interval until ctx is done.
+func (f *FileTokens) Run(ctx context.Context, interval time.Duration) error {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			if err := f.Reload(); err != nil {
+				f.logger.Error("reload tokens file, keeping the previous tokens", "file", f.path, "err", err)
+			}
+		}
+	}
+}
+
+// Authenticate implements Authenticator.
+func (f *FileTokens) Authenticate(r *http.Request) (Identity, error) {
+	return f.cur.Load().Authenticate(r)
+}
+
+// AuthorizeFleet implements FleetAuthorizer.
+func (f *FileTokens) AuthorizeFleet(ctx context.Context, token, clusterID string) (string, error) {
+	return f.cur.Load().AuthorizeFleet(ctx, token, clusterID)
+}
