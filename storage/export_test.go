@@ -17,3 +17,15 @@ func OpenWithBucket(logger *slog.Logger, reg prometheus.Registerer, dir string, 
 
 // Ship runs one shipping round.
 func (db *DB) Ship(ctx context.Context) error { return db.ship(ctx) }
+
+// Flush persists every tenant's head into blocks, as Close does.
+func (db *DB) Flush() error {
+	for _, t := range db.snapshotTenants() {
+		if err := flushHead(t.db, time.Duration(db.cfg.BlockDuration).Milliseconds()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+const ShipperFile = shipperFile
