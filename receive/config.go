@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"net/url"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -38,7 +38,17 @@ type AuthConfig struct {
 	// AuthorizeWebhook, when set, decides which fleet tokens may authorize
 	// instead of the tokens file.
 	AuthorizeWebhook *WebhookConfig `yaml:"authorize_webhook"`
+	// IDMismatch is what happens to a series whose _id differs from the
+	// credential's cluster: "reject" (400, counted; the default) or
+	// "overwrite" (the credential's _id replaces it).
+	IDMismatch string `yaml:"id_mismatch"`
 }
+
+// Values of auth.id_mismatch.
+const (
+	IDMismatchReject    = "reject"
+	IDMismatchOverwrite = "overwrite"
+)
 
 // WebhookConfig is an upstream authorizer; see auth.Webhook.
 type WebhookConfig struct {
@@ -54,6 +64,9 @@ func (a *AuthConfig) SetDefaults() {
 	if a.CredentialTTL == 0 {
 		a.CredentialTTL = model.Duration(time.Hour)
 	}
+	if a.IDMismatch == "" {
+		a.IDMismatch = IDMismatchReject
+	}
 	if a.AuthorizeWebhook != nil && a.AuthorizeWebhook.Timeout == 0 {
 		a.AuthorizeWebhook.Timeout = model.Duration(5 * time.Second)
 	}
@@ -67,6 +80,9 @@ func (a *AuthConfig) Validate() error {
 	}
 	if a.ReloadInterval < model.Duration(time.Second) {
 		errs = append(errs, fmt.Errorf("auth.reload_interval: %s is shorter than 1s", a.ReloadInterval))
+	}
+	if a.IDMismatch != IDMismatchReject && a.IDMismatch != IDMismatchOverwrite {
+		errs = append(errs, fmt.Errorf("auth.id_mismatch: %q, want reject or overwrite", a.IDMismatch))
 	}
 	if wh := a.AuthorizeWebhook; wh != nil {
 		if u, err := url.Parse(wh.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

@@ -35,6 +35,9 @@ type Options struct {
 	Limits Limits
 	// Ready reports whether writes may be accepted; nil means always.
 	Ready func() bool
+	// OverwriteClusterID replaces a series' foreign _id with the
+	// credential's instead of rejecting the series.
+	OverwriteClusterID bool
 }
 
 // Handler serves POST /api/v1/write. It expects auth.Middleware in front of
@@ -125,7 +128,7 @@ func (h *Handler) write(r *http.Request, id auth.Identity, series []prompb.TimeS
 	rejected := 0
 	for i := range series {
 		ts := &series[i]
-		if serr := validateSeries(ts, &h.opts.Limits, id.ClusterID); serr != nil {
+		if serr := validateSeries(ts, &h.opts.Limits, id.ClusterID, h.opts.OverwriteClusterID); serr != nil {
 			n := len(ts.Samples) + len(ts.Histograms)
 			rejected += n
 			h.metrics.rejected.WithLabelValues(serr.reason).Add(float64(max(n, 1)))

@@ -40,9 +40,10 @@ func (e *seriesError) Error() string { return e.msg }
 
 // validateSeries checks one series in place. Labels with empty values are
 // removed (an empty value means "absent" in Prometheus' data model). When
-// clusterID is set, the series' _id must equal it, and is added if missing.
+// clusterID is set, the series' _id must equal it (or is overwritten with it
+// when overwriteID is set), and is added if missing.
 // It returns nil if the series may be stored.
-func validateSeries(ts *prompb.TimeSeries, lim *Limits, clusterID string) *seriesError {
+func validateSeries(ts *prompb.TimeSeries, lim *Limits, clusterID string, overwriteID bool) *seriesError {
 	if len(ts.Samples) == 0 && len(ts.Histograms) == 0 {
 		return &seriesError{reasonNoSamples, "series has no samples"}
 	}
@@ -86,7 +87,10 @@ func validateSeries(ts *prompb.TimeSeries, lim *Limits, clusterID string) *serie
 		case clusterLabel:
 			hasID = true
 			if clusterID != "" && l.Value != clusterID {
-				return &seriesError{reasonClusterMismatch, "series _id does not match the authenticated cluster"}
+				if !overwriteID {
+					return &seriesError{reasonClusterMismatch, "series _id does not match the authenticated cluster"}
+				}
+				ls[i].Value = clusterID
 			}
 		}
 	}

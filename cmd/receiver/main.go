@@ -109,7 +109,11 @@ func run(args []string, stderr io.Writer) int {
 
 	var ready atomic.Bool
 	isReady := func() bool { return ready.Load() && db.Ready() }
-	writes := receive.NewHandler(logger.With("component", "receive"), reg, db, receive.Options{Limits: cfg.Limits, Ready: isReady})
+	writes := receive.NewHandler(logger.With("component", "receive"), reg, db, receive.Options{
+		Limits:             cfg.Limits,
+		Ready:              isReady,
+		OverwriteClusterID: cfg.Auth.IDMismatch == receive.IDMismatchOverwrite,
+	})
 	engine := query.NewEngine(logger.With("component", "query"), reg, query.Options{})
 	api := query.NewHandler(logger.With("component", "query"), engine, db, query.Options{Ready: isReady, Version: version.Version})
 
