@@ -148,3 +148,22 @@ func tseries(name string, ts int64, v float64) prompb.TimeSeries {
 	}
 }
 
+func TestWriteExemplarsAndInvalidHistogram(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxExemplars = 100
+	db := openTest(t, t.TempDir(), cfg, objstore.NewInMemBucket(), nil)
+	now := time.Now().UnixMilli()
+	s := tseries("a", now, 1)
+	s.Exemplars = []prompb.Exemplar{{Labels: []prompb.Label{{Name: "trace_id", Value: "abc"}}, Value: 1, Timestamp: now}}
+	bad := prompb.TimeSeries{
+		Labels: []prompb.Label{{Name: "__name__", Value: "h"}},
+		// Count 1 but buckets hold 3 observations: TSDB refuses it.
+		Histograms: []prompb.Histogram{{
+			Count: &prompb.Histogram_CountInt{CountInt: 1}, Timestamp: now,
+			PositiveSpans: []prompb.BucketSpan{{Offset: 0, Length: 1}}, PositiveDeltas: []int64{3},
+		}},
+	}
+	st, err := db.Write(context.Background(), "t", []prompb.TimeSeries{s, bad})
+	require.ErrorIs(t, err, storage.ErrInvalidSample)
+	require.Equal(t, storage.Stats{Samples: 1, Exemplars: 1}, st)
+}

@@ -390,4 +390,3 @@ func counter(t *testing.T, reg *prometheus.Registry, name, value string) float64
 func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return counter(t, reg, name, "")
 }
-
