@@ -30,7 +30,8 @@ type Stats struct {
 // the TSDB refuses (out of order beyond the window, too old, a different value
 // for an existing timestamp) are skipped and reported in the returned error,
 // which wraps the promstorage sentinel (ErrOutOfOrderSample, ErrTooOldSample,
-// ErrOutOfBounds, ErrDuplicateSampleForTimestamp). Resending samples already
+// ErrOutOfBounds, ErrDuplicateSampleForTimestamp); *DB returns a *PartialError
+// with the count, and Stats for what it did commit. Resending samples already
 // stored with identical values is not an error. Any other error means nothing
 // of the call was committed.
 type Writer interface {
