@@ -304,7 +304,8 @@ func validateSpec(path string, s *Spec, eff TenantLimits) []error {
 func yamlKey(s string) string {
 	plain := s != ""
 	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-'
+		if !ok {
 			plain = false
 			break
 		}

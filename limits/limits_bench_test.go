@@ -151,7 +151,7 @@ func BenchmarkCheckLabels(b *testing.B) {
 // 500 metric names) and reports the heap growth per tracked series, the cost
 // of admitting each new series, and of re-admitting each once tracked (the
 // hot path with the tables far larger than the CPU caches).
-// Run once: go test -run '^$' -bench MemoryPerSeries -benchtime=1x ./limits/
+// Run it once, with -benchtime=1x (see BENCHMARKS.md).
 func BenchmarkMemoryPerSeries(b *testing.B) {
 	for _, n := range []int{1_000_000, 10_000_000} {
 		b.Run(fmt.Sprintf("series=%dM", n/1_000_000), func(b *testing.B) {

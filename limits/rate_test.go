@@ -97,18 +97,18 @@ func TestRateRefusedConsumesNothing(t *testing.T) {
 	for range 10 {
 		retry, err := l.AllowSamples("t", "c2", 60)
 		require.ErrorIs(t, err, ErrRateLimited)
-		require.Equal(t, LimitSamplesPerSecondTenant, err.(*LimitError).Limit)
+		require.Equal(t, LimitSamplesPerSecondTenant, limitOf(t, err))
 		require.Equal(t, time.Second, retry)
 	}
 	for range 10 {
 		_, err := l.AllowSamples("t", "c1", 30)
-		require.Equal(t, LimitSamplesPerSecondCluster, err.(*LimitError).Limit)
+		require.Equal(t, LimitSamplesPerSecondCluster, limitOf(t, err))
 	}
 	// Nothing was taken by the refusals: the tenant still holds 50, c2 100.
 	_, err = l.AllowSamples("t", "c2", 50)
 	require.NoError(t, err)
 	_, err = l.AllowSamples("t", "c2", 1)
-	require.Equal(t, LimitSamplesPerSecondTenant, err.(*LimitError).Limit)
+	require.Equal(t, LimitSamplesPerSecondTenant, limitOf(t, err))
 	clk.Advance(5 * time.Second) // tenant +50, c2 50+50
 	_, err = l.AllowSamples("t", "c2", 50)
 	require.NoError(t, err)
@@ -121,7 +121,7 @@ func TestRateRetryAfterIsTheLongerWait(t *testing.T) {
 	require.NoError(t, err)
 	clk.Advance(2 * time.Second) // cluster 20, tenant 2
 	retry, err := l.AllowSamples("t", "c", 30)
-	require.Equal(t, LimitSamplesPerSecondTenant, err.(*LimitError).Limit)
+	require.Equal(t, LimitSamplesPerSecondTenant, limitOf(t, err))
 	require.Equal(t, 28*time.Second, retry, "tenant needs 28 more at 1/s; the cluster only 1s")
 }
 
@@ -205,4 +205,11 @@ func TestRunStopsOnCancel(t *testing.T) {
 	go func() { done <- l.Run(ctx) }()
 	cancel()
 	require.NoError(t, <-done)
+}
+
+func limitOf(t *testing.T, err error) string {
+	t.Helper()
+	var le *LimitError
+	require.ErrorAs(t, err, &le)
+	return le.Limit
 }
