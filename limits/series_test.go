@@ -321,3 +321,27 @@ func TestConcurrentStress(t *testing.T) {
 		require.LessOrEqual(t, n, int64(clusterLimit))
 	}
 }
+
+// Go maps never shrink; a shard that empties out is rebuilt.
+func TestExpireRebuildsEmptiedShard(t *testing.T) {
+	clk := newClock()
+	l := New(nil, unlimited(), clk.Now)
+	s := l.Session("t", "c")
+	for i := range 2000 { // small hashes: all in shard 0
+		require.NoError(t, s.Admit("m", uint64(i+1)))
+	}
+	sh := &l.tenant("t").shards[0]
+	require.Equal(t, 2000, sh.peak)
+	clk.Advance(time.Hour)
+	s = l.Session("t", "c")
+	for i := range 100 {
+		require.NoError(t, s.Admit("m", uint64(i+1)))
+	}
+	require.Equal(t, 1900, l.Expire())
+	require.Equal(t, 100, sh.peak, "rebuilt at its new size")
+	require.Len(t, sh.m, 100)
+	for i := range 100 {
+		require.NoError(t, s.Admit("m", uint64(i+1)))
+	}
+	require.Equal(t, int64(100), l.tracked.Load())
+}
