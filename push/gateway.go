@@ -1,0 +1,212 @@
+// Package push is the receiver's aggregation push endpoint for one-shot jobs
+// such as the installer: a Pushgateway-compatible path
+// (PUT|POST /metrics/job/<job>{/<label>/<value>}) whose semantics are those of
+// weaveworks' prom-aggregation-gateway. Counters and histograms with equal
+// label sets (grouping labels included) are summed across pushes; gauges are
+// summed or replaced (Config.GaugePolicy). Every accepted push is fsynced to
+// a log before it is acknowledged, and the aggregated state is written into
+// the tenant's TSDB every Config.FlushInterval, so it is queryable and
+// shipped like remote-written data. push/client is the installer's client.
+package push
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/prompb"
+
+	"github.com/phonehome/phonehome/storage"
+)
+
+// Options are the Gateway's optional dependencies.
+type Options struct {
+	// Now is the clock (rate limits, flush timestamps). Default time.Now.
+	Now func() time.Time
+}
+
+// Gateway is the push endpoint. It is an http.Handler that must be mounted
+// behind auth.Middleware (it reads the tenant from auth.FromContext).
+// ServeHTTP is safe for concurrent use; accepted pushes are serialised
+// through one mutex and one fsync each. Run writes the state into storage
+// periodically; Close releases the log file after Run has returned.
+type Gateway struct {
+	logger  *slog.Logger
+	w       storage.Writer
+	cfg     Config
+	now     func() time.Time
+	metrics *metrics
+	allowed map[string]bool
+	limiter *limiter
+
+	mu     sync.Mutex
+	state  map[string]*tenantState // by tenant
+	seq    uint64
+	log    *durableLog
+	broken error // set when the log can no longer be trusted
+}
+
+// Open recovers the durable state from dir (created if missing) and returns
+// a Gateway writing to w. cfg must have passed Validate.
+func Open(logger *slog.Logger, reg prometheus.Registerer, dir string, w storage.Writer, cfg Config, opts Options) (*Gateway, error) {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	state, seq, l, err := openState(logger, dir)
+	if err != nil {
+		return nil, err
+	}
+	g := &Gateway{
+		logger:  logger,
+		w:       w,
+		cfg:     cfg,
+		now:     opts.Now,
+		allowed: make(map[string]bool, len(cfg.AllowedMetrics)),
+		limiter: newLimiter(cfg.RateLimit),
+		state:   state,
+		seq:     seq,
+		log:     l,
+	}
+	for _, n := range cfg.AllowedMetrics {
+		g.allowed[n] = true
+	}
+	g.metrics = newMetrics(reg, func() float64 { return float64(g.seriesCount()) })
+	return g, nil
+}
+
+func (g *Gateway) seriesCount() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, ts := range g.state {
+		n += len(ts.Series)
+	}
+	return n
+}
+
+// accept validates rec's samples against the tenant's state, logs it durably
+// and applies it. Nothing changes unless it returns nil.
+func (g *Gateway) accept(rec *record) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.broken != nil {
+		return fmt.Errorf("push log unusable: %w: %w", g.broken, errNotReady)
+	}
+	ts := g.state[rec.Tenant]
+	if ts == nil {
+		ts = newTenantState()
+	}
+	for name, typ := range rec.Types {
+		if have, ok := ts.Types[name]; ok && have != typ {
+			return reject(reasonTypeMismatch, errInvalid, "metric %s was pushed as a %s before; this push has it as a %s", name, have, typ)
+		}
+	}
+	for k, layout := range rec.Layouts {
+		if have, ok := ts.Layouts[k]; ok && have != layout {
+			return reject(reasonBucketMismatch, errInvalid, "histogram %s has buckets [%s] in the aggregate; this push has [%s]", k, have, layout)
+		}
+	}
+	newSeries := map[string]bool{}
+	for _, d := range rec.Samples {
+		k := seriesKey(d.Labels)
+		if _, ok := ts.Series[k]; !ok {
+			newSeries[k] = true
+		}
+	}
+	if n := len(ts.Series) + len(newSeries); n > g.cfg.MaxSeriesPerTenant {
+		return reject(reasonSeriesLimit, errInvalid, "push would create %d new series; the tenant's limit of %d aggregated series would be exceeded", len(newSeries), g.cfg.MaxSeriesPerTenant)
+	}
+	rec.Seq = g.seq + 1
+	if err := g.log.append(rec); err != nil {
+		// The log was rewound; if that failed too, stop accepting.
+		if errors.Is(err, errRewind) {
+			g.broken = err
+		}
+		return err
+	}
+	g.seq = rec.Seq
+	if g.state[rec.Tenant] == nil {
+		g.state[rec.Tenant] = ts
+	}
+	ts.apply(rec)
+	return nil
+}
+
+// Run writes the aggregated state into storage now and every FlushInterval
+// until ctx is done, then once more, and compacts the log each time.
+func (g *Gateway) Run(ctx context.Context) error {
+	t := time.NewTicker(time.Duration(g.cfg.FlushInterval))
+	defer t.Stop()
+	for {
+		g.Flush(context.WithoutCancel(ctx))
+		select {
+		case <-ctx.Done():
+			g.Flush(context.WithoutCancel(ctx))
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Flush compacts the log into a snapshot and writes every aggregated series
+// with the current time into its tenant's TSDB. Failures are logged and
+// counted; the next flush retries.
+func (g *Gateway) Flush(ctx context.Context) {
+	ts := g.now().UnixMilli()
+	batches, err := g.compactAndCopy(ts)
+	if err != nil {
+		g.metrics.compactions.WithLabelValues("failure").Inc()
+		g.logger.Error("compact push log", "err", err)
+	}
+	for tenant, series := range batches {
+		stats, err := g.w.Write(ctx, tenant, series)
+		g.metrics.flushedSamples.Add(float64(stats.Samples))
+		if err != nil {
+			g.metrics.flushes.WithLabelValues("failure").Inc()
+			g.logger.Warn("write aggregated push state", "tenant", tenant, "series", len(series), "err", err)
+			continue
+		}
+		g.metrics.flushes.WithLabelValues("success").Inc()
+	}
+}
+
+func (g *Gateway) compactAndCopy(ts int64) (map[string][]prompb.TimeSeries, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var err error
+	if g.log.size > 0 && g.broken == nil {
+		if err = g.log.compact(g.state, g.seq); err == nil {
+			g.metrics.compactions.WithLabelValues("success").Inc()
+		}
+	}
+	out := make(map[string][]prompb.TimeSeries, len(g.state))
+	for tenant, st := range g.state {
+		if len(st.Series) == 0 {
+			continue
+		}
+		series := make([]prompb.TimeSeries, 0, len(st.Series))
+		for _, it := range st.Series {
+			if math.IsNaN(it.Value) {
+				continue
+			}
+			pl := make([]prompb.Label, 0, it.Labels.Len())
+			it.Labels.Range(func(l labels.Label) { pl = append(pl, prompb.Label{Name: l.Name, Value: l.Value}) })
+			series = append(series, prompb.TimeSeries{Labels: pl, Samples: []prompb.Sample{{Value: it.Value, Timestamp: ts}}})
+		}
+		out[tenant] = series
+	}
+	return out, err
+}
+
+// Close closes the log. Call it after Run has returned.
+func (g *Gateway) Close() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.log.close()
+}

@@ -1,0 +1,54 @@
+package push
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+type metrics struct {
+	requests       *prometheus.CounterVec // by HTTP code
+	rejected       *prometheus.CounterVec // by reason
+	acceptedPushes prometheus.Counter
+	acceptedSample prometheus.Counter
+	flushes        *prometheus.CounterVec // by result
+	flushedSamples prometheus.Counter
+	compactions    *prometheus.CounterVec // by result
+}
+
+func newMetrics(reg prometheus.Registerer, seriesFn func() float64) *metrics { // nil reg: not registered (tests)
+	f := promauto.With(reg)
+	m := &metrics{
+		requests: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_push_requests_total", Help: "Push requests by HTTP status code.",
+		}, []string{"code"}),
+		rejected: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_push_rejected_total", Help: "Rejected pushes by reason.",
+		}, []string{"reason"}),
+		acceptedPushes: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_push_accepted_pushes_total", Help: "Pushes accepted into the aggregated state.",
+		}),
+		acceptedSample: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_push_accepted_samples_total", Help: "Samples (histogram buckets count one each) of accepted pushes.",
+		}),
+		flushes: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_push_flushes_total", Help: "Writes of the aggregated state into the tenants' TSDBs, by result.",
+		}, []string{"result"}),
+		flushedSamples: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_push_flushed_samples_total", Help: "Samples of the aggregated state written into the TSDBs.",
+		}),
+		compactions: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_push_compactions_total", Help: "Compactions of the push log into a snapshot, by result.",
+		}, []string{"result"}),
+	}
+	f.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "phonehome_push_series", Help: "Aggregated push series held, all tenants.",
+	}, seriesFn)
+	for _, r := range allReasons {
+		m.rejected.WithLabelValues(r)
+	}
+	for _, r := range []string{"success", "failure"} {
+		m.flushes.WithLabelValues(r)
+		m.compactions.WithLabelValues(r)
+	}
+	return m
+}

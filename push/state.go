@@ -1,0 +1,329 @@
+package push
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/prometheus/prometheus/model/labels"
+)
+
+// The durable state lives in dir as two files:
+//
+//   - snapshot.json: the whole aggregated state as of record Seq, replaced
+//     atomically (write to a temporary file, fsync, rename, fsync the dir).
+//   - push.log: every accepted push since, one framed record each
+//     (4-byte little-endian payload length, 4-byte CRC-32C of the payload,
+//     JSON payload). A record is fsynced before its push is acknowledged.
+//
+// Recovery loads the snapshot and replays the records with a larger Seq
+// (a crash between renaming a snapshot and truncating the log leaves records
+// the snapshot already holds; their Seq makes replay skip them). A torn or
+// corrupt tail was never acknowledged and is truncated.
+const (
+	logFile      = "push.log"
+	snapshotFile = "snapshot.json"
+	maxRecord    = 64 << 20
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// errRewind means a failed append could not be undone: the log's tail is
+// unknown, so no further push may be acknowledged.
+var errRewind = errors.New("rewind push log")
+
+// record is one accepted push: the family types and histogram layouts it
+// establishes and the samples it adds (or, for "last" gauges, sets).
+type record struct {
+	Seq     uint64            `json:"seq"`
+	Tenant  string            `json:"tenant"`
+	Types   map[string]string `json:"types,omitempty"`   // family name → counter|gauge|histogram
+	Layouts map[string]string `json:"layouts,omitempty"` // histogram series key → bucket bounds
+	Samples []delta           `json:"samples"`
+}
+
+// delta is one sample of a push.
+type delta struct {
+	Labels labels.Labels `json:"labels"`
+	Value  float64       `json:"value"`
+	Set    bool          `json:"set,omitempty"` // replace instead of add ("last" gauges)
+}
+
+// tenantState is one tenant's aggregated state.
+type tenantState struct {
+	Types   map[string]string   `json:"types"`
+	Layouts map[string]string   `json:"layouts"`
+	Series  map[string]*aggItem `json:"-"` // by labels key
+}
+
+type aggItem struct {
+	Labels labels.Labels `json:"labels"`
+	Value  float64       `json:"value"`
+}
+
+func newTenantState() *tenantState {
+	return &tenantState{Types: map[string]string{}, Layouts: map[string]string{}, Series: map[string]*aggItem{}}
+}
+
+// apply adds rec to the state. rec was validated against the state before.
+func (ts *tenantState) apply(rec *record) {
+	for k, v := range rec.Types {
+		ts.Types[k] = v
+	}
+	for k, v := range rec.Layouts {
+		ts.Layouts[k] = v
+	}
+	for _, d := range rec.Samples {
+		k := seriesKey(d.Labels)
+		it, ok := ts.Series[k]
+		if !ok {
+			it = &aggItem{Labels: d.Labels}
+			ts.Series[k] = it
+		}
+		if d.Set {
+			it.Value = d.Value
+		} else {
+			it.Value += d.Value
+		}
+	}
+}
+
+func seriesKey(ls labels.Labels) string { return string(ls.Bytes(nil)) }
+
+// snapshot is the on-disk form of the whole state.
+type snapshot struct {
+	Seq     uint64                   `json:"seq"`
+	Tenants map[string]snapshotEntry `json:"tenants"`
+}
+
+type snapshotEntry struct {
+	Types   map[string]string `json:"types"`
+	Layouts map[string]string `json:"layouts"`
+	Series  []aggItem         `json:"series"`
+}
+
+// durableLog is the append-only log plus snapshot. Not safe for concurrent
+// use; the Gateway serialises access under its mutex.
+type durableLog struct {
+	dir  string
+	f    *os.File
+	size int64
+}
+
+// openState loads the snapshot and replays the log in dir, creating dir if
+// needed. It returns the state, the last sequence number and the open log.
+func openState(logger *slog.Logger, dir string) (map[string]*tenantState, uint64, *durableLog, error) {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, 0, nil, fmt.Errorf("create push state dir: %w", err)
+	}
+	state := map[string]*tenantState{}
+	var seq uint64
+	b, err := os.ReadFile(filepath.Join(dir, snapshotFile))
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return nil, 0, nil, fmt.Errorf("read push snapshot: %w", err)
+	default:
+		var s snapshot
+		if err := json.Unmarshal(b, &s); err != nil {
+			return nil, 0, nil, fmt.Errorf("decode push snapshot %s: %w", filepath.Join(dir, snapshotFile), err)
+		}
+		seq = s.Seq
+		for name, e := range s.Tenants {
+			ts := newTenantState()
+			for k, v := range e.Types {
+				ts.Types[k] = v
+			}
+			for k, v := range e.Layouts {
+				ts.Layouts[k] = v
+			}
+			for _, it := range e.Series {
+				it := it
+				ts.Series[seriesKey(it.Labels)] = &it
+			}
+			state[name] = ts
+		}
+	}
+
+	path := filepath.Join(dir, logFile)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o640)
+	if err != nil {
+		return nil, 0, nil, fmt.Errorf("open push log: %w", err)
+	}
+	good, replayed, skipped, err := replay(f, seq, func(rec *record) {
+		ts := state[rec.Tenant]
+		if ts == nil {
+			ts = newTenantState()
+			state[rec.Tenant] = ts
+		}
+		ts.apply(rec)
+		seq = rec.Seq
+	})
+	if err != nil {
+		_ = f.Close()
+		return nil, 0, nil, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		_ = f.Close()
+		return nil, 0, nil, fmt.Errorf("stat push log: %w", err)
+	}
+	if st.Size() > good {
+		logger.Warn("truncating torn push log tail (never acknowledged)", "path", path, "offset", good, "size", st.Size())
+		if err := f.Truncate(good); err != nil {
+			_ = f.Close()
+			return nil, 0, nil, fmt.Errorf("truncate push log: %w", err)
+		}
+		if err := f.Sync(); err != nil {
+			_ = f.Close()
+			return nil, 0, nil, fmt.Errorf("sync push log: %w", err)
+		}
+	}
+	if _, err := f.Seek(good, io.SeekStart); err != nil {
+		_ = f.Close()
+		return nil, 0, nil, fmt.Errorf("seek push log: %w", err)
+	}
+	logger.Info("push state recovered", "tenants", len(state), "seq", seq, "replayed", replayed, "skipped", skipped)
+	return state, seq, &durableLog{dir: dir, f: f, size: good}, nil
+}
+
+// replay calls fn for every intact record with Seq > after and returns the
+// offset just past the last intact record.
+func replay(f *os.File, after uint64, fn func(*record)) (good int64, replayed, skipped int, err error) {
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return 0, 0, 0, fmt.Errorf("seek push log: %w", err)
+	}
+	r := bufio.NewReader(f)
+	var hdr [8]byte
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return good, replayed, skipped, nil // clean end or torn header
+		}
+		n := binary.LittleEndian.Uint32(hdr[:4])
+		if n == 0 || n > maxRecord {
+			return good, replayed, skipped, nil
+		}
+		payload := make([]byte, n)
+		if _, err := io.ReadFull(r, payload); err != nil {
+			return good, replayed, skipped, nil
+		}
+		if crc32.Checksum(payload, castagnoli) != binary.LittleEndian.Uint32(hdr[4:]) {
+			return good, replayed, skipped, nil
+		}
+		var rec record
+		if err := json.Unmarshal(payload, &rec); err != nil {
+			return good, replayed, skipped, nil
+		}
+		good += int64(len(hdr)) + int64(n)
+		if rec.Seq <= after {
+			skipped++
+			continue
+		}
+		fn(&rec)
+		after = rec.Seq
+		replayed++
+	}
+}
+
+// append writes rec and fsyncs it. On failure the log is cut back to where
+// it was, so a failed (unacknowledged) push never replays.
+func (l *durableLog) append(rec *record) error {
+	payload, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("encode push record: %w", err)
+	}
+	buf := make([]byte, 8, 8+len(payload))
+	binary.LittleEndian.PutUint32(buf[:4], uint32(len(payload)))
+	binary.LittleEndian.PutUint32(buf[4:], crc32.Checksum(payload, castagnoli))
+	buf = append(buf, payload...)
+	if _, err := l.f.Write(buf); err != nil {
+		return errors.Join(fmt.Errorf("write push log: %w", err), l.rewind())
+	}
+	if err := l.f.Sync(); err != nil {
+		return errors.Join(fmt.Errorf("sync push log: %w", err), l.rewind())
+	}
+	l.size += int64(len(buf))
+	return nil
+}
+
+func (l *durableLog) rewind() error {
+	if err := l.f.Truncate(l.size); err != nil {
+		return fmt.Errorf("%w: %w", errRewind, err)
+	}
+	if _, err := l.f.Seek(l.size, io.SeekStart); err != nil {
+		return fmt.Errorf("%w: %w", errRewind, err)
+	}
+	return nil
+}
+
+// compact writes the whole state as a snapshot at seq, then empties the log.
+func (l *durableLog) compact(state map[string]*tenantState, seq uint64) error {
+	s := snapshot{Seq: seq, Tenants: make(map[string]snapshotEntry, len(state))}
+	for name, ts := range state {
+		e := snapshotEntry{Types: ts.Types, Layouts: ts.Layouts, Series: make([]aggItem, 0, len(ts.Series))}
+		for _, it := range ts.Series {
+			e.Series = append(e.Series, *it)
+		}
+		s.Tenants[name] = e
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		return fmt.Errorf("encode push snapshot: %w", err)
+	}
+	if err := writeFileAtomic(filepath.Join(l.dir, snapshotFile), b); err != nil {
+		return err
+	}
+	// The snapshot holds every record now; a crash before the truncation
+	// below only leaves records that replay skips by Seq.
+	if err := l.f.Truncate(0); err != nil {
+		return fmt.Errorf("truncate push log: %w", err)
+	}
+	if _, err := l.f.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("seek push log: %w", err)
+	}
+	if err := l.f.Sync(); err != nil {
+		return fmt.Errorf("sync push log: %w", err)
+	}
+	l.size = 0
+	return nil
+}
+
+func (l *durableLog) close() error { return l.f.Close() }
+
+func writeFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", tmp, err)
+	}
+	if _, err := f.Write(b); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("write %s: %w", tmp, err)
+	}
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("sync %s: %w", tmp, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("rename %s: %w", tmp, err)
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return fmt.Errorf("open dir of %s: %w", path, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync dir of %s: %w", path, err)
+	}
+	return nil
+}
