@@ -250,3 +250,13 @@ func FuzzDecodeWriteRequest(f *testing.F) {
 		}
 	})
 }
+
+func TestHandlerOverwritesForeignClusterIDWhenConfigured(t *testing.T) {
+	w := &fakeWriter{}
+	h := NewHandler(discard(), nil, w, Options{OverwriteClusterID: true})
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t, series("up", "_id", "other")), &auth.Identity{Tenant: "acme", ClusterID: "c1"}))
+	require.Equal(t, http.StatusNoContent, rec.Code, rec.Body.String())
+	require.Len(t, w.series, 1)
+	require.Contains(t, w.series[0].Labels, prompb.Label{Name: "_id", Value: "c1"})
+}
