@@ -2,6 +2,7 @@ package storage_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"strings"
@@ -166,4 +167,32 @@ func TestWriteExemplarsAndInvalidHistogram(t *testing.T) {
 	st, err := db.Write(context.Background(), "t", []prompb.TimeSeries{s, bad})
 	require.ErrorIs(t, err, storage.ErrInvalidSample)
 	require.Equal(t, storage.Stats{Samples: 1, Exemplars: 1}, st)
+}
+
+func TestConcurrentWritesAndClose(t *testing.T) {
+	db, err := storage.OpenWithBucket(discard, nil, t.TempDir(), testConfig(), objstore.NewInMemBucket(), time.Now)
+	require.NoError(t, err)
+	now := time.Now().UnixMilli()
+	errc := make(chan error, 8)
+	for g := range 8 {
+		go func() {
+			tenant := []string{"a", "b"}[g%2]
+			for i := range 200 {
+				_, err := db.Write(context.Background(), tenant, []prompb.TimeSeries{tseries("m", now-int64(200-i)*1000-int64(g), float64(i))})
+				if errors.Is(err, storage.ErrNotReady) {
+					errc <- nil
+					return
+				}
+				if err != nil {
+					errc <- err
+					return
+				}
+			}
+			errc <- nil
+		}()
+	}
+	require.NoError(t, db.Close())
+	for range 8 {
+		require.NoError(t, <-errc)
+	}
 }
