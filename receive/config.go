@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/common/model"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/phonehome/phonehome/push"
 	"github.com/phonehome/phonehome/storage"
 )
 
@@ -22,6 +23,7 @@ type Config struct {
 	Auth    AuthConfig     `yaml:"auth"`
 	Limits  Limits         `yaml:"limits"`
 	Storage storage.Config `yaml:"storage"`
+	Push    push.Config    `yaml:"push"`
 }
 
 // AuthConfig names where credentials come from. Relative paths are
@@ -173,7 +175,8 @@ func LoadConfig(path string) (*Config, error) {
 	cfg.Auth.SetDefaults()
 	cfg.Limits.SetDefaults()
 	cfg.Storage.SetDefaults()
-	if err := errors.Join(cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate()); err != nil {
+	cfg.Push.SetDefaults()
+	if err := errors.Join(cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate(), cfg.Push.Validate()); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return cfg, nil
