@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -25,6 +26,7 @@ import (
 	"github.com/prometheus/common/version"
 
 	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/push"
 	"github.com/phonehome/phonehome/query"
 	"github.com/phonehome/phonehome/receive"
 	"github.com/phonehome/phonehome/storage"
@@ -123,6 +125,15 @@ func run(args []string, stderr io.Writer) int {
 	if a.authorize != nil {
 		mux.Handle("POST /authorize", a.authorize)
 	}
+	pushes, err := push.Open(logger.With("component", "push"), reg, filepath.Join(*storagePath, "push"), db, cfg.Push, push.Options{})
+	if err != nil {
+		logger.Error("open push state", "err", err)
+		return 1
+	}
+	defer func() { _ = pushes.Close() }() // after Run has returned
+	for _, p := range push.Patterns {
+		mux.Handle(p, auth.Middleware(a.authn, auth.PermWrite, pushes.CountUnauthenticated, pushes))
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /-/healthy", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "healthy") })
 	mux.HandleFunc("GET /-/ready", func(w http.ResponseWriter, _ *http.Request) {
@@ -154,6 +165,10 @@ func run(args []string, stderr io.Writer) int {
 	if a.tokens != nil { // Tokens file reloader: revocation without restart.
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return a.tokens.Run(ctx, time.Duration(cfg.Auth.ReloadInterval)) }, func(error) { cancel() })
+	}
+	{ // Push aggregation: periodic write of the aggregated state into storage.
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return pushes.Run(ctx) }, func(error) { cancel() })
 	}
 	{ // Block shipper.
 		ctx, cancel := context.WithCancel(context.Background())
