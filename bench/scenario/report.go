@@ -223,6 +223,8 @@ func LoadReports(dir string) ([]*Report, error) {
 		if err := json.Unmarshal(b, &r); err != nil || r.Scenario == "" {
 			continue // not a report
 		}
+		r.computeRatios() // figures added since the run are derived from its raw results
+		r.sanitize()
 		k := r.Scenario + "/" + r.Size
 		if old, ok := latest[k]; !ok || r.Date.After(old.Date) {
 			latest[k] = &r
