@@ -30,7 +30,8 @@ func (b *bucket) sync(now time.Time, cfg *resolved, r float64, burst int) {
 
 // AllowSamples takes n samples from the token buckets of cluster and of
 // tenant. Each bucket holds up to its burst, starts full and refills at its
-// samples_per_second; a rate of 0 disables that bucket.
+// samples_per_second; a rate of 0 disables that bucket. An empty cluster
+// (a credential not bound to one cluster) uses the tenant bucket only.
 //
 // If both buckets hold enough, it takes n from each and returns (0, nil).
 // Otherwise it takes nothing and returns a *LimitError (ErrRateLimited) for
@@ -56,7 +57,7 @@ func (l *Limiter) AllowSamples(tenant, cluster string, n int) (retryAfter time.D
 	defer t.rateMu.Unlock()
 
 	var cb, tb *rate.Limiter
-	if lim.SamplesPerSecondPerCluster > 0 {
+	if lim.SamplesPerSecondPerCluster > 0 && cluster != "" { // "": no cluster, tenant bucket only
 		b := t.clusterRates[cluster]
 		if b == nil {
 			b = &bucket{lim: rate.NewLimiter(rate.Limit(lim.SamplesPerSecondPerCluster), lim.BurstPerCluster), cfg: cfg}

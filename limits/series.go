@@ -265,7 +265,11 @@ func (s *Session) admitNew(sh *shard, metric string, hash uint64) error {
 		}
 		return nil
 	}
-	if !tryInc(&cs.n, lim.MaxSeriesPerCluster) {
+	maxCluster := lim.MaxSeriesPerCluster
+	if s.cluster == "" {
+		maxCluster = 0 // no cluster to hold to account: only tenant and metric limits apply
+	}
+	if !tryInc(&cs.n, maxCluster) {
 		return s.refuse(0, LimitSeriesPerCluster, lim.MaxSeriesPerCluster)
 	}
 	if !tryInc(&t.series, lim.MaxSeriesPerTenant) {

@@ -10,20 +10,26 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/alecthomas/units"
 	"github.com/prometheus/common/model"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/phonehome/phonehome/allowlist"
+	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/push"
 	"github.com/phonehome/phonehome/storage"
 )
 
 // Config is the receiver's YAML configuration file. Unknown keys are errors.
 type Config struct {
-	Auth    AuthConfig     `yaml:"auth"`
-	Limits  Limits         `yaml:"limits"`
-	Storage storage.Config `yaml:"storage"`
-	Push    push.Config    `yaml:"push"`
+	Auth   AuthConfig    `yaml:"auth"`
+	Limits limits.Config `yaml:"limits"`
+	// Allowlist, when set, is the server-side allowlist: series selectors
+	// (PromQL syntax, as the forwarder's) outside of which nothing is stored.
+	Allowlist []string `yaml:"allowlist"`
+	// ElideLabels are removed from every series before it is stored.
+	ElideLabels []string       `yaml:"elide_labels"`
+	Storage     storage.Config `yaml:"storage"`
+	Push        push.Config    `yaml:"push"`
 }
 
 // AuthConfig names where credentials come from. Relative paths are
@@ -97,64 +103,6 @@ func (a *AuthConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Limits bound what one request may carry. Zero means the default.
-type Limits struct {
-	// MaxBodyBytes caps the compressed request body.
-	MaxBodyBytes units.Base2Bytes `yaml:"max_body_bytes"`
-	// MaxDecodedBytes caps the snappy-decoded body, checked before decoding.
-	MaxDecodedBytes        units.Base2Bytes `yaml:"max_decoded_bytes"`
-	MaxLabelNamesPerSeries int              `yaml:"max_label_names_per_series"`
-	MaxLabelNameLength     int              `yaml:"max_label_name_length"`
-	MaxLabelValueLength    int              `yaml:"max_label_value_length"`
-}
-
-// Defaults sized for telemetry: a forwarder batch is a few hundred KiB at most.
-const (
-	defaultMaxBodyBytes           = 8 << 20
-	defaultMaxDecodedBytes        = 32 << 20
-	defaultMaxLabelNamesPerSeries = 64
-	defaultMaxLabelNameLength     = 256
-	defaultMaxLabelValueLength    = 4096
-)
-
-// SetDefaults fills every unset field.
-func (l *Limits) SetDefaults() {
-	if l.MaxBodyBytes == 0 {
-		l.MaxBodyBytes = defaultMaxBodyBytes
-	}
-	if l.MaxDecodedBytes == 0 {
-		l.MaxDecodedBytes = defaultMaxDecodedBytes
-	}
-	if l.MaxLabelNamesPerSeries == 0 {
-		l.MaxLabelNamesPerSeries = defaultMaxLabelNamesPerSeries
-	}
-	if l.MaxLabelNameLength == 0 {
-		l.MaxLabelNameLength = defaultMaxLabelNameLength
-	}
-	if l.MaxLabelValueLength == 0 {
-		l.MaxLabelValueLength = defaultMaxLabelValueLength
-	}
-}
-
-// Validate reports every invalid limit with its YAML path.
-func (l *Limits) Validate() error {
-	var errs []error
-	check := func(path string, v int64) {
-		if v < 0 {
-			errs = append(errs, fmt.Errorf("limits.%s: must not be negative, got %d", path, v))
-		}
-	}
-	check("max_body_bytes", int64(l.MaxBodyBytes))
-	check("max_decoded_bytes", int64(l.MaxDecodedBytes))
-	check("max_label_names_per_series", int64(l.MaxLabelNamesPerSeries))
-	check("max_label_name_length", int64(l.MaxLabelNameLength))
-	check("max_label_value_length", int64(l.MaxLabelValueLength))
-	if l.MaxDecodedBytes < l.MaxBodyBytes {
-		errs = append(errs, fmt.Errorf("limits.max_decoded_bytes (%s) must be at least limits.max_body_bytes (%s)", l.MaxDecodedBytes, l.MaxBodyBytes))
-	}
-	return errors.Join(errs...)
-}
-
 // LoadConfig reads path strictly, applies defaults and validates. An empty
 // path yields the defaults. Relative file paths inside the config are
 // resolved against the config file's directory.
@@ -176,10 +124,30 @@ func LoadConfig(path string) (*Config, error) {
 	cfg.Limits.SetDefaults()
 	cfg.Storage.SetDefaults()
 	cfg.Push.SetDefaults()
-	if err := errors.Join(cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate(), cfg.Push.Validate()); err != nil {
+	if err := errors.Join(cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate(), cfg.Push.Validate(), cfg.validatePolicy()); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return cfg, nil
+}
+
+// validatePolicy compiles the allowlist once, so a config that validates
+// cannot fail later.
+func (c *Config) validatePolicy() error {
+	var errs []error
+	if len(c.Allowlist) > 0 {
+		if _, err := allowlist.Parse(c.Allowlist); err != nil {
+			errs = append(errs, fmt.Errorf("allowlist: %w", err))
+		}
+	}
+	for i, n := range c.ElideLabels {
+		switch {
+		case !model.LegacyValidation.IsValidLabelName(n):
+			errs = append(errs, fmt.Errorf("elide_labels[%d]: %q is not a label name", i, n))
+		case n == model.MetricNameLabel || n == clusterLabel:
+			errs = append(errs, fmt.Errorf("elide_labels[%d]: %q cannot be elided", i, n))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (c *Config) resolvePaths(dir string) {

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/phonehome/phonehome/limits"
 )
 
 func writeConfig(t *testing.T, body string) string {
@@ -18,13 +20,12 @@ func writeConfig(t *testing.T, body string) string {
 func TestLoadConfigDefaults(t *testing.T) {
 	cfg, err := LoadConfig("")
 	require.NoError(t, err)
-	require.EqualValues(t, defaultMaxBodyBytes, cfg.Limits.MaxBodyBytes)
-	require.EqualValues(t, defaultMaxDecodedBytes, cfg.Limits.MaxDecodedBytes)
+	require.Equal(t, IDMismatchReject, cfg.Auth.IDMismatch)
 
-	cfg, err = LoadConfig(writeConfig(t, "auth:\n  tokens_file: tokens.yaml\nlimits:\n  max_body_bytes: 1MiB\n"))
+	cfg, err = LoadConfig(writeConfig(t, "auth:\n  tokens_file: tokens.yaml\nlimits:\n  defaults:\n    max_body_bytes: 1MiB\nallowlist: ['up']\n"))
 	require.NoError(t, err)
 	require.True(t, filepath.IsAbs(cfg.Auth.TokensFile), "relative to the config file")
-	require.EqualValues(t, 1<<20, cfg.Limits.MaxBodyBytes)
+	require.EqualValues(t, 1<<20, limits.New(nil, cfg.Limits, nil).For("any").MaxBodyBytes)
 
 	_, err = LoadConfig(writeConfig(t, ""))
 	require.NoError(t, err, "an empty file is all defaults")
@@ -34,9 +35,17 @@ func TestLoadConfigNamesEveryProblem(t *testing.T) {
 	_, err := LoadConfig(writeConfig(t, "auth:\n  tokenz_file: x\n"))
 	require.ErrorContains(t, err, "field tokenz_file not found")
 
-	_, err = LoadConfig(writeConfig(t, "limits:\n  max_body_bytes: 64MiB\n  max_decoded_bytes: 1MiB\n  max_label_name_length: -1\n"))
-	require.ErrorContains(t, err, "limits.max_decoded_bytes")
-	require.ErrorContains(t, err, "limits.max_label_name_length: must not be negative")
+	_, err = LoadConfig(writeConfig(t, "limits:\n  defaults:\n    max_body_bytes: 64MiB\n    max_decoded_bytes: 1MiB\n    max_label_name_length: -1\nallowlist: ['up{', 'ok']\nelide_labels: [__name__, 'a-b']\nauth:\n  id_mismatch: ignore\n"))
+	for _, want := range []string{
+		"limits.defaults.max_decoded_bytes",
+		"limits.defaults.max_label_name_length",
+		`allowlist: allowlist[0] "up{"`,
+		`elide_labels[0]: "__name__" cannot be elided`,
+		`elide_labels[1]: "a-b" is not a label name`,
+		`auth.id_mismatch: "ignore"`,
+	} {
+		require.ErrorContains(t, err, want)
+	}
 
 	_, err = LoadConfig(filepath.Join(t.TempDir(), "missing.yaml"))
 	require.ErrorContains(t, err, "read config")

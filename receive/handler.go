@@ -8,15 +8,19 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/prompb"
 
 	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/storage"
 )
 
@@ -32,7 +36,9 @@ const maxErrorsInBody = 5
 
 // Options configures a Handler.
 type Options struct {
-	Limits Limits
+	// Policy is the initial server-side allowlist and label elision; nil
+	// keeps everything. SetPolicy replaces it.
+	Policy *Policy
 	// Ready reports whether writes may be accepted; nil means always.
 	Ready func() bool
 	// OverwriteClusterID replaces a series' foreign _id with the
@@ -45,15 +51,25 @@ type Options struct {
 type Handler struct {
 	logger  *slog.Logger
 	writer  storage.Writer
+	limiter *limits.Limiter
+	policy  atomic.Pointer[Policy]
 	opts    Options
 	metrics *metrics
 }
 
-// NewHandler returns a remote-write handler writing to w. reg may be nil.
-func NewHandler(logger *slog.Logger, reg prometheus.Registerer, w storage.Writer, opts Options) *Handler {
-	opts.Limits.SetDefaults()
-	return &Handler{logger: logger, writer: w, opts: opts, metrics: newMetrics(reg)}
+// NewHandler returns a remote-write handler that admits writes through lim
+// and stores them in w. reg may be nil.
+func NewHandler(logger *slog.Logger, reg prometheus.Registerer, w storage.Writer, lim *limits.Limiter, opts Options) *Handler {
+	h := &Handler{logger: logger, writer: w, limiter: lim, opts: opts, metrics: newMetrics(reg)}
+	if opts.Policy == nil {
+		opts.Policy = &Policy{}
+	}
+	h.policy.Store(opts.Policy)
+	return h
 }
+
+// SetPolicy atomically replaces the server-side policy (config reload).
+func (h *Handler) SetPolicy(p *Policy) { h.policy.Store(p) }
 
 // CountUnauthenticated records a request refused by auth.Middleware.
 func (h *Handler) CountUnauthenticated(*http.Request, error) {
@@ -83,7 +99,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		h.logger.Debug("write rejected", "code", code, "err", err)
 	}
-	if code == http.StatusServiceUnavailable {
+	var rl *rateLimitedError
+	switch {
+	case errors.As(err, &rl):
+		hdr.Set("Retry-After", strconv.Itoa(int(math.Ceil(rl.retryAfter.Seconds()))))
+	case code == http.StatusServiceUnavailable:
 		hdr.Set("Retry-After", "5")
 	}
 	http.Error(w, err.Error(), code)
@@ -103,8 +123,8 @@ func (h *Handler) handle(r *http.Request) (storage.Stats, error) {
 
 	buf := bufPool.Get().(*bytesBuffer)
 	defer bufPool.Put(buf)
-	lim := &h.opts.Limits
-	raw, err := readBody(r, int64(lim.MaxBodyBytes), int64(lim.MaxDecodedBytes), &buf.body, buf.decoded)
+	lim := h.limiter.For(id.Tenant)
+	raw, err := readBody(r, lim.MaxBodyBytes, lim.MaxDecodedBytes, &buf.body, buf.decoded)
 	if raw != nil {
 		buf.decoded = raw[:0]
 	}
@@ -118,17 +138,39 @@ func (h *Handler) handle(r *http.Request) (storage.Stats, error) {
 	if err != nil {
 		return storage.Stats{}, err
 	}
-	return h.write(r, id, req.Timeseries)
+	n := 0
+	for i := range req.Timeseries {
+		n += len(req.Timeseries[i].Samples) + len(req.Timeseries[i].Histograms)
+	}
+	if retry, err := h.limiter.AllowSamples(id.Tenant, id.ClusterID, n); err != nil {
+		h.metrics.rejected.WithLabelValues(reasonRateLimit).Add(float64(n))
+		return storage.Stats{}, &rateLimitedError{retryAfter: retry, err: err}
+	}
+	return h.write(r, id, &lim, req.Timeseries)
 }
 
-// write validates series, stores the valid ones, and reports the rest.
-func (h *Handler) write(r *http.Request, id auth.Identity, series []prompb.TimeSeries) (storage.Stats, error) {
+// rateLimitedError carries how long the client should wait.
+type rateLimitedError struct {
+	retryAfter time.Duration
+	err        error
+}
+
+func (e *rateLimitedError) Error() string { return e.err.Error() }
+func (e *rateLimitedError) Unwrap() error { return e.err }
+
+// write validates and admits series, stores the valid ones, and reports
+// the rest.
+func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLimits, series []prompb.TimeSeries) (storage.Stats, error) {
 	valid := series[:0]
 	var problems []string
 	rejected := 0
+	pol := h.policy.Load()
+	var sb labels.ScratchBuilder
+	var sess sessions
 	for i := range series {
 		ts := &series[i]
-		if serr := validateSeries(ts, &h.opts.Limits, id.ClusterID, h.opts.OverwriteClusterID); serr != nil {
+		serr := h.admit(ts, id, lim, pol, &sb, &sess)
+		if serr != nil {
 			n := len(ts.Samples) + len(ts.Histograms)
 			rejected += n
 			h.metrics.rejected.WithLabelValues(serr.reason).Add(float64(max(n, 1)))

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/alecthomas/units"
 	"github.com/golang/snappy"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -21,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/storage"
 )
 
@@ -92,7 +94,7 @@ func newRequest(body []byte, id *auth.Identity) *http.Request {
 func TestHandlerStatus(t *testing.T) {
 	acme := &auth.Identity{Tenant: "acme"}
 	valid := encode(t, series("up", "job", "a"))
-	longValue := strings.Repeat("v", defaultMaxLabelValueLength+1)
+	longValue := strings.Repeat("v", limits.DefaultTenantLimits().MaxLabelValueLength+1)
 
 	for _, tc := range []struct {
 		name    string
@@ -133,7 +135,9 @@ func TestHandlerStatus(t *testing.T) {
 		{"huge declared decoded length", func() *http.Request {
 			return newRequest([]byte{0xff, 0xff, 0xff, 0xff, 0x0f, 0x00}, acme) // varint 4 GiB
 		}, 413, "0", "decoded size"},
-		{"oversized body", func() *http.Request { return newRequest(make([]byte, defaultMaxBodyBytes+1), acme) }, 413, "0", "exceeds"},
+		{"oversized body", func() *http.Request {
+			return newRequest(make([]byte, limits.DefaultTenantLimits().MaxBodyBytes+1), acme)
+		}, 413, "0", "exceeds"},
 		{"no identity", func() *http.Request { return newRequest(valid, nil) }, 500, "0", ""},
 		{"no metric name", func() *http.Request {
 			return newRequest(encode(t, prompb.TimeSeries{Labels: []prompb.Label{{Name: "job", Value: "a"}}, Samples: []prompb.Sample{{Value: 1}}}), acme)
@@ -161,7 +165,7 @@ func TestHandlerStatus(t *testing.T) {
 		}, 400, "1", "out of order"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := NewHandler(discard(), nil, &fakeWriter{}, Options{})
+			h := NewHandler(discard(), nil, &fakeWriter{}, newLimiter(nil), Options{})
 			rec := httptest.NewRecorder()
 			h.ServeHTTP(rec, tc.req())
 			require.Equal(t, tc.want, rec.Code, rec.Body.String())
@@ -173,18 +177,18 @@ func TestHandlerStatus(t *testing.T) {
 }
 
 func TestHandlerNotReady(t *testing.T) {
-	h := NewHandler(discard(), nil, &fakeWriter{}, Options{Ready: func() bool { return false }})
+	h := NewHandler(discard(), nil, &fakeWriter{}, newLimiter(nil), Options{Ready: func() bool { return false }})
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, newRequest(encode(t, series("up")), &auth.Identity{Tenant: "a"}))
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
 	require.NotEmpty(t, rec.Header().Get("Retry-After"))
 
-	h = NewHandler(discard(), nil, &fakeWriter{failWith: storage.ErrNotReady}, Options{})
+	h = NewHandler(discard(), nil, &fakeWriter{failWith: storage.ErrNotReady}, newLimiter(nil), Options{})
 	rec = httptest.NewRecorder()
 	h.ServeHTTP(rec, newRequest(encode(t, series("up")), &auth.Identity{Tenant: "a"}))
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
 
-	h = NewHandler(discard(), nil, &fakeWriter{failWith: fmt.Errorf("disk on fire")}, Options{})
+	h = NewHandler(discard(), nil, &fakeWriter{failWith: fmt.Errorf("disk on fire")}, newLimiter(nil), Options{})
 	rec = httptest.NewRecorder()
 	h.ServeHTTP(rec, newRequest(encode(t, series("up")), &auth.Identity{Tenant: "a"}))
 	require.Equal(t, http.StatusInternalServerError, rec.Code)
@@ -193,7 +197,7 @@ func TestHandlerNotReady(t *testing.T) {
 func TestHandlerWritesTenantAndBindsCluster(t *testing.T) {
 	w := &fakeWriter{}
 	reg := prometheus.NewRegistry()
-	h := NewHandler(discard(), reg, w, Options{})
+	h := NewHandler(discard(), reg, w, newLimiter(nil), Options{})
 	id := &auth.Identity{Tenant: "acme", ClusterID: "c1"}
 
 	stale := series("up", "job", "x")
@@ -223,7 +227,7 @@ func TestHandlerWritesTenantAndBindsCluster(t *testing.T) {
 
 func TestHandlerKeepsServingAfterBadInput(t *testing.T) {
 	w := &fakeWriter{}
-	h := NewHandler(discard(), nil, w, Options{})
+	h := NewHandler(discard(), nil, w, newLimiter(nil), Options{})
 	id := &auth.Identity{Tenant: "a"}
 	for _, body := range [][]byte{nil, []byte("x"), {0xff, 0xff, 0xff, 0xff, 0x0f}, make([]byte, 1024)} {
 		rec := httptest.NewRecorder()
@@ -240,7 +244,9 @@ func FuzzDecodeWriteRequest(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0x0f})
 	f.Add(snappy.Encode(nil, []byte{0x0a, 0x02, 0x0a, 0x00}))
-	h := NewHandler(discard(), nil, discardWriter{}, Options{Limits: Limits{MaxBodyBytes: 1 << 16, MaxDecodedBytes: 1 << 20}})
+	h := NewHandler(discard(), nil, discardWriter{}, newLimiter(func(s *limits.Spec) {
+		s.MaxBodyBytes, s.MaxDecodedBytes = ptr(units.Base2Bytes(1<<16)), ptr(units.Base2Bytes(1<<20))
+	}), Options{})
 	id := &auth.Identity{Tenant: "a", ClusterID: "c"}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		rec := httptest.NewRecorder()
@@ -253,7 +259,7 @@ func FuzzDecodeWriteRequest(f *testing.F) {
 
 func TestHandlerOverwritesForeignClusterIDWhenConfigured(t *testing.T) {
 	w := &fakeWriter{}
-	h := NewHandler(discard(), nil, w, Options{OverwriteClusterID: true})
+	h := NewHandler(discard(), nil, w, newLimiter(nil), Options{OverwriteClusterID: true})
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, newRequest(encode(t, series("up", "_id", "other")), &auth.Identity{Tenant: "acme", ClusterID: "c1"}))
 	require.Equal(t, http.StatusNoContent, rec.Code, rec.Body.String())

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/prometheus/prompb"
 
+	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/storage"
 )
 
@@ -22,3 +23,15 @@ func (discardWriter) Write(_ context.Context, _ string, series []prompb.TimeSeri
 	}
 	return st, nil
 }
+
+// newLimiter returns a limiter with the default limits, changed by mod.
+func newLimiter(mod func(*limits.Spec)) *limits.Limiter {
+	var cfg limits.Config
+	if mod != nil {
+		mod(&cfg.Defaults)
+	}
+	cfg.SetDefaults()
+	return limits.New(nil, cfg, nil)
+}
+
+func ptr[T any](v T) *T { return &v }

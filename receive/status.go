@@ -6,6 +6,7 @@ import (
 
 	promstorage "github.com/prometheus/prometheus/storage"
 
+	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/storage"
 )
 
@@ -14,6 +15,8 @@ func statusFor(err error) int {
 	switch {
 	case err == nil:
 		return http.StatusNoContent
+	case errors.Is(err, limits.ErrRateLimited):
+		return http.StatusTooManyRequests
 	case errors.Is(err, errTooLarge):
 		return http.StatusRequestEntityTooLarge
 	case errors.Is(err, errUnsupported):

@@ -6,6 +6,8 @@ import (
 
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/prompb"
+
+	"github.com/phonehome/phonehome/limits"
 )
 
 // Reasons a series or its samples are rejected; the label values of
@@ -20,11 +22,15 @@ const (
 	reasonFuture          = "too_far_in_future"
 	reasonDuplicate       = "duplicate_timestamp"
 	reasonStorage         = "storage"
+	reasonAllowlist       = "allowlist"
+	reasonSeriesLimit     = "series_limit"
+	reasonRateLimit       = "rate_limit"
 )
 
 var allReasons = []string{
 	reasonInvalidLabels, reasonLabelLimits, reasonClusterMismatch, reasonNoSamples,
 	reasonOutOfOrder, reasonTooOld, reasonFuture, reasonDuplicate, reasonStorage,
+	reasonAllowlist, reasonSeriesLimit, reasonRateLimit,
 }
 
 // clusterLabel is the label that carries a cluster's pseudonymous id.
@@ -43,9 +49,9 @@ func (e *seriesError) Error() string { return e.msg }
 // clusterID is set, the series' _id must equal it (or is overwritten with it
 // when overwriteID is set), and is added if missing.
 // It returns nil if the series may be stored.
-func validateSeries(ts *prompb.TimeSeries, lim *Limits, clusterID string, overwriteID bool) *seriesError {
+func validateSeries(ts *prompb.TimeSeries, lim *limits.TenantLimits, clusterID string, overwriteID bool) (name string, serr *seriesError) {
 	if len(ts.Samples) == 0 && len(ts.Histograms) == 0 {
-		return &seriesError{reasonNoSamples, "series has no samples"}
+		return "", &seriesError{reasonNoSamples, "series has no samples"}
 	}
 	ls := ts.Labels[:0]
 	for _, l := range ts.Labels {
@@ -54,32 +60,31 @@ func validateSeries(ts *prompb.TimeSeries, lim *Limits, clusterID string, overwr
 		}
 	}
 	ts.Labels = ls
-	if len(ls) > lim.MaxLabelNamesPerSeries {
-		return &seriesError{reasonLabelLimits, fmt.Sprintf("series has %d labels, the limit is %d", len(ls), lim.MaxLabelNamesPerSeries)}
+	if over(len(ls), lim.MaxLabelNamesPerSeries) {
+		return "", &seriesError{reasonLabelLimits, fmt.Sprintf("series has %d labels, the limit is %d", len(ls), lim.MaxLabelNamesPerSeries)}
 	}
-	var name string
 	hasID := false
 	for i, l := range ls {
 		if l.Name == "" {
-			return &seriesError{reasonInvalidLabels, "empty label name"}
+			return "", &seriesError{reasonInvalidLabels, "empty label name"}
 		}
 		if i > 0 && ls[i-1].Name >= l.Name {
 			if ls[i-1].Name == l.Name {
-				return &seriesError{reasonInvalidLabels, fmt.Sprintf("duplicate label name %q", l.Name)}
+				return "", &seriesError{reasonInvalidLabels, fmt.Sprintf("duplicate label name %q", l.Name)}
 			}
-			return &seriesError{reasonInvalidLabels, fmt.Sprintf("labels not sorted: %q after %q", l.Name, ls[i-1].Name)}
+			return "", &seriesError{reasonInvalidLabels, fmt.Sprintf("labels not sorted: %q after %q", l.Name, ls[i-1].Name)}
 		}
-		if len(l.Name) > lim.MaxLabelNameLength {
-			return &seriesError{reasonLabelLimits, fmt.Sprintf("label name of %d bytes, the limit is %d", len(l.Name), lim.MaxLabelNameLength)}
+		if over(len(l.Name), lim.MaxLabelNameLength) {
+			return "", &seriesError{reasonLabelLimits, fmt.Sprintf("label name of %d bytes, the limit is %d", len(l.Name), lim.MaxLabelNameLength)}
 		}
-		if len(l.Value) > lim.MaxLabelValueLength {
-			return &seriesError{reasonLabelLimits, fmt.Sprintf("value of label %q has %d bytes, the limit is %d", l.Name, len(l.Value), lim.MaxLabelValueLength)}
+		if over(len(l.Value), lim.MaxLabelValueLength) {
+			return "", &seriesError{reasonLabelLimits, fmt.Sprintf("value of label %q has %d bytes, the limit is %d", l.Name, len(l.Value), lim.MaxLabelValueLength)}
 		}
 		if !model.LegacyValidation.IsValidLabelName(l.Name) {
-			return &seriesError{reasonInvalidLabels, fmt.Sprintf("invalid label name %q", l.Name)}
+			return "", &seriesError{reasonInvalidLabels, fmt.Sprintf("invalid label name %q", l.Name)}
 		}
 		if !utf8.ValidString(l.Value) {
-			return &seriesError{reasonInvalidLabels, fmt.Sprintf("value of label %q is not valid UTF-8", l.Name)}
+			return "", &seriesError{reasonInvalidLabels, fmt.Sprintf("value of label %q is not valid UTF-8", l.Name)}
 		}
 		switch l.Name {
 		case model.MetricNameLabel:
@@ -88,22 +93,35 @@ func validateSeries(ts *prompb.TimeSeries, lim *Limits, clusterID string, overwr
 			hasID = true
 			if clusterID != "" && l.Value != clusterID {
 				if !overwriteID {
-					return &seriesError{reasonClusterMismatch, "series _id does not match the authenticated cluster"}
+					return "", &seriesError{reasonClusterMismatch, "series _id does not match the authenticated cluster"}
 				}
 				ls[i].Value = clusterID
 			}
 		}
 	}
 	if name == "" {
-		return &seriesError{reasonInvalidLabels, "series has no metric name (__name__)"}
+		return "", &seriesError{reasonInvalidLabels, "series has no metric name (__name__)"}
 	}
 	if !model.LegacyValidation.IsValidMetricName(name) {
-		return &seriesError{reasonInvalidLabels, fmt.Sprintf("invalid metric name %q", name)}
+		return "", &seriesError{reasonInvalidLabels, fmt.Sprintf("invalid metric name %q", name)}
 	}
 	if clusterID != "" && !hasID {
 		ts.Labels = insertLabel(ts.Labels, prompb.Label{Name: clusterLabel, Value: clusterID})
 	}
-	return nil
+	return name, nil
+}
+
+// over reports whether n exceeds limit, where a limit of 0 means unlimited.
+func over(n, limit int) bool { return limit > 0 && n > limit }
+
+// clusterOf returns the series' _id, or "".
+func clusterOf(ls []prompb.Label) string {
+	for _, l := range ls {
+		if l.Name == clusterLabel {
+			return l.Value
+		}
+	}
+	return ""
 }
 
 // insertLabel adds l to the sorted ls, keeping it sorted.

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sync/atomic"
 	"syscall"
@@ -26,6 +27,7 @@ import (
 	"github.com/prometheus/common/version"
 
 	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/push"
 	"github.com/phonehome/phonehome/query"
 	"github.com/phonehome/phonehome/receive"
@@ -111,8 +113,14 @@ func run(args []string, stderr io.Writer) int {
 
 	var ready atomic.Bool
 	isReady := func() bool { return ready.Load() && db.Ready() }
-	writes := receive.NewHandler(logger.With("component", "receive"), reg, db, receive.Options{
-		Limits:             cfg.Limits,
+	policy, err := receive.NewPolicy(cfg)
+	if err != nil {
+		logger.Error("invalid configuration", "file", *configFile, "err", err)
+		return 2
+	}
+	limiter := limits.New(reg, cfg.Limits, nil)
+	writes := receive.NewHandler(logger.With("component", "receive"), reg, db, limiter, receive.Options{
+		Policy:             policy,
 		Ready:              isReady,
 		OverwriteClusterID: cfg.Auth.IDMismatch == receive.IDMismatchOverwrite,
 	})
@@ -169,6 +177,28 @@ func run(args []string, stderr io.Writer) int {
 	{ // Push aggregation: periodic write of the aggregated state into storage.
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return pushes.Run(ctx) }, func(error) { cancel() })
+	}
+	{ // Idle series stop counting towards the series limits.
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return limiter.Run(ctx) }, func(error) { cancel() })
+	}
+	if *configFile != "" { // Hot reload of limits and the server-side policy (every 30s and on SIGHUP).
+		reloader := receive.NewConfigReloader(logger.With("component", "config"), reg, *configFile, func(c *receive.Config) {
+			p, err := receive.NewPolicy(c)
+			if err != nil { // LoadConfig validated it; cannot happen
+				logger.Error("compile policy", "err", err)
+				return
+			}
+			limiter.Reload(c.Limits)
+			writes.SetPolicy(p)
+		})
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return reloader.Run(ctx, 30*time.Second, hup) }, func(error) {
+			signal.Stop(hup)
+			cancel()
+		})
 	}
 	{ // Block shipper.
 		ctx, cancel := context.WithCancel(context.Background())

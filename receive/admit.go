@@ -1,0 +1,46 @@
+package receive
+
+import (
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/prompb"
+
+	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/limits"
+)
+
+// admit decides whether one series may be stored: it must be valid, bound to
+// the caller's cluster, inside the server-side allowlist, and fit the series
+// limits. It rewrites ts in place (empty and elided labels removed, _id added).
+func (h *Handler) admit(ts *prompb.TimeSeries, id auth.Identity, lim *limits.TenantLimits, pol *Policy, sb *labels.ScratchBuilder, sess *sessions) *seriesError {
+	name, serr := validateSeries(ts, lim, id.ClusterID, h.opts.OverwriteClusterID)
+	if serr != nil {
+		return serr
+	}
+	ts.Labels = pol.elideLabels(ts.Labels)
+	if !pol.allows(ts.Labels, sb) {
+		return &seriesError{reasonAllowlist, "series is not in the server-side allowlist"}
+	}
+	if err := sess.get(h.limiter, id.Tenant, clusterOf(ts.Labels)).Admit(name, hashLabels(ts.Labels)); err != nil {
+		return &seriesError{reasonSeriesLimit, "new series refused: " + err.Error()}
+	}
+	return nil
+}
+
+// sessions holds the limiter sessions of one request, one per cluster. A
+// request nearly always carries one cluster, so a slice beats a map.
+type sessions struct {
+	clusters []string
+	s        []*limits.Session
+}
+
+func (ss *sessions) get(l *limits.Limiter, tenant, cluster string) *limits.Session {
+	for i, c := range ss.clusters {
+		if c == cluster {
+			return ss.s[i]
+		}
+	}
+	s := l.Session(tenant, cluster)
+	ss.clusters = append(ss.clusters, cluster)
+	ss.s = append(ss.s, &s)
+	return &s
+}
