@@ -181,6 +181,16 @@ type Forwarder struct {
 	opts   Options
 
 	loggedCap sync.Map // reason -> struct{}: caps are logged once per process
+	scratch   scratch  // reused by Collect, which must not run concurrently
+}
+
+// scratch holds Collect's buffers across cycles.
+type scratch struct {
+	lb              *labels.Builder
+	batch           []prompb.TimeSeries
+	labels          []prompb.Label
+	samples         []prompb.Sample
+	raw, compressed []byte
 }
 
 // New returns a Forwarder that collects from src, applies policy, queues in q
@@ -260,7 +270,8 @@ func (f *Forwarder) Run(ctx context.Context) error {
 }
 
 // Collect runs one federate-filter-anonymize-encode cycle and appends the
-// resulting requests to the queue with a single fsync.
+// resulting requests to the queue with a single fsync. Calls must not overlap
+// (Run calls it sequentially).
 func (f *Forwarder) Collect(ctx context.Context) (err error) {
 	start := time.Now()
 	defer func() {
@@ -273,35 +284,52 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 		f.m.lastSuccess.SetToCurrentTime()
 	}()
 
+	sc := &f.scratch
+	if sc.lb == nil {
+		sc.lb = labels.NewBuilder(labels.EmptyLabels())
+		sc.batch = make([]prompb.TimeSeries, 0, f.opts.MaxSamplesPerRequest)
+		sc.samples = make([]prompb.Sample, 0, f.opts.MaxSamplesPerRequest)
+		sc.labels = make([]prompb.Label, 0, 16*f.opts.MaxSamplesPerRequest)
+	}
 	var (
-		lb                  = labels.NewBuilder(labels.EmptyLabels())
-		batch               = make([]prompb.TimeSeries, 0, f.opts.MaxSamplesPerRequest)
+		lb                  = sc.lb
+		batch               = sc.batch[:0]
 		records             [][]byte
 		recordSamples       []int
 		kept, federated     int
 		allowOut, relabOut  int
 		overSeries, invalid int
-		buf                 []byte
+		// Per-batch arenas: one allocation for all labels and samples of a
+		// request instead of two per series; reset after each flush.
+		labelArena  = sc.labels[:0]
+		sampleArena = sc.samples[:0]
 	)
+	defer func() { sc.labels = labelArena[:0] }()
 	flush := func() {
 		if len(batch) == 0 {
 			return
 		}
 		req := prompb.WriteRequest{Timeseries: batch}
 		size := req.Size()
-		if cap(buf) < size {
-			buf = make([]byte, size)
+		if cap(sc.raw) < size {
+			sc.raw = make([]byte, size)
 		}
-		raw := buf[:size]
+		raw := sc.raw[:size]
 		if _, err := req.MarshalToSizedBuffer(raw); err != nil {
 			invalid += len(batch)
 			f.logger.Error("encode write request", "err", err)
 		} else {
-			records = append(records, encodePayload(len(batch), snappy.Encode(nil, raw)))
+			if n := snappy.MaxEncodedLen(size); cap(sc.compressed) < n {
+				sc.compressed = make([]byte, n)
+			}
+			records = append(records, encodePayload(len(batch), snappy.Encode(sc.compressed[:cap(sc.compressed)], raw)))
 			recordSamples = append(recordSamples, len(batch))
 		}
 		clear(batch)
 		batch = batch[:0]
+		clear(labelArena)
+		labelArena = labelArena[:0]
+		sampleArena = sampleArena[:0]
 	}
 	st, ferr := f.src.Fetch(ctx, func(s *Sample) error {
 		federated++
@@ -319,14 +347,22 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 			return nil
 		}
 		kept++
-		ts := prompb.TimeSeries{Labels: toProtoLabels(lb.Labels())}
+		ls := lb.Labels()
+		if len(labelArena)+ls.Len() > cap(labelArena) {
+			// Earlier series of this batch keep the old backing array.
+			labelArena = make([]prompb.Label, 0, max(2*cap(labelArena), 64*ls.Len()))
+		}
+		start := len(labelArena)
+		ls.Range(func(l labels.Label) { labelArena = append(labelArena, prompb.Label{Name: l.Name, Value: l.Value}) })
+		ts := prompb.TimeSeries{Labels: labelArena[start:len(labelArena):len(labelArena)]}
 		switch {
 		case s.H != nil:
 			ts.Histograms = []prompb.Histogram{prompb.FromIntHistogram(s.T, s.H)}
 		case s.FH != nil:
 			ts.Histograms = []prompb.Histogram{prompb.FromFloatHistogram(s.T, s.FH)}
 		default:
-			ts.Samples = []prompb.Sample{{Value: s.V, Timestamp: s.T}}
+			sampleArena = append(sampleArena, prompb.Sample{Value: s.V, Timestamp: s.T})
+			ts.Samples = sampleArena[len(sampleArena)-1 : len(sampleArena) : len(sampleArena)]
 		}
 		batch = append(batch, ts)
 		if len(batch) >= f.opts.MaxSamplesPerRequest {
@@ -386,12 +422,6 @@ func (f *Forwarder) enqueue(records [][]byte, samples []int) error {
 		f.m.queued.Add(float64(samples[i]))
 	}
 	return nil
-}
-
-func toProtoLabels(ls labels.Labels) []prompb.Label {
-	out := make([]prompb.Label, 0, ls.Len())
-	ls.Range(func(l labels.Label) { out = append(out, prompb.Label{Name: l.Name, Value: l.Value}) })
-	return out
 }
 
 // sendLoop delivers queued records oldest first until ctx ends, or until the
