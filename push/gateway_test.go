@@ -178,9 +178,9 @@ func TestPushSumsCountersAcrossPushes(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 
 	require.Equal(t, map[string]float64{
-		`{__name__="installs_total", job="installer", platform="aws", result="ok", version="4.2"}`:  3,
+		`{__name__="installs_total", job="installer", platform="aws", result="ok", version="4.2"}`:   3,
 		`{__name__="installs_total", job="installer", platform="gcp", result="fail", version="4.2"}`: 6,
-		`{__name__="installs_total", job="installer", platform="aws", result="ok", version="4.3"}`:  1,
+		`{__name__="installs_total", job="installer", platform="aws", result="ok", version="4.3"}`:   1,
 		`{__name__="installs_total", job="installer", platform="gcp", result="fail", version="4.3"}`: 2,
 	}, f.state("acme"))
 	require.Len(t, f.state("other"), 2)
@@ -208,12 +208,12 @@ func TestPushRealClientGolangProtobufAndHistogram(t *testing.T) {
 		}
 	}
 	require.Equal(t, map[string]float64{
-		`{__name__="installs_total", job="installer", path="a/b", platform="aws"}`:       4,
+		`{__name__="installs_total", job="installer", path="a/b", platform="aws"}`:    4,
 		`{__name__="install_seconds_bucket", job="installer", le="60", path="a/b"}`:   2,
 		`{__name__="install_seconds_bucket", job="installer", le="600", path="a/b"}`:  4,
 		`{__name__="install_seconds_bucket", job="installer", le="+Inf", path="a/b"}`: 4,
-		`{__name__="install_seconds_sum", job="installer", path="a/b"}`:                660,
-		`{__name__="install_seconds_count", job="installer", path="a/b"}`:              4,
+		`{__name__="install_seconds_sum", job="installer", path="a/b"}`:               660,
+		`{__name__="install_seconds_count", job="installer", path="a/b"}`:             4,
 	}, f.state("acme"))
 }
 
