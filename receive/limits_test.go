@@ -1,0 +1,140 @@
+package receive
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/prometheus/prompb"
+	"github.com/stretchr/testify/require"
+
+	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/limits"
+)
+
+func manySeries(cluster string, from, to int) []prompb.TimeSeries {
+	var out []prompb.TimeSeries
+	for i := from; i < to; i++ {
+		out = append(out, series("csv_succeeded", "_id", cluster, "name", fmt.Sprintf("op-%03d", i)))
+	}
+	return out
+}
+
+func TestSeriesLimitIsPartialAndSparesOthers(t *testing.T) {
+	w := &fakeWriter{}
+	lim := newLimiter(func(s *limits.Spec) { s.MaxSeriesPerCluster = ptr(10) })
+	h := NewHandler(discard(), nil, w, lim, Options{})
+	noisy := &auth.Identity{Tenant: "acme", ClusterID: "noisy"}
+	calm := &auth.Identity{Tenant: "acme", ClusterID: "calm"}
+
+	for _, tc := range []struct {
+		name        string
+		id          *auth.Identity
+		series      []prompb.TimeSeries
+		wantCode    int
+		wantWritten string
+	}{
+		{"just under the limit", noisy, manySeries("noisy", 0, 9), 204, "9"},
+		{"at the limit", noisy, manySeries("noisy", 9, 10), 204, "1"},
+		{"just over: existing series flow, new ones refused", noisy, manySeries("noisy", 5, 12), 400, "5"},
+		{"another cluster is unaffected", calm, manySeries("calm", 0, 10), 204, "10"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, newRequest(encode(t, tc.series...), tc.id))
+			require.Equal(t, tc.wantCode, rec.Code, rec.Body.String())
+			require.Equal(t, tc.wantWritten, rec.Header().Get(headerSamplesWritten))
+			if tc.wantCode == 400 {
+				require.Contains(t, rec.Body.String(), "max_series_per_cluster limit of 10 reached")
+				require.Contains(t, rec.Body.String(), "2 of 7 samples rejected")
+			}
+		})
+	}
+	require.InDelta(t, 2, testutil.ToFloat64(h.metrics.rejected.WithLabelValues(reasonSeriesLimit)), 0)
+
+	// Hot reload: raising the limit admits the refused series without a restart.
+	var cfg limits.Config
+	cfg.Defaults.MaxSeriesPerCluster = ptr(12)
+	cfg.SetDefaults()
+	lim.Reload(cfg)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t, manySeries("noisy", 10, 12)...), noisy))
+	require.Equal(t, http.StatusNoContent, rec.Code, rec.Body.String())
+}
+
+func TestRateLimitAnswers429WithRetryAfter(t *testing.T) {
+	w := &fakeWriter{}
+	lim := newLimiter(func(s *limits.Spec) {
+		s.SamplesPerSecondPerCluster = ptr(1.0)
+		s.BurstPerCluster = ptr(5)
+	})
+	h := NewHandler(discard(), nil, w, lim, Options{})
+	id := &auth.Identity{Tenant: "acme", ClusterID: "c1"}
+
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t, manySeries("c1", 0, 5)...), id))
+	require.Equal(t, http.StatusNoContent, rec.Code, "the burst is available at once")
+
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t, manySeries("c1", 0, 5)...), id))
+	require.Equal(t, http.StatusTooManyRequests, rec.Code)
+	require.NotEmpty(t, rec.Header().Get("Retry-After"))
+	require.Contains(t, rec.Body.String(), "samples_per_second_per_cluster limit of 1")
+	require.Equal(t, "0", rec.Header().Get(headerSamplesWritten))
+	require.Len(t, w.series, 5, "nothing of a rate-limited request is written")
+
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t, manySeries("c2", 0, 5)...), &auth.Identity{Tenant: "acme", ClusterID: "c2"}))
+	require.Equal(t, http.StatusNoContent, rec.Code, "another cluster has its own bucket")
+}
+
+func TestServerSideAllowlistAndElision(t *testing.T) {
+	w := &fakeWriter{}
+	pol, err := NewPolicy(&Config{Allowlist: []string{`csv_succeeded`, `{__name__="alerts",alertstate="firing"}`}, ElideLabels: []string{"pod"}})
+	require.NoError(t, err)
+	h := NewHandler(discard(), nil, w, newLimiter(nil), Options{Policy: pol})
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t,
+		series("alerts", "alertstate", "firing", "pod", "p-1"),
+		series("alerts", "alertstate", "pending"),
+		series("csv_succeeded", "name", "x"),
+		series("node_cpu_seconds_total"),
+	), &auth.Identity{Tenant: "acme"}))
+	require.Equal(t, http.StatusBadRequest, rec.Code)
+	require.Contains(t, rec.Body.String(), "not in the server-side allowlist")
+	require.Len(t, w.series, 2)
+	require.Equal(t, []prompb.Label{{Name: "__name__", Value: "alerts"}, {Name: "alertstate", Value: "firing"}}, w.series[0].Labels, "pod is elided")
+	require.InDelta(t, 2, testutil.ToFloat64(h.metrics.rejected.WithLabelValues(reasonAllowlist)), 0)
+
+	h.SetPolicy(&Policy{})
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t, series("node_cpu_seconds_total")), &auth.Identity{Tenant: "acme"}))
+	require.Equal(t, http.StatusNoContent, rec.Code, "a new policy applies at once")
+}
+
+func TestLabelLimits(t *testing.T) {
+	lim := newLimiter(func(s *limits.Spec) {
+		s.MaxLabelNamesPerSeries = ptr(3)
+		s.MaxLabelNameLength = ptr(8)
+		s.MaxLabelValueLength = ptr(4)
+	})
+	h := NewHandler(discard(), nil, &fakeWriter{}, lim, Options{})
+	for _, tc := range []struct {
+		name string
+		ts   prompb.TimeSeries
+		want int
+	}{
+		{"at every limit", series("up", "abcdefgh", "1234", "b", "x"), 204},
+		{"too many labels", series("up", "a", "1", "b", "2", "c", "3"), 400},
+		{"name too long", series("up", "abcdefghi", "1"), 400},
+		{"value too long", series("up", "a", "12345"), 400},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, newRequest(encode(t, tc.ts), &auth.Identity{Tenant: "acme"}))
+			require.Equal(t, tc.want, rec.Code, rec.Body.String())
+		})
+	}
+}
