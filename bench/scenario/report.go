@@ -52,7 +52,7 @@ var figureDefs = []figureDef{
 	{"write latency p99 (steady)", "ms", "lower", func(r *TargetResult) float64 { return r.Load.SteadyLatency.P99 * 1000 }},
 	{"RSS after load", "MiB", "lower", func(r *TargetResult) float64 { return float64(r.RSSBytes) / (1 << 20) }},
 	{"RSS per active series", "bytes", "lower", func(r *TargetResult) float64 { return r.RSSPerSeries }},
-	{"RSS growth per active series (after load − idle at start)", "bytes", "lower", rssGrowthPerSeries},
+	{"RSS growth per active series (minus idle RSS)", "bytes", "lower", rssGrowthPerSeries},
 	{"peak RSS during load (VmHWM)", "MiB", "lower", func(r *TargetResult) float64 { return float64(r.PeakRSSBytes) / (1 << 20) }},
 	{"max RSS incl. shutdown/flush", "MiB", "lower", func(r *TargetResult) float64 { return float64(r.MaxRSSBytes) / (1 << 20) }},
 	{"CPU per million samples", "cpu-s", "lower", func(r *TargetResult) float64 { return r.CPUPerMSamples }},
