@@ -33,9 +33,22 @@ e2e: ## Only the end-to-end tests.
 bench: ## Micro-benchmarks, 10 runs each, into bench/latest.txt.
 	$(GO) test -run='^$$' -bench=. -benchmem -count=10 ./... | tee bench/latest.txt
 
+BENCH_SIZE   ?= 100k
+BENCH_REPEAT ?= 1
+
 .PHONY: bench-fleet
-bench-fleet: ## Fleet benchmark: receiver vs Prometheus side by side (SCENARIO=steady).
-	$(GO) run ./bench/cmd/benchrun -scenario=$(SCENARIO)
+bench-fleet: ## Fleet benchmark vs Prometheus (SCENARIO=steady, BENCH_SIZE=smoke|100k|1m, BENCH_REPEAT=n); writes bench/results.
+	$(GO) build -o bench/tmp/receiver ./cmd/receiver
+	$(GO) run ./bench/cmd/benchrun --scenario=$(SCENARIO) --size=$(BENCH_SIZE) --repeat=$(BENCH_REPEAT)
+
+.PHONY: bench-fleet-smoke
+bench-fleet-smoke: ## Quick check of the fleet benchmark harness (10 clusters × 500 series); records nothing.
+	$(GO) build -o bench/tmp/receiver ./cmd/receiver
+	$(GO) run ./bench/cmd/benchrun --size=smoke --no-record
+
+.PHONY: bench-fleet-report
+bench-fleet-report: ## Regenerate bench/results/README.md from the recorded JSON.
+	$(GO) run ./bench/cmd/benchrun --report-only
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME each.
