@@ -285,3 +285,37 @@ func TestPushAggregatesSurvivesKillAndRejects(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, float64(runs/2+3), v)
 }
+
+// TestPushComparedWithPushgateway pushes the same runs with the same client
+// to Debian's prometheus-pushgateway and to the receiver: the Pushgateway
+// replaces (it serves the last push), phonehome sums.
+func TestPushComparedWithPushgateway(t *testing.T) {
+	addr := freeAddr(t)
+	pgw := startProcess(t, "/usr/bin/prometheus-pushgateway", "pushgateway",
+		[]string{"--web.listen-address=" + addr}, func(line string) (string, bool) {
+			return addr, strings.Contains(line, "Listening on")
+		})
+	waitHTTP(t, pgw.URL()+"/-/ready", http.StatusOK)
+
+	dir := t.TempDir()
+	rcv := pushStartReceiver(t, pushReceiverConfig(t, dir), filepath.Join(dir, "data"))
+
+	for _, base := range []string{pgw.URL(), rcv.URL()} {
+		for i := 0; i < 3; i++ {
+			require.NoError(t, clientGolangPush(base, "aws", i%2 == 1)) // Push, Add, Push
+		}
+	}
+
+	resp, err := http.Get(pgw.URL() + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(resp.Body)
+	require.NoError(t, err)
+	ms := mfs["cluster_installation_invocation"].GetMetric()
+	require.Len(t, ms, 1)
+	require.Equal(t, 1.0, ms[0].GetCounter().GetValue(), "the Pushgateway keeps only the last push")
+	require.Contains(t, mfs, "push_time_seconds", "the Pushgateway adds its own series")
+
+	pushWaitValue(t, rcv.URL(), qAWS, 3) // phonehome sums
+}
