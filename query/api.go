@@ -34,6 +34,11 @@ type Options struct {
 	Ready func() bool
 	// Version is reported by /api/v1/status/buildinfo.
 	Version string
+	// Rules returns the rules and alerts of the caller's tenant (it reads
+	// auth.FromContext) for /rules and /alerts; nil serves none.
+	Rules func(context.Context) v1.RulesRetriever
+	// Alertmanagers returns where alerts are sent; nil means nowhere.
+	Alertmanagers func(context.Context) v1.AlertmanagerRetriever
 }
 
 // Paths are the API endpoints served, relative to /api/v1. Everything else
@@ -41,6 +46,7 @@ type Options struct {
 var Paths = []string{
 	"/query", "/query_range", "/series", "/labels", "/label/{name}/values",
 	"/metadata", "/status/buildinfo", "/format_query", "/parse_query",
+	"/rules", "/alerts",
 }
 
 // NewEngine returns the PromQL engine used by the API (and by rule evaluation).
@@ -82,15 +88,23 @@ func NewHandler(logger *slog.Logger, engine *promql.Engine, r Reader, opts Optio
 		}
 	}
 	start := time.Now()
+	rulesFor := func(context.Context) v1.RulesRetriever { return noRules{} }
+	if opts.Rules != nil {
+		rulesFor = opts.Rules
+	}
+	amsFor := func(context.Context) v1.AlertmanagerRetriever { return noAlertmanagers{} }
+	if opts.Alertmanagers != nil {
+		amsFor = opts.Alertmanagers
+	}
 	api := v1.NewAPI(
 		engine, tenantQueryable{r}, nil, nil,
 		func(context.Context) v1.ScrapePoolsRetriever { return noTargets{} },
 		func(context.Context) v1.TargetRetriever { return noTargets{} },
-		func(context.Context) v1.AlertmanagerRetriever { return noAlertmanagers{} },
+		amsFor,
 		func() config.Config { return config.Config{} },
 		nil, v1.GlobalURLOptions{}, ready, nil, "",
 		false, false, 0, logger,
-		func(context.Context) v1.RulesRetriever { return noRules{} },
+		rulesFor,
 		0, 1, 1<<20, false, nil,
 		func() (v1.RuntimeInfo, error) {
 			return v1.RuntimeInfo{StartTime: start, GoroutineCount: runtime.NumGoroutine(), GOMAXPROCS: runtime.GOMAXPROCS(0), CWD: cwd()}, nil

@@ -16,6 +16,7 @@ import (
 	"github.com/phonehome/phonehome/allowlist"
 	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/push"
+	"github.com/phonehome/phonehome/rules"
 	"github.com/phonehome/phonehome/storage"
 )
 
@@ -30,6 +31,9 @@ type Config struct {
 	ElideLabels []string       `yaml:"elide_labels"`
 	Storage     storage.Config `yaml:"storage"`
 	Push        push.Config    `yaml:"push"`
+	// Rules are the fleet rule files every tenant evaluates, and where
+	// their alerts go; see docs/rules.md.
+	Rules rules.Config `yaml:"rules"`
 }
 
 // AuthConfig names where credentials come from. Relative paths are
@@ -119,12 +123,14 @@ func LoadConfig(path string) (*Config, error) {
 			return nil, fmt.Errorf("parse %s: %w", path, err)
 		}
 		cfg.resolvePaths(filepath.Dir(path))
+		cfg.Rules.ResolvePaths(filepath.Dir(path))
 	}
 	cfg.Auth.SetDefaults()
 	cfg.Limits.SetDefaults()
 	cfg.Storage.SetDefaults()
 	cfg.Push.SetDefaults()
-	if err := errors.Join(cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate(), cfg.Push.Validate(), cfg.validatePolicy()); err != nil {
+	cfg.Rules.SetDefaults()
+	if err := errors.Join(cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate(), cfg.Push.Validate(), cfg.Rules.Validate(), cfg.validatePolicy()); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return cfg, nil

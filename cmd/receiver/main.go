@@ -31,6 +31,7 @@ import (
 	"github.com/phonehome/phonehome/push"
 	"github.com/phonehome/phonehome/query"
 	"github.com/phonehome/phonehome/receive"
+	"github.com/phonehome/phonehome/rules"
 	"github.com/phonehome/phonehome/storage"
 )
 
@@ -76,6 +77,10 @@ func run(args []string, stderr io.Writer) int {
 	reg := prometheus.NewRegistry()
 	a, err := setupAuth(logger.With("component", "auth"), reg, cfg.Auth, *noAuth)
 	if err != nil {
+		logger.Error("invalid configuration", "file", *configFile, "err", err)
+		return 2
+	}
+	if err := rules.CheckFiles(cfg.Rules); err != nil {
 		logger.Error("invalid configuration", "file", *configFile, "err", err)
 		return 2
 	}
@@ -125,7 +130,15 @@ func run(args []string, stderr io.Writer) int {
 		OverwriteClusterID: cfg.Auth.IDMismatch == receive.IDMismatchOverwrite,
 	})
 	engine := query.NewEngine(logger.With("component", "query"), reg, query.Options{})
-	api := query.NewHandler(logger.With("component", "query"), engine, db, query.Options{Ready: isReady, Version: version.Version})
+	ruler, err := rules.New(logger.With("component", "rules"), reg, engine, db, cfg.Rules)
+	if err != nil {
+		logger.Error("invalid configuration", "file", *configFile, "err", err)
+		return 2
+	}
+	api := query.NewHandler(logger.With("component", "query"), engine, db, query.Options{
+		Ready: isReady, Version: version.Version,
+		Rules: ruler.RulesRetriever, Alertmanagers: ruler.AlertmanagerRetriever,
+	})
 
 	mux := http.NewServeMux()
 	mux.Handle("POST /api/v1/write", auth.Middleware(a.authn, auth.PermWrite, writes.CountUnauthenticated, writes))
@@ -199,6 +212,10 @@ func run(args []string, stderr io.Writer) int {
 			signal.Stop(hup)
 			cancel()
 		})
+	}
+	{ // Fleet rules: per-tenant evaluation, rule file reload, alerts to Alertmanager.
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return ruler.Run(ctx) }, func(error) { cancel() })
 	}
 	{ // Block shipper.
 		ctx, cancel := context.WithCancel(context.Background())

@@ -1,0 +1,461 @@
+// Package rules evaluates the fleet's Prometheus rule files for every tenant
+// over the receiver's storage and sends the resulting alerts to Alertmanager.
+//
+// It is a thin layer over Prometheus' own rules and notifier packages. Each
+// tenant gets its own rules.Manager whose Queryable and Appendable are bound
+// to that tenant: the Prometheus Manager has exactly one Queryable, one
+// Appendable and one set of groups, so one Manager per tenant is the only way
+// to keep tenants apart without rewriting every query. All tenants evaluate
+// the same rule files; a tenant is picked up once it has data.
+//
+// Rule files are re-read every reload interval. A file set that does not
+// parse is logged, counted in phonehome_rules_reloads_total{result="failure"},
+// and the previous rules stay in force (the last good contents are kept in
+// memory, so tenants discovered later get them too).
+package rules
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+	commoncfg "github.com/prometheus/common/config"
+	"github.com/prometheus/common/model"
+	promconfig "github.com/prometheus/prometheus/config"
+	"github.com/prometheus/prometheus/discovery/targetgroup"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/rulefmt"
+	"github.com/prometheus/prometheus/notifier"
+	"github.com/prometheus/prometheus/promql"
+	"github.com/prometheus/prometheus/promql/parser"
+	promrules "github.com/prometheus/prometheus/rules"
+	promstorage "github.com/prometheus/prometheus/storage"
+	v1 "github.com/prometheus/prometheus/web/api/v1"
+
+	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/storage"
+)
+
+// TenantLabel is added to every alert sent to Alertmanager (and is the
+// "tenant" external label in templates).
+const TenantLabel = "tenant"
+
+// Storage is what rule evaluation needs from the receiver's storage: reads
+// and writes per tenant, and the tenants that exist. *storage.DB satisfies it.
+type Storage interface {
+	storage.Writer
+	Querier(tenant string, mint, maxt int64) (promstorage.Querier, error)
+	Tenants() []string
+}
+
+// Manager runs the rule evaluation of every tenant. Create it with New, run
+// it with Run; RulesRetriever and AlertmanagerRetriever are safe for
+// concurrent use at any time (they serve nothing before Run).
+type Manager struct {
+	logger   *slog.Logger
+	cfg      Config
+	engine   promql.QueryEngine
+	store    Storage
+	parser   parser.Parser
+	notifier *notifier.Manager // nil without Alertmanagers
+	metrics  *metrics
+	groupMet *promrules.Metrics
+
+	snap    atomic.Pointer[snapshot] // last good rule files
+	lastErr string                   // last reload error reported; only Run's goroutine (or one Reload caller) uses it
+
+	mu      sync.Mutex
+	tenants map[string]*promrules.Manager
+	wg      sync.WaitGroup
+}
+
+// snapshot is a parsed-and-valid set of rule files, by file name.
+type snapshot struct {
+	names []string
+	files map[string][]byte
+}
+
+type metrics struct {
+	reloads     *prometheus.CounterVec
+	lastSuccess prometheus.Gauge
+	tenants     prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(reg)
+	m := &metrics{
+		reloads: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_rules_reloads_total",
+			Help: "Rule file reloads that changed something, by result (success, failure: the previous rules stay in force).",
+		}, []string{"result"}),
+		lastSuccess: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_rules_last_reload_successful",
+			Help: "1 if the last attempt to load the rule files succeeded.",
+		}),
+		tenants: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_rules_tenants",
+			Help: "Tenants whose rules are being evaluated.",
+		}),
+	}
+	m.reloads.WithLabelValues("success")
+	m.reloads.WithLabelValues("failure")
+	return m
+}
+
+// New loads the rule files named by cfg and prepares the notifier. An invalid
+// rule file at start is an error (the receiver refuses to start, like a bad
+// config). engine is shared with the query API.
+func New(logger *slog.Logger, reg prometheus.Registerer, engine promql.QueryEngine, store Storage, cfg Config) (*Manager, error) {
+	m := &Manager{
+		logger:  logger,
+		cfg:     cfg,
+		engine:  engine,
+		store:   store,
+		parser:  parser.NewParser(parser.Options{}),
+		metrics: newMetrics(reg),
+		tenants: map[string]*promrules.Manager{},
+	}
+	if !cfg.enabled() {
+		return m, nil
+	}
+	m.groupMet = promrules.NewGroupMetrics(reg)
+	snap, err := m.readFiles()
+	if err != nil {
+		return nil, err
+	}
+	m.snap.Store(snap)
+	m.metrics.lastSuccess.Set(1)
+	if len(cfg.Alertmanagers) > 0 {
+		n, err := newNotifier(logger, reg, cfg.Alertmanagers)
+		if err != nil {
+			return nil, err
+		}
+		m.notifier = n
+	}
+	return m, nil
+}
+
+// CheckFiles loads and validates the rule files of cfg without running
+// anything (for --check-config).
+func CheckFiles(cfg Config) error {
+	m := &Manager{cfg: cfg, parser: parser.NewParser(parser.Options{}), logger: slog.New(slog.DiscardHandler)}
+	_, err := m.readFiles()
+	return err
+}
+
+// readFiles expands the globs, reads and validates every file.
+func (m *Manager) readFiles() (*snapshot, error) {
+	s := &snapshot{files: map[string][]byte{}}
+	var errs []error
+	for _, pat := range m.cfg.Files {
+		matches, err := filepath.Glob(pat)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("rules.files %q: %w", pat, err))
+			continue
+		}
+		for _, f := range matches {
+			if _, dup := s.files[f]; dup {
+				continue
+			}
+			b, err := os.ReadFile(f)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("read rule file: %w", err))
+				continue
+			}
+			if _, perrs := rulefmt.Parse(b, false, model.UTF8Validation, m.parser, m.logger); len(perrs) > 0 {
+				for _, e := range perrs {
+					errs = append(errs, fmt.Errorf("rule file %s: %w", f, e))
+				}
+				continue
+			}
+			s.files[f] = b
+			s.names = append(s.names, f)
+		}
+	}
+	sort.Strings(s.names)
+	return s, errors.Join(errs...)
+}
+
+func (s *snapshot) equal(o *snapshot) bool {
+	if len(s.files) != len(o.files) {
+		return false
+	}
+	for k, v := range s.files {
+		if w, ok := o.files[k]; !ok || !bytes.Equal(v, w) {
+			return false
+		}
+	}
+	return true
+}
+
+// Run evaluates rules until ctx is done, re-reading the rule files and
+// picking up new tenants every reload interval. It returns nil once every
+// evaluation has stopped and pending alerts have been handed to the notifier.
+func (m *Manager) Run(ctx context.Context) error {
+	if !m.cfg.enabled() {
+		<-ctx.Done()
+		return nil
+	}
+	notifierDone := make(chan struct{})
+	if m.notifier != nil {
+		tsets := make(chan map[string][]*targetgroup.Group, 1)
+		tsets <- alertmanagerTargets(m.cfg.Alertmanagers)
+		go func() {
+			defer close(notifierDone)
+			m.notifier.Run(tsets)
+		}()
+	} else {
+		close(notifierDone)
+	}
+
+	tick := time.NewTicker(time.Duration(m.cfg.ReloadInterval))
+	defer tick.Stop()
+	for {
+		m.syncTenants(ctx)
+		select {
+		case <-ctx.Done():
+			m.stopAll()
+			if m.notifier != nil {
+				m.notifier.Stop()
+			}
+			<-notifierDone
+			return nil
+		case <-tick.C:
+			m.Reload()
+		}
+	}
+}
+
+// Reload re-reads the rule files. If they changed and are valid, every tenant
+// switches to them; if any is invalid, the error is logged and counted and
+// the previous rules stay in force. It returns the load error, if any.
+func (m *Manager) Reload() error {
+	if !m.cfg.enabled() {
+		return nil
+	}
+	snap, err := m.readFiles()
+	if err != nil {
+		m.metrics.lastSuccess.Set(0)
+		if msg := err.Error(); msg != m.lastErr { // report each broken state once, not every interval
+			m.lastErr = msg
+			m.metrics.reloads.WithLabelValues("failure").Inc()
+			m.logger.Error("invalid rule files, keeping the previous rules", "err", err)
+		}
+		return err
+	}
+	m.lastErr = ""
+	m.metrics.lastSuccess.Set(1)
+	if m.snap.Load().equal(snap) {
+		return nil
+	}
+	m.snap.Store(snap)
+	m.metrics.reloads.WithLabelValues("success").Inc()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for tenant, mgr := range m.tenants {
+		if err := m.update(tenant, mgr); err != nil {
+			m.logger.Error("apply rule files", "tenant", tenant, "err", err)
+		}
+	}
+	m.logger.Info("rule files reloaded", "files", len(snap.names))
+	return nil
+}
+
+func (m *Manager) update(tenant string, mgr *promrules.Manager) error {
+	return mgr.Update(time.Duration(m.cfg.EvaluationInterval), m.snap.Load().names,
+		labels.FromStrings(TenantLabel, tenant), m.cfg.ExternalURL, nil)
+}
+
+// syncTenants starts evaluation for tenants that have appeared.
+func (m *Manager) syncTenants(ctx context.Context) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, tenant := range m.store.Tenants() {
+		if _, ok := m.tenants[tenant]; ok {
+			continue
+		}
+		mgr := m.newTenantManager(ctx, tenant)
+		if err := m.update(tenant, mgr); err != nil {
+			m.logger.Error("load rules", "tenant", tenant, "err", err)
+		}
+		m.tenants[tenant] = mgr
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			mgr.Run()
+		}()
+		m.logger.Info("evaluating rules", "tenant", tenant)
+	}
+	m.metrics.tenants.Set(float64(len(m.tenants)))
+}
+
+func (m *Manager) newTenantManager(ctx context.Context, tenant string) *promrules.Manager {
+	queryable := promstorage.QueryableFunc(func(mint, maxt int64) (promstorage.Querier, error) {
+		return m.store.Querier(tenant, mint, maxt)
+	})
+	notify := func(context.Context, string, ...*promrules.Alert) {}
+	if m.notifier != nil {
+		notify = promrules.SendAlerts(tenantSender{n: m.notifier, tenant: tenant}, trimSlash(m.cfg.ExternalURL))
+	}
+	// Queries in the group context carry the tenant too, for any
+	// tenant-scoped Queryable a QueryFunc might reach.
+	ctx = auth.WithIdentity(context.WithoutCancel(ctx), auth.Identity{Tenant: tenant})
+	return promrules.NewManager(&promrules.ManagerOptions{
+		ExternalURL:     m.externalURL(),
+		QueryFunc:       promrules.EngineQueryFunc(m.engine, queryable),
+		NotifyFunc:      notify,
+		Context:         ctx,
+		AppendableV2:    tenantAppendable{w: m.store, tenant: tenant},
+		Queryable:       queryable,
+		Logger:          m.logger.With("tenant", tenant),
+		OutageTolerance: time.Hour,
+		ForGracePeriod:  10 * time.Minute,
+		ResendDelay:     time.Minute,
+		GroupLoader:     loader{snap: &m.snap, parser: m.parser, logger: m.logger},
+		Metrics:         m.groupMet, // shared: one registration, groups of all tenants
+		Parser:          m.parser,
+	})
+}
+
+func (m *Manager) externalURL() *url.URL {
+	u, err := url.Parse(m.cfg.ExternalURL) // validated
+	if err != nil || m.cfg.ExternalURL == "" {
+		return &url.URL{}
+	}
+	return u
+}
+
+func (m *Manager) stopAll() {
+	m.mu.Lock()
+	for _, mgr := range m.tenants {
+		mgr.Stop()
+	}
+	m.mu.Unlock()
+	m.wg.Wait()
+}
+
+// tenant returns the tenant's rules manager, or nil.
+func (m *Manager) tenant(name string) *promrules.Manager {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.tenants[name]
+}
+
+// RulesRetriever serves /api/v1/rules and /api/v1/alerts for the tenant in
+// ctx (auth.FromContext). Other tenants' rules are never visible.
+func (m *Manager) RulesRetriever(ctx context.Context) v1.RulesRetriever {
+	if id, ok := auth.FromContext(ctx); ok {
+		if mgr := m.tenant(id.Tenant); mgr != nil {
+			return mgr
+		}
+	}
+	return noRules{}
+}
+
+// AlertmanagerRetriever serves /api/v1/alertmanagers.
+func (m *Manager) AlertmanagerRetriever(context.Context) v1.AlertmanagerRetriever {
+	if m.notifier == nil {
+		return noAlertmanagers{}
+	}
+	return m.notifier
+}
+
+type noRules struct{}
+
+func (noRules) RuleGroups() []*promrules.Group           { return nil }
+func (noRules) AlertingRules() []*promrules.AlertingRule { return nil }
+
+type noAlertmanagers struct{}
+
+func (noAlertmanagers) Alertmanagers() []*url.URL        { return nil }
+func (noAlertmanagers) DroppedAlertmanagers() []*url.URL { return nil }
+
+// tenantSender adds the tenant label to every alert.
+type tenantSender struct {
+	n      *notifier.Manager
+	tenant string
+}
+
+func (s tenantSender) Send(alerts ...*notifier.Alert) {
+	for _, a := range alerts {
+		b := labels.NewBuilder(a.Labels)
+		b.Set(TenantLabel, s.tenant)
+		a.Labels = b.Labels()
+	}
+	s.n.Send(alerts...)
+}
+
+// loader serves rule files from the last good snapshot, so a file broken on
+// disk after it was loaded never reaches a tenant.
+type loader struct {
+	snap   *atomic.Pointer[snapshot]
+	parser parser.Parser
+	logger *slog.Logger
+}
+
+func (l loader) Load(name string, ignoreUnknownFields bool, scheme model.ValidationScheme) (*rulefmt.RuleGroups, []error) {
+	b, ok := l.snap.Load().files[name]
+	if !ok {
+		return nil, []error{fmt.Errorf("rule file %s: not loaded", name)}
+	}
+	return rulefmt.Parse(b, ignoreUnknownFields, scheme, l.parser, l.logger)
+}
+
+func (l loader) Parse(q string) (parser.Expr, error) { return l.parser.ParseExpr(q) }
+
+// newNotifier builds Prometheus' notifier for static Alertmanager URLs.
+func newNotifier(logger *slog.Logger, reg prometheus.Registerer, ams []AlertmanagerConfig) (*notifier.Manager, error) {
+	n := notifier.NewManager(&notifier.Options{
+		QueueCapacity:   10000,
+		DrainOnShutdown: true,
+		Registerer:      reg,
+	}, model.UTF8Validation, logger.With("component", "notifier"))
+	cfg := promconfig.Config{}
+	for i, am := range ams {
+		u, err := url.Parse(am.URL)
+		if err != nil {
+			return nil, fmt.Errorf("rules.alertmanagers[%d].url: %w", i, err)
+		}
+		c := promconfig.DefaultAlertmanagerConfig
+		c.Scheme = u.Scheme
+		c.PathPrefix = trimSlash(u.Path)
+		c.Timeout = am.Timeout
+		c.HTTPClientConfig = commoncfg.DefaultHTTPClientConfig
+		if am.BearerTokenFile != "" {
+			c.HTTPClientConfig.Authorization = &commoncfg.Authorization{Type: "Bearer", CredentialsFile: am.BearerTokenFile}
+		}
+		if err := c.HTTPClientConfig.Validate(); err != nil {
+			return nil, fmt.Errorf("rules.alertmanagers[%d]: %w", i, err)
+		}
+		cfg.AlertingConfig.AlertmanagerConfigs = append(cfg.AlertingConfig.AlertmanagerConfigs, &c)
+	}
+	if err := n.ApplyConfig(&cfg); err != nil {
+		return nil, fmt.Errorf("rules.alertmanagers: %w", err)
+	}
+	return n, nil
+}
+
+// alertmanagerTargets is the static "discovery" of the configured URLs, keyed
+// as promconfig.AlertmanagerConfigs.ToMap keys them.
+func alertmanagerTargets(ams []AlertmanagerConfig) map[string][]*targetgroup.Group {
+	out := map[string][]*targetgroup.Group{}
+	for i, am := range ams {
+		u, _ := url.Parse(am.URL) // validated
+		out[fmt.Sprintf("config-%d", i)] = []*targetgroup.Group{{
+			Source:  fmt.Sprintf("rules.alertmanagers[%d]", i),
+			Targets: []model.LabelSet{{model.AddressLabel: model.LabelValue(u.Host)}},
+		}}
+	}
+	return out
+}
