@@ -219,6 +219,9 @@ func (db *DB) closeTenants() error {
 	defer db.tenantsMtx.Unlock()
 	var errs []error
 	for name, t := range db.tenants {
+		if err := t.meta.save(t.dir); err != nil {
+			errs = append(errs, fmt.Errorf("tenant %s: %w", name, err))
+		}
 		if err := t.db.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close tenant %s: %w", name, err))
 		}

@@ -124,11 +124,19 @@ func writeShipped(dir string, uploaded map[ulid.ULID]struct{}) error {
 	if err != nil {
 		return fmt.Errorf("encode shipper state: %w", err)
 	}
-	path := filepath.Join(dir, shipperFile)
+	if err := writeFileAtomic(filepath.Join(dir, shipperFile), b); err != nil {
+		return fmt.Errorf("write shipper state: %w", err)
+	}
+	return nil
+}
+
+// writeFileAtomic writes b to path through a synced temporary file and a
+// rename, so a crash leaves either the old or the new content.
+func writeFileAtomic(path string, b []byte) error {
 	tmp := path + ".tmp"
 	f, err := os.Create(tmp)
 	if err != nil {
-		return fmt.Errorf("write shipper state: %w", err)
+		return err
 	}
 	_, err = f.Write(b)
 	if err == nil {
@@ -138,10 +146,7 @@ func writeShipped(dir string, uploaded map[ulid.ULID]struct{}) error {
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("write shipper state: %w", err)
+		return err
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("rename shipper state: %w", err)
-	}
-	return nil
+	return os.Rename(tmp, path)
 }

@@ -50,6 +50,9 @@ func (db *DB) shipLocked(ctx context.Context) error {
 		oldest  int64 = -1 // max time of the oldest pending block
 	)
 	for _, t := range db.snapshotTenants() {
+		if err := t.meta.save(t.dir); err != nil {
+			errs = append(errs, fmt.Errorf("tenant %s: %w", t.name, err))
+		}
 		blocks := t.db.Blocks()
 		local := make([]ulid.ULID, 0, len(blocks))
 		for _, b := range blocks {

@@ -30,6 +30,7 @@ type tenant struct {
 	name string
 	dir  string
 	db   *tsdb.DB
+	meta *metadataIndex
 
 	mtx      sync.Mutex
 	uploaded map[ulid.ULID]struct{} // blocks in the bucket; persisted in shipperFile
@@ -66,6 +67,10 @@ func openTenant(logger *slog.Logger, reg prometheus.Registerer, dir, name string
 		return nil, err
 	}
 	t.uploaded = uploaded
+	// Before tsdb.Open: nothing else reads or truncates the WAL yet.
+	if t.meta, err = readMetadata(logger.With("tenant", name), t.dir); err != nil {
+		return nil, err
+	}
 
 	block := time.Duration(cfg.BlockDuration).Milliseconds()
 	opts := tsdb.DefaultOptions()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/prompb"
 	promstorage "github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
@@ -23,6 +24,18 @@ import (
 // detected at a series' latest timestamp (ErrDuplicateSampleForTimestamp);
 // TSDB does not look further back.
 func (db *DB) Write(ctx context.Context, tenantName string, series []prompb.TimeSeries) (Stats, error) {
+	return db.WriteWithMetadata(ctx, tenantName, series, nil)
+}
+
+// WriteWithMetadata is Write that also keeps metric metadata: meta is nil or
+// has one entry per series (the zero value for none). Metadata is appended
+// in the same WAL transaction as the samples, for series that exist in the
+// head once their samples are appended, and served by Metadata after the
+// commit. It never fails the write; it is not counted in Stats.
+func (db *DB) WriteWithMetadata(ctx context.Context, tenantName string, series []prompb.TimeSeries, meta []metadata.Metadata) (Stats, error) {
+	if meta != nil && len(meta) != len(series) {
+		return Stats{}, fmt.Errorf("%d metadata for %d series", len(meta), len(series))
+	}
 	if err := validTenant(tenantName); err != nil {
 		return Stats{}, err
 	}
@@ -46,6 +59,8 @@ func (db *DB) Write(ctx context.Context, tenantName string, series []prompb.Time
 		maxT     = db.now().Add(time.Duration(db.cfg.MaxFuture)).UnixMilli()
 		app      = t.db.Appender(ctx)
 		exemplar = db.cfg.MaxExemplars > 0
+		// committed are the indexes of series whose metadata is appended.
+		committed []int
 	)
 	for i := range series {
 		ts := &series[i]
@@ -86,6 +101,13 @@ func (db *DB) Write(ctx context.Context, tenantName string, series []prompb.Time
 			ref = r
 			st.Histograms++
 		}
+		if meta != nil && !isZeroMetadata(meta[i]) {
+			// ref 0 (every sample refused) makes TSDB look the series up by
+			// labels; a series that does not exist is not an error here.
+			if _, err := app.UpdateMetadata(ref, ls, meta[i]); err == nil {
+				committed = append(committed, i)
+			}
+		}
 		if !exemplar {
 			continue
 		}
@@ -102,6 +124,9 @@ func (db *DB) Write(ctx context.Context, tenantName string, series []prompb.Time
 	if err := app.Commit(); err != nil {
 		return Stats{}, fmt.Errorf("commit: %w", err)
 	}
+	for _, i := range committed {
+		t.meta.add(metricName(series[i].Labels), meta[i])
+	}
 	db.m.appendedSamples.Add(float64(st.Samples))
 	db.m.appendedHistograms.Add(float64(st.Histograms))
 	db.m.appendedExemplars.Add(float64(st.Exemplars))
@@ -109,6 +134,15 @@ func (db *DB) Write(ctx context.Context, tenantName string, series []prompb.Time
 		db.m.rejected.WithLabelValues(reason).Add(float64(n))
 	}
 	return st, rej.err()
+}
+
+func metricName(ls []prompb.Label) string {
+	for _, l := range ls {
+		if l.Name == labels.MetricName {
+			return l.Value
+		}
+	}
+	return ""
 }
 
 // rejections collects refused samples: a count per reason and the first error.
