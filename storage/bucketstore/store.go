@@ -1,0 +1,603 @@
+// Package bucketstore reads the blocks that every receiver replica shipped to
+// the bucket, so one receiver answers queries over the whole fleet's data:
+// blocks uploaded by other replicas and blocks from before a restart on an
+// empty disk. It syncs block metadata periodically, downloads blocks on
+// demand into a local cache bounded by a disk budget (least recently used
+// blocks are evicted), and opens them with tsdb.OpenBlock. Reader merges them
+// with the receiver's local TSDB.
+package bucketstore
+
+import (
+	"container/list"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+	promstorage "github.com/prometheus/prometheus/storage"
+	"github.com/prometheus/prometheus/tsdb"
+	"github.com/thanos-io/objstore"
+)
+
+// TenantLabel is the meta.json thanos.labels key naming a block's tenant.
+const TenantLabel = "tenant_id"
+
+// Options tunes a Store. Zero values take the defaults of Config.
+type Options struct {
+	SyncInterval    time.Duration
+	CacheMaxBytes   int64
+	DownloadTimeout time.Duration
+}
+
+// blockMeta is the part of a Thanos meta.json the store uses.
+type blockMeta struct {
+	tsdb.BlockMeta
+	Thanos struct {
+		Labels     map[string]string `json:"labels"`
+		Downsample struct {
+			Resolution int64 `json:"resolution"`
+		} `json:"downsample"`
+	} `json:"thanos"`
+}
+
+// known is a block seen in the bucket. meta is nil for blocks the store
+// ignores (downsampled, no tenant), remembered so they are not re-read.
+type known struct {
+	meta *blockMeta
+}
+
+// entry is a downloaded, open block.
+type entry struct {
+	id    ulid.ULID
+	block *tsdb.Block
+	size  int64
+	refs  int           // open queriers; an entry in use is never evicted
+	elem  *list.Element // in lru, front = most recently used
+}
+
+// download is an in-flight fetch; waiters block on done.
+type download struct {
+	done chan struct{}
+	e    *entry
+	err  error
+}
+
+// Store is the bucket's block index and block cache.
+//
+// Queriers, Sync and Run are safe for concurrent use. Run syncs until its
+// context ends. Close must be called once, after every querier is closed and
+// Run has returned; it closes the open blocks but not the bucket, which the
+// caller owns.
+type Store struct {
+	logger *slog.Logger
+	bkt    objstore.BucketReader
+	dir    string
+	opts   Options
+	m      *metrics
+
+	syncMtx sync.Mutex // serialises Sync
+
+	mu        sync.Mutex
+	blocks    map[ulid.ULID]known
+	cache     map[ulid.ULID]*entry
+	lru       *list.List
+	used      int64
+	downloads map[ulid.ULID]*download
+}
+
+// New opens the block cache in dir (created if needed). Blocks a previous run
+// left there are adopted; partial downloads are removed. reg may be nil.
+func New(logger *slog.Logger, reg prometheus.Registerer, bkt objstore.BucketReader, dir string, opts Options) (*Store, error) {
+	if opts.SyncInterval <= 0 {
+		opts.SyncInterval = time.Minute
+	}
+	if opts.CacheMaxBytes <= 0 {
+		opts.CacheMaxBytes = 10 << 30
+	}
+	if opts.DownloadTimeout <= 0 {
+		opts.DownloadTimeout = 5 * time.Minute
+	}
+	s := &Store{
+		logger: logger, bkt: bkt, dir: dir, opts: opts, m: newMetrics(reg),
+		blocks:    map[ulid.ULID]known{},
+		cache:     map[ulid.ULID]*entry{},
+		lru:       list.New(),
+		downloads: map[ulid.ULID]*download{},
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create block cache %s: %w", dir, err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("list block cache: %w", err)
+	}
+	for _, de := range entries {
+		p := filepath.Join(dir, de.Name())
+		id, err := ulid.ParseStrict(de.Name())
+		if err != nil || !de.IsDir() {
+			_ = os.RemoveAll(p) // partial downloads (<ulid>.tmp) and strays
+			continue
+		}
+		b, err := tsdb.OpenBlock(logger, p, nil, nil)
+		if err != nil {
+			logger.Warn("removing unreadable cached block", "block", id.String(), "err", err)
+			_ = os.RemoveAll(p)
+			continue
+		}
+		s.addLocked(&entry{id: id, block: b, size: b.Size()})
+	}
+	s.evictLocked()
+	return s, nil
+}
+
+// Run syncs the block metadata now and then every SyncInterval until ctx
+// ends. Sync failures are logged and counted, never returned: an unreachable
+// bucket must not stop the receiver.
+func (s *Store) Run(ctx context.Context) error {
+	t := time.NewTicker(s.opts.SyncInterval)
+	defer t.Stop()
+	for {
+		if err := s.Sync(ctx); err != nil && ctx.Err() == nil {
+			s.logger.Warn("bucket sync failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Sync lists the bucket and reads the meta.json of every new block. Blocks
+// without meta.json are skipped (meta.json is uploaded last, so the upload is
+// still in progress); blocks gone from the bucket are forgotten and evicted
+// from the cache once unused.
+func (s *Store) Sync(ctx context.Context) (err error) {
+	s.syncMtx.Lock()
+	defer s.syncMtx.Unlock()
+	defer func() {
+		if err != nil {
+			s.m.syncs.WithLabelValues("error").Inc()
+			return
+		}
+		s.m.syncs.WithLabelValues("success").Inc()
+		s.m.lastSync.SetToCurrentTime()
+	}()
+
+	var ids []ulid.ULID
+	if err := s.bkt.Iter(ctx, "", func(name string) error {
+		if id, err := ulid.ParseStrict(strings.TrimSuffix(name, "/")); err == nil {
+			ids = append(ids, id)
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("list bucket: %w", err)
+	}
+
+	s.mu.Lock()
+	var fresh []ulid.ULID
+	for _, id := range ids {
+		if _, ok := s.blocks[id]; !ok {
+			fresh = append(fresh, id)
+		}
+	}
+	s.mu.Unlock()
+
+	found := map[ulid.ULID]known{}
+	var errs []error
+	for _, id := range fresh {
+		meta, err := s.readMeta(ctx, id)
+		switch {
+		case err != nil && s.bkt.IsObjNotFoundErr(err):
+			continue // upload in progress
+		case err != nil:
+			errs = append(errs, err)
+			continue
+		}
+		found[id] = known{meta: meta}
+	}
+
+	present := make(map[ulid.ULID]struct{}, len(ids))
+	for _, id := range ids {
+		present[id] = struct{}{}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, k := range found {
+		s.blocks[id] = k
+	}
+	for id := range s.blocks {
+		if _, ok := present[id]; !ok {
+			delete(s.blocks, id)
+		}
+	}
+	usable := 0
+	for _, k := range s.blocks {
+		if k.meta != nil {
+			usable++
+		}
+	}
+	s.m.blocks.Set(float64(usable))
+	for id, e := range s.cache {
+		if _, ok := s.blocks[id]; !ok && e.refs == 0 {
+			s.removeLocked(e)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// readMeta fetches and decodes <id>/meta.json. It returns nil meta (and no
+// error) for blocks the store does not serve.
+func (s *Store) readMeta(ctx context.Context, id ulid.ULID) (*blockMeta, error) {
+	r, err := s.bkt.Get(ctx, path.Join(id.String(), "meta.json"))
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	var m blockMeta
+	if err := json.NewDecoder(io.LimitReader(r, 16<<20)).Decode(&m); err != nil {
+		return nil, fmt.Errorf("decode %s/meta.json: %w", id, err)
+	}
+	switch {
+	case m.ULID != id:
+		return nil, fmt.Errorf("%s/meta.json names block %s", id, m.ULID)
+	case m.Thanos.Labels[TenantLabel] == "":
+		s.logger.Debug("ignoring block without tenant", "block", id.String())
+		return nil, nil
+	case m.Thanos.Downsample.Resolution != 0:
+		// Downsampled blocks (Thanos compactor) hold aggregate chunks
+		// that only the Thanos Store Gateway can read.
+		return nil, nil
+	}
+	return &m, nil
+}
+
+// Blocks returns the metas of the tenant's blocks known from the last syncs
+// that overlap [mint, maxt], sorted by min time. For tests and debugging.
+func (s *Store) Blocks(tenant string, mint, maxt int64) []tsdb.BlockMeta {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.selectLocked(tenant, mint, maxt, nil)
+}
+
+func (s *Store) selectLocked(tenant string, mint, maxt int64, skip map[ulid.ULID]struct{}) []tsdb.BlockMeta {
+	var out []tsdb.BlockMeta
+	for id, k := range s.blocks {
+		m := k.meta
+		if m == nil || m.Thanos.Labels[TenantLabel] != tenant {
+			continue
+		}
+		if _, ok := skip[id]; ok {
+			continue
+		}
+		// Block time ranges are [MinTime, MaxTime).
+		if m.MinTime > maxt || m.MaxTime <= mint {
+			continue
+		}
+		out = append(out, m.BlockMeta)
+	}
+	slices.SortFunc(out, func(a, b tsdb.BlockMeta) int {
+		if a.MinTime != b.MinTime {
+			return int(min(max(a.MinTime-b.MinTime, -1), 1))
+		}
+		return a.ULID.Compare(b.ULID)
+	})
+	return out
+}
+
+// Queriers returns one querier per bucket block of tenant overlapping
+// [mint, maxt], skipping the blocks in skip (copies the caller has locally).
+// Blocks are downloaded as needed; a block that cannot be fetched yields a
+// querier whose Select fails, which a merge querier that holds it as a
+// secondary turns into a warning. Every returned querier must be closed; a
+// block is not evicted while one of its queriers is open.
+func (s *Store) Queriers(tenant string, mint, maxt int64, skip []ulid.ULID) []promstorage.Querier {
+	skipSet := make(map[ulid.ULID]struct{}, len(skip))
+	for _, id := range skip {
+		skipSet[id] = struct{}{}
+	}
+	s.mu.Lock()
+	metas := s.selectLocked(tenant, mint, maxt, skipSet)
+	s.mu.Unlock()
+	if len(metas) == 0 {
+		return nil
+	}
+
+	qs := make([]promstorage.Querier, len(metas))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4) // bounded parallel downloads per query
+	for i, m := range metas {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			e, err := s.acquire(m.ULID)
+			if err != nil {
+				qs[i] = errQuerier{fmt.Errorf("bucket block %s: %w", m.ULID, err)}
+				return
+			}
+			q, err := tsdb.NewBlockQuerier(e.block, mint, maxt)
+			if err != nil {
+				s.release(e)
+				qs[i] = errQuerier{fmt.Errorf("bucket block %s: %w", m.ULID, err)}
+				return
+			}
+			qs[i] = &blockQuerier{Querier: q, release: func() { s.release(e) }}
+		}()
+	}
+	wg.Wait()
+	return qs
+}
+
+// acquire returns the open block id, downloading it if needed, pinned
+// until release.
+func (s *Store) acquire(id ulid.ULID) (*entry, error) {
+	s.mu.Lock()
+	if e, ok := s.cache[id]; ok {
+		e.refs++
+		s.lru.MoveToFront(e.elem)
+		s.mu.Unlock()
+		s.m.cacheHits.Inc()
+		return e, nil
+	}
+	d, inflight := s.downloads[id]
+	if !inflight {
+		d = &download{done: make(chan struct{})}
+		s.downloads[id] = d
+	}
+	s.mu.Unlock()
+
+	if inflight {
+		<-d.done
+		if d.err != nil {
+			return nil, d.err
+		}
+		s.mu.Lock()
+		if e, ok := s.cache[id]; ok {
+			e.refs++
+			s.mu.Unlock()
+			return e, nil
+		}
+		s.mu.Unlock()
+		return s.acquire(id) // evicted before we could pin it
+	}
+
+	e, err := s.fetch(id)
+	s.mu.Lock()
+	delete(s.downloads, id)
+	if err == nil {
+		e.refs = 1
+		s.addLocked(e)
+		s.evictLocked()
+	}
+	s.mu.Unlock()
+	d.e, d.err = e, err
+	close(d.done)
+	return e, err
+}
+
+// release unpins e and evicts what exceeds the budget.
+func (s *Store) release(e *entry) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e.refs--
+	if _, ok := s.blocks[e.id]; !ok && e.refs == 0 && s.cache[e.id] == e {
+		s.removeLocked(e) // deleted from the bucket meanwhile
+	}
+	s.evictLocked()
+}
+
+// fetch downloads every object of block id into <dir>/<id>.tmp, renames it to
+// <dir>/<id> and opens it.
+func (s *Store) fetch(id ulid.ULID) (_ *entry, err error) {
+	start := time.Now()
+	defer func() {
+		if err != nil {
+			s.m.downloads.WithLabelValues("error").Inc()
+			return
+		}
+		s.m.downloads.WithLabelValues("success").Inc()
+		s.m.downloadSeconds.Observe(time.Since(start).Seconds())
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.DownloadTimeout)
+	defer cancel()
+	final := filepath.Join(s.dir, id.String())
+	tmp := final + ".tmp"
+	if err := os.RemoveAll(tmp); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(tmp)
+		}
+	}()
+	var objects []string
+	if err := s.bkt.Iter(ctx, id.String(), func(name string) error {
+		objects = append(objects, name)
+		return nil
+	}, objstore.WithRecursiveIter()); err != nil {
+		return nil, fmt.Errorf("list block objects: %w", err)
+	}
+	var n int64
+	for _, name := range objects {
+		rel := strings.TrimPrefix(name, id.String()+"/")
+		if rel == name || rel == "" || strings.Contains(rel, "..") {
+			continue
+		}
+		w, err := s.get(ctx, name, filepath.Join(tmp, filepath.FromSlash(rel)))
+		if err != nil {
+			return nil, err
+		}
+		n += w
+	}
+	s.m.downloadBytes.Add(float64(n))
+	if err := os.RemoveAll(final); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return nil, fmt.Errorf("rename downloaded block: %w", err)
+	}
+	b, err := tsdb.OpenBlock(s.logger, final, nil, nil)
+	if err != nil {
+		_ = os.RemoveAll(final)
+		return nil, fmt.Errorf("open block: %w", err)
+	}
+	return &entry{id: id, block: b, size: b.Size()}, nil
+}
+
+func (s *Store) get(ctx context.Context, name, dst string) (int64, error) {
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return 0, err
+	}
+	r, err := s.bkt.Get(ctx, name)
+	if err != nil {
+		return 0, fmt.Errorf("get %s: %w", name, err)
+	}
+	defer r.Close()
+	f, err := os.Create(dst)
+	if err != nil {
+		return 0, err
+	}
+	n, err := io.Copy(f, r)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("download %s: %w", name, err)
+	}
+	return n, nil
+}
+
+func (s *Store) addLocked(e *entry) {
+	e.elem = s.lru.PushFront(e)
+	s.cache[e.id] = e
+	s.used += e.size
+	s.updateCacheGauges()
+}
+
+// removeLocked forgets e, closes its block and deletes its files. e must be unused.
+func (s *Store) removeLocked(e *entry) {
+	s.lru.Remove(e.elem)
+	delete(s.cache, e.id)
+	s.used -= e.size
+	s.updateCacheGauges()
+	if err := e.block.Close(); err != nil {
+		s.logger.Warn("close cached block", "block", e.id.String(), "err", err)
+	}
+	if err := os.RemoveAll(filepath.Join(s.dir, e.id.String())); err != nil {
+		s.logger.Warn("remove cached block", "block", e.id.String(), "err", err)
+	}
+}
+
+// evictLocked removes least recently used, unused blocks while the cache
+// exceeds its budget.
+func (s *Store) evictLocked() {
+	for el := s.lru.Back(); el != nil && s.used > s.opts.CacheMaxBytes; {
+		prev := el.Prev()
+		if e := el.Value.(*entry); e.refs == 0 {
+			s.removeLocked(e)
+			s.m.evictions.Inc()
+		}
+		el = prev
+	}
+}
+
+func (s *Store) updateCacheGauges() {
+	s.m.cacheBytes.Set(float64(s.used))
+	s.m.cacheBlocks.Set(float64(len(s.cache)))
+}
+
+// Close closes every cached block; the files stay for the next start.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for _, e := range s.cache {
+		errs = append(errs, e.block.Close())
+	}
+	s.cache = map[ulid.ULID]*entry{}
+	s.lru.Init()
+	s.used = 0
+	return errors.Join(errs...)
+}
+
+// blockQuerier unpins its block when closed.
+type blockQuerier struct {
+	promstorage.Querier
+	once    sync.Once
+	release func()
+}
+
+func (q *blockQuerier) Close() error {
+	err := q.Querier.Close()
+	q.once.Do(q.release)
+	return err
+}
+
+type metrics struct {
+	blocks          prometheus.Gauge
+	syncs           *prometheus.CounterVec
+	lastSync        prometheus.Gauge
+	cacheBytes      prometheus.Gauge
+	cacheBlocks     prometheus.Gauge
+	cacheHits       prometheus.Counter
+	downloads       *prometheus.CounterVec
+	downloadBytes   prometheus.Counter
+	downloadSeconds prometheus.Histogram
+	evictions       prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(reg)
+	m := &metrics{
+		blocks: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_bucketstore_blocks", Help: "Blocks in the bucket that queries can read, as of the last sync.",
+		}),
+		syncs: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_bucketstore_syncs_total", Help: "Bucket metadata syncs by result.",
+		}, []string{"result"}),
+		lastSync: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_bucketstore_last_successful_sync_timestamp_seconds", Help: "When the bucket metadata was last synced.",
+		}),
+		cacheBytes: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_bucketstore_cache_bytes", Help: "Bytes of downloaded blocks on local disk.",
+		}),
+		cacheBlocks: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_bucketstore_cache_blocks", Help: "Downloaded blocks on local disk.",
+		}),
+		cacheHits: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_bucketstore_cache_hits_total", Help: "Block reads served from the local cache.",
+		}),
+		downloads: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_bucketstore_downloads_total", Help: "Block downloads by result.",
+		}, []string{"result"}),
+		downloadBytes: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_bucketstore_download_bytes_total", Help: "Bytes downloaded from the bucket.",
+		}),
+		downloadSeconds: f.NewHistogram(prometheus.HistogramOpts{
+			Name: "phonehome_bucketstore_download_duration_seconds", Help: "Time to download one block.",
+			Buckets: prometheus.ExponentialBuckets(0.05, 4, 8),
+		}),
+		evictions: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_bucketstore_evictions_total", Help: "Blocks evicted from the local cache to stay within its budget.",
+		}),
+	}
+	for _, r := range []string{"success", "error"} {
+		m.syncs.WithLabelValues(r)
+		m.downloads.WithLabelValues(r)
+	}
+	return m
+}
