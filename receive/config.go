@@ -18,6 +18,8 @@ import (
 	"github.com/phonehome/phonehome/push"
 	"github.com/phonehome/phonehome/rules"
 	"github.com/phonehome/phonehome/storage"
+	"github.com/phonehome/phonehome/storage/bucketstore"
+	"github.com/phonehome/phonehome/upstream"
 )
 
 // Config is the receiver's YAML configuration file. Unknown keys are errors.
@@ -34,6 +36,10 @@ type Config struct {
 	// Rules are the fleet rule files every tenant evaluates, and where
 	// their alerts go; see docs/rules.md.
 	Rules rules.Config `yaml:"rules"`
+	// BucketStore reads every replica's blocks from the bucket for queries.
+	BucketStore bucketstore.Config `yaml:"bucket_store"`
+	// Upstream forwards accepted writes to a remote-write endpoint.
+	Upstream upstream.Config `yaml:"upstream"`
 }
 
 // AuthConfig names where credentials come from. Relative paths are
@@ -124,13 +130,16 @@ func LoadConfig(path string) (*Config, error) {
 		}
 		cfg.resolvePaths(filepath.Dir(path))
 		cfg.Rules.ResolvePaths(filepath.Dir(path))
+		cfg.Upstream.ResolvePaths(filepath.Dir(path))
 	}
+	cfg.BucketStore.SetDefaults()
+	cfg.Upstream.SetDefaults()
 	cfg.Auth.SetDefaults()
 	cfg.Limits.SetDefaults()
 	cfg.Storage.SetDefaults()
 	cfg.Push.SetDefaults()
 	cfg.Rules.SetDefaults()
-	if err := errors.Join(cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate(), cfg.Push.Validate(), cfg.Rules.Validate(), cfg.validatePolicy()); err != nil {
+	if err := errors.Join(cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate(), cfg.Push.Validate(), cfg.Rules.Validate(), cfg.BucketStore.Validate(), cfg.Upstream.Validate(), cfg.validatePolicy()); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return cfg, nil
