@@ -33,6 +33,7 @@ import (
 	"github.com/phonehome/phonehome/receive"
 	"github.com/phonehome/phonehome/rules"
 	"github.com/phonehome/phonehome/storage"
+	"github.com/phonehome/phonehome/storage/bucketstore"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
@@ -116,6 +117,14 @@ func run(args []string, stderr io.Writer) int {
 		}
 	}()
 
+	bstore, err := bucketstore.Open(logger.With("component", "bucketstore"), reg, *storagePath, cfg.Storage.Bucket, cfg.BucketStore)
+	if err != nil {
+		logger.Error("open bucket store", "err", err)
+		return 1
+	}
+	defer func() { _ = bstore.Close() }() // nil when disabled; Close is nil-safe
+	reader := bucketstore.NewReader(db, bstore)
+
 	var ready atomic.Bool
 	isReady := func() bool { return ready.Load() && db.Ready() }
 	policy, err := receive.NewPolicy(cfg)
@@ -135,7 +144,7 @@ func run(args []string, stderr io.Writer) int {
 		logger.Error("invalid configuration", "file", *configFile, "err", err)
 		return 2
 	}
-	api := query.NewHandler(logger.With("component", "query"), engine, db, query.Options{
+	api := query.NewHandler(logger.With("component", "query"), engine, reader, query.Options{
 		Ready: isReady, Version: version.Version,
 		Rules: ruler.RulesRetriever, Alertmanagers: ruler.AlertmanagerRetriever,
 	})
@@ -216,6 +225,10 @@ func run(args []string, stderr io.Writer) int {
 	{ // Fleet rules: per-tenant evaluation, rule file reload, alerts to Alertmanager.
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return ruler.Run(ctx) }, func(error) { cancel() })
+	}
+	if bstore != nil { // Bucket metadata sync, so queries read every replica's blocks.
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return bstore.Run(ctx) }, func(error) { cancel() })
 	}
 	{ // Block shipper.
 		ctx, cancel := context.WithCancel(context.Background())

@@ -86,6 +86,7 @@ type Store struct {
 	dir    string
 	opts   Options
 	m      *metrics
+	closer io.Closer // the bucket, when Open made it
 
 	syncMtx sync.Mutex // serialises Sync
 
@@ -520,11 +521,18 @@ func (s *Store) updateCacheGauges() {
 	s.m.cacheBlocks.Set(float64(len(s.cache)))
 }
 
-// Close closes every cached block; the files stay for the next start.
+// Close closes every cached block (the files stay for the next start) and
+// the bucket if Open made it. A nil Store is a no-op.
 func (s *Store) Close() error {
+	if s == nil {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var errs []error
+	if s.closer != nil {
+		errs = append(errs, s.closer.Close())
+	}
 	for _, e := range s.cache {
 		errs = append(errs, e.block.Close())
 	}
