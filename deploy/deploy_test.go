@@ -1,0 +1,92 @@
+// Package deploy holds no Go code: its tests check the shipped rule files
+// (with the real promtool, Debian package `prometheus`) and dashboards.
+package deploy
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
+)
+
+const promtool = "/usr/bin/promtool" // never skipped: CI installs it
+
+// TestPromtoolRules checks every rule file and runs every promtool unit test;
+// every rule file must be covered by at least one test file.
+func TestPromtoolRules(t *testing.T) {
+	ruleFiles := globs(t, "rules/*.yaml", "prometheus/*.yaml")
+	testFiles := globs(t, "rules/tests/*.yaml", "prometheus/tests/*.yaml")
+	require.NotEmpty(t, ruleFiles)
+
+	out, err := exec.Command(promtool, append([]string{"check", "rules"}, ruleFiles...)...).CombinedOutput()
+	require.NoError(t, err, "promtool check rules:\n%s", out)
+
+	covered := map[string]bool{}
+	for _, tf := range testFiles {
+		var spec struct {
+			RuleFiles []string `yaml:"rule_files"`
+		}
+		b, err := os.ReadFile(tf)
+		require.NoError(t, err)
+		require.NoError(t, yaml.Unmarshal(b, &spec), tf)
+		for _, rf := range spec.RuleFiles {
+			covered[filepath.Clean(filepath.Join(filepath.Dir(tf), rf))] = true
+		}
+		t.Run(tf, func(t *testing.T) {
+			out, err := exec.Command(promtool, "test", "rules", tf).CombinedOutput()
+			require.NoError(t, err, "promtool test rules %s:\n%s", tf, out)
+			require.Contains(t, string(out), "SUCCESS")
+		})
+	}
+	for _, rf := range ruleFiles {
+		require.True(t, covered[filepath.Clean(rf)], "%s has no promtool unit test", rf)
+	}
+}
+
+// TestAlertsDocumented requires a summary, a description and a runbook_url
+// pointing at a section of docs/rules.md for every alert.
+func TestAlertsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../docs/rules.md")
+	require.NoError(t, err)
+	for _, rf := range globs(t, "rules/*.yaml") {
+		var f struct {
+			Groups []struct {
+				Rules []struct {
+					Alert       string            `yaml:"alert"`
+					Annotations map[string]string `yaml:"annotations"`
+				} `yaml:"rules"`
+			} `yaml:"groups"`
+		}
+		b, err := os.ReadFile(rf)
+		require.NoError(t, err)
+		require.NoError(t, yaml.Unmarshal(b, &f))
+		for _, g := range f.Groups {
+			for _, r := range g.Rules {
+				if r.Alert == "" {
+					continue
+				}
+				for _, k := range []string{"summary", "description", "runbook_url"} {
+					require.NotEmpty(t, r.Annotations[k], "%s: alert %s has no %s", rf, r.Alert, k)
+				}
+				anchor := strings.ToLower(r.Alert)
+				require.True(t, strings.HasSuffix(r.Annotations["runbook_url"], "docs/rules.md#"+anchor), "%s: runbook_url of %s", rf, r.Alert)
+				require.Contains(t, string(doc), "\n### "+r.Alert+"\n", "docs/rules.md has no section for %s", r.Alert)
+			}
+		}
+	}
+}
+
+func globs(t *testing.T, patterns ...string) []string {
+	t.Helper()
+	var out []string
+	for _, p := range patterns {
+		m, err := filepath.Glob(p)
+		require.NoError(t, err)
+		out = append(out, m...)
+	}
+	return out
+}
