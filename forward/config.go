@@ -36,6 +36,17 @@ import (
 //	queue:
 //	  max_bytes: 256MiB         # overridden by --queue.max-bytes
 //	  segment_bytes: 16MiB
+//	authorize:                  # the /authorize exchange (see --authorize)
+//	  renew_at: 0.8             # renew after this fraction of a credential's lifetime
+//	  jitter: 0.1               # ... minus up to this fraction, at random
+//	  min_backoff: 1s           # retries of a failed exchange
+//	  max_backoff: 1m
+//	  timeout: 30s
+//	gathering:                  # polling of --gathering-url
+//	  interval: 2h
+//	  jitter: 0.1               # each wait is interval ± jitter×interval
+//	  timeout: 30s
+//	  cache_file: ""            # default <queue.dir>/gathering-definition.json
 type FileConfig struct {
 	Matches         []string              `yaml:"matches"`
 	AnonymizeLabels []string              `yaml:"anonymize_labels"`
@@ -43,6 +54,25 @@ type FileConfig struct {
 	Federate        FederateConfig        `yaml:"federate"`
 	Send            SendConfig            `yaml:"send"`
 	Queue           QueueConfig           `yaml:"queue"`
+	Authorize       AuthorizeConfig       `yaml:"authorize"`
+	Gathering       GatheringConfig       `yaml:"gathering"`
+}
+
+// AuthorizeConfig tunes the credential exchange at the receiver's /authorize.
+type AuthorizeConfig struct {
+	RenewAt    float64        `yaml:"renew_at"`
+	Jitter     float64        `yaml:"jitter"`
+	MinBackoff model.Duration `yaml:"min_backoff"`
+	MaxBackoff model.Duration `yaml:"max_backoff"`
+	Timeout    model.Duration `yaml:"timeout"`
+}
+
+// GatheringConfig tunes the polling of the fleet's gathering definition.
+type GatheringConfig struct {
+	Interval  model.Duration `yaml:"interval"`
+	Jitter    float64        `yaml:"jitter"`
+	Timeout   model.Duration `yaml:"timeout"`
+	CacheFile string         `yaml:"cache_file"`
 }
 
 // FederateConfig bounds one federation.
@@ -79,6 +109,14 @@ func DefaultFileConfig() FileConfig {
 			FlushTimeout:         model.Duration(10 * time.Second),
 		},
 		Queue: QueueConfig{MaxBytes: 256 * units.MiB},
+		Authorize: AuthorizeConfig{
+			RenewAt: 0.8, Jitter: 0.1,
+			MinBackoff: model.Duration(time.Second), MaxBackoff: model.Duration(time.Minute),
+			Timeout: model.Duration(30 * time.Second),
+		},
+		Gathering: GatheringConfig{
+			Interval: model.Duration(2 * time.Hour), Jitter: 0.1, Timeout: model.Duration(30 * time.Second),
+		},
 	}
 }
 
@@ -142,6 +180,28 @@ func (c *FileConfig) Validate() error {
 	}
 	if c.Queue.SegmentBytes < 0 || (c.Queue.SegmentBytes > 0 && c.Queue.SegmentBytes > c.Queue.MaxBytes) {
 		errs = append(errs, errors.New("queue.segment_bytes: must be between 0 (auto) and queue.max_bytes"))
+	}
+	if a := c.Authorize; a.RenewAt <= 0 || a.RenewAt >= 1 {
+		errs = append(errs, fmt.Errorf("authorize.renew_at: %v, want a fraction in (0, 1)", a.RenewAt))
+	} else if a.Jitter < 0 || a.Jitter >= a.RenewAt {
+		errs = append(errs, fmt.Errorf("authorize.jitter: %v, want a fraction in [0, renew_at)", a.Jitter))
+	}
+	for name, d := range map[string]model.Duration{
+		"authorize.min_backoff": c.Authorize.MinBackoff, "authorize.max_backoff": c.Authorize.MaxBackoff,
+		"authorize.timeout": c.Authorize.Timeout, "gathering.timeout": c.Gathering.Timeout,
+	} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s: must be positive", name))
+		}
+	}
+	if c.Authorize.MaxBackoff < c.Authorize.MinBackoff {
+		errs = append(errs, errors.New("authorize.max_backoff: must not be below authorize.min_backoff"))
+	}
+	if c.Gathering.Interval < model.Duration(time.Second) {
+		errs = append(errs, fmt.Errorf("gathering.interval: %s is shorter than 1s", c.Gathering.Interval))
+	}
+	if c.Gathering.Jitter < 0 || c.Gathering.Jitter >= 1 {
+		errs = append(errs, fmt.Errorf("gathering.jitter: %v, want a fraction in [0, 1)", c.Gathering.Jitter))
 	}
 	for i, rc := range c.RelabelConfigs {
 		if rc == nil {

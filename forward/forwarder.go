@@ -531,11 +531,7 @@ func (f *Forwarder) ack(pos Position) {
 
 // backoff is capped exponential with "equal jitter": half fixed, half random.
 func (f *Forwarder) backoff(attempt int) time.Duration {
-	d := f.opts.MaxBackoff
-	if attempt < 30 {
-		d = min(f.opts.MinBackoff<<attempt, f.opts.MaxBackoff)
-	}
-	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+	return backoff(attempt, f.opts.MinBackoff, f.opts.MaxBackoff)
 }
 
 func codeOf(err error) string {

@@ -58,9 +58,14 @@ func (e *HTTPError) Error() string {
 // HTTPSenderOptions tunes an HTTPSender.
 type HTTPSenderOptions struct {
 	// TokenFile, if set, is read before every request (so it can rotate) and
-	// sent as a bearer token.
+	// sent as a bearer token. Ignored when Credentials is set.
 	TokenFile string
-	UserAgent string
+	// Credentials, if set, supplies the bearer token (e.g. an Authorizer).
+	// A 401 is reported to it and, if it has a new token, the request is
+	// retried once; a credential that cannot be obtained, or is rejected
+	// again, is a RetryableError, so queued data is kept.
+	Credentials Credentials
+	UserAgent   string
 	// Timeout bounds one request (default 30s).
 	Timeout time.Duration
 }
@@ -76,6 +81,9 @@ type HTTPSender struct {
 func NewHTTPSender(base *url.URL, client *http.Client, opts HTTPSenderOptions) *HTTPSender {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 30 * time.Second
+	}
+	if opts.Credentials == nil {
+		opts.Credentials = TokenFile(opts.TokenFile)
 	}
 	u := *base
 	u.Path = strings.TrimSuffix(u.Path, "/") + "/api/v1/write"
@@ -102,6 +110,27 @@ func (s *HTTPSender) Send(ctx context.Context, req *prompb.WriteRequest) error {
 
 // SendEncoded implements EncodedSender.
 func (s *HTTPSender) SendEncoded(ctx context.Context, body []byte) error {
+	_, static := s.opts.Credentials.(TokenFile)
+	for attempt := 0; ; attempt++ {
+		tok, err := s.opts.Credentials.Token(ctx)
+		if err != nil {
+			// A local fault or a failed authorize: retrying may help.
+			return RetryableError{Err: fmt.Errorf("remote write credential: %w", err)}
+		}
+		err = s.post(ctx, body, tok)
+		var he *HTTPError
+		if !errors.As(err, &he) || he.Code != http.StatusUnauthorized || static {
+			return err
+		}
+		if attempt == 0 && s.opts.Credentials.Rejected(tok) {
+			continue // re-authorize once and retry this batch
+		}
+		// Rejected right after re-authorizing: keep the data queued.
+		return RetryableError{Err: err}
+	}
+}
+
+func (s *HTTPSender) post(ctx context.Context, body []byte, token string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
@@ -114,8 +143,8 @@ func (s *HTTPSender) SendEncoded(ctx context.Context, body []byte) error {
 	if s.opts.UserAgent != "" {
 		req.Header.Set("User-Agent", s.opts.UserAgent)
 	}
-	if err := setBearer(req, s.opts.TokenFile); err != nil {
-		return err // a local fault: retrying may help once the file is back
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {

@@ -56,6 +56,7 @@ type flags struct {
 	queueDir                         string
 	queueMaxBytes                    units.Base2Bytes
 	logLevel, logFormat              string
+	authorize                        string
 	checkConfig, disabled            bool
 	set                              map[string]bool // flags given explicitly
 }
@@ -70,6 +71,7 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	fs.StringVar(&f.to, "to", "", "Base URL of the fleet receiver. Empty disables telemetry.")
 	fs.StringVar(&f.toTokenFile, "to-token-file", "", "File with the bearer token for --to (re-read on every request).")
 	fs.StringVar(&f.toCAFile, "to-ca-file", "", "PEM CA bundle to verify --to.")
+	fs.StringVar(&f.authorize, "authorize", forward.AuthorizeAuto, "Exchange the --to-token-file token at <to>/authorize for a short-lived cluster credential: auto (if the receiver has /authorize), always, or never (use the token directly).")
 	fs.StringVar(&f.id, "id", "", "Raw cluster id; only its keyed hash leaves the cluster, as label _id.")
 	fs.Var(&f.matches, "match", "Series selector to federate and allow (repeatable).")
 	fs.StringVar(&f.matchFile, "match-file", "", "File with one series selector per line ('#' comments).")
@@ -171,6 +173,15 @@ func load(f *flags) (*setup, error) {
 	parseURL("gathering-url", f.gatheringURL, false)
 	if enabled && f.id == "" {
 		add(errors.New("--id: required"))
+	}
+	switch f.authorize {
+	case forward.AuthorizeAuto, forward.AuthorizeNever:
+	case forward.AuthorizeAlways:
+		if f.toTokenFile == "" {
+			add(errors.New("--authorize=always: needs --to-token-file (the fleet token to exchange)"))
+		}
+	default:
+		add(fmt.Errorf("--authorize %q: want auto, always or never", f.authorize))
 	}
 	if f.interval <= 0 {
 		add(fmt.Errorf("--interval %s: must be positive", f.interval))
@@ -293,7 +304,10 @@ func run(args []string, stderr io.Writer) int {
 		collectors.NewBuildInfoCollector(),
 	)
 
-	var fwd *forward.Forwarder
+	var (
+		fwd        *forward.Forwarder
+		authorizer *forward.Authorizer
+	)
 	if s.disabledReason == "" {
 		q, err := forward.OpenQueue(f.queueDir, logger.With("component", "queue"), reg, forward.QueueOptions{
 			MaxBytes: int64(s.file.Queue.MaxBytes), SegmentBytes: int64(s.file.Queue.SegmentBytes),
@@ -311,8 +325,20 @@ func run(args []string, stderr io.Writer) int {
 			Matches: s.policy.Allow.Selectors(), TokenFile: f.fromTokenFile,
 			MaxBytes: int64(s.file.Federate.MaxBytes), UserAgent: userAgent,
 		})
+		var creds forward.Credentials = forward.TokenFile(f.toTokenFile)
+		if f.authorize != forward.AuthorizeNever && f.toTokenFile != "" {
+			ac := s.file.Authorize
+			authorizer = forward.NewAuthorizer(logger.With("component", "authorize"), reg, s.to, s.toClient, forward.AuthorizerOptions{
+				Mode: f.authorize, TokenFile: f.toTokenFile,
+				ClusterID: s.policy.Rules.HashedID(), // never the raw id
+				RenewAt:   ac.RenewAt, Jitter: ac.Jitter,
+				MinBackoff: time.Duration(ac.MinBackoff), MaxBackoff: time.Duration(ac.MaxBackoff),
+				Timeout: time.Duration(ac.Timeout), UserAgent: userAgent,
+			})
+			creds = authorizer
+		}
 		sender := forward.NewHTTPSender(s.to, s.toClient, forward.HTTPSenderOptions{
-			TokenFile: f.toTokenFile, UserAgent: userAgent, Timeout: time.Duration(s.file.Send.Timeout),
+			Credentials: creds, UserAgent: userAgent, Timeout: time.Duration(s.file.Send.Timeout),
 		})
 		fwd = forward.New(logger.With("component", "forward"), reg, src, s.policy, q, sender, forward.Options{
 			Interval:             f.interval,
@@ -365,6 +391,10 @@ func run(args []string, stderr io.Writer) int {
 			defer cancel()
 			_ = srv.Shutdown(ctx)
 		})
+	}
+	if authorizer != nil { // Cluster credential: exchange at start, renew before expiry.
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return authorizer.Run(ctx) }, func(error) { cancel() })
 	}
 	if fwd != nil { // Collection and delivery; returns after a bounded last flush.
 		ctx, cancel := context.WithCancel(context.Background())

@@ -44,7 +44,7 @@ func TestInvalidInputExits2WithEveryProblem(t *testing.T) {
 	code := run([]string{
 		"--to=ftp://x", "--from=not a url", "--id=", "--match=up{", "--match-file=/nonexistent",
 		"--label=novalue", "--rename=ALERTS", "--anonymize-labels=__name__", "--anonymize-salt-file=" + salt,
-		"--to-token-file=/nonexistent-token", "--from-ca-file=/nonexistent-ca", "--interval=0s",
+		"--to-token-file=/nonexistent-token", "--from-ca-file=/nonexistent-ca", "--interval=0s", "--authorize=bogus",
 		"--config.file=" + cfg,
 	}, &stderr)
 	require.Equal(t, 2, code)
@@ -56,6 +56,7 @@ func TestInvalidInputExits2WithEveryProblem(t *testing.T) {
 		`--from \"not a url\"`,
 		"--id: required",
 		"--interval 0s",
+		`--authorize \"bogus\"`,
 		"--to-token-file",
 		"--from-ca-file",
 		"--match-file",
@@ -208,7 +209,11 @@ func TestForwardsFixtureAndStopsCleanly(t *testing.T) {
 		bodies [][]byte
 	)
 	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/api/v1/write" || r.Header.Get("Authorization") != "Bearer to-token" {
+		if r.URL.Path != "/api/v1/write" { // e.g. no /authorize: --authorize=auto uses the token directly
+			http.NotFound(w, r)
+			return
+		}
+		if r.Header.Get("Authorization") != "Bearer to-token" {
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}

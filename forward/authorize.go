@@ -1,0 +1,387 @@
+package forward
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// Credentials supplies the bearer token of requests to the receiver.
+//
+// Token returns the token to use now. Rejected reports that the receiver
+// answered 401 to token; it returns true if asking Token again may yield a
+// different token (the caller then retries its request once). Both are safe
+// for concurrent use.
+type Credentials interface {
+	Token(ctx context.Context) (string, error)
+	Rejected(token string) bool
+}
+
+// TokenFile is a static bearer token read from a file before every request,
+// so it can rotate on disk. The empty TokenFile sends no token.
+type TokenFile string
+
+// Token implements Credentials.
+func (f TokenFile) Token(context.Context) (string, error) {
+	if f == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(string(f))
+	if err != nil {
+		return "", fmt.Errorf("read token file: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// Rejected implements Credentials: a static token does not change by asking again.
+func (TokenFile) Rejected(string) bool { return false }
+
+// Authorize modes (--authorize).
+const (
+	// AuthorizeAuto exchanges the token at <to>/authorize; if the receiver
+	// has no such endpoint (404/405) the token is used directly instead.
+	AuthorizeAuto = "auto"
+	// AuthorizeAlways always exchanges; a receiver without /authorize is an
+	// error, retried with backoff.
+	AuthorizeAlways = "always"
+	// AuthorizeNever uses the token directly for writes (no Authorizer).
+	AuthorizeNever = "never"
+)
+
+// ErrAuthorize wraps every failure to obtain a cluster credential.
+var ErrAuthorize = errors.New("authorize")
+
+// AuthorizerOptions configures an Authorizer.
+type AuthorizerOptions struct {
+	Mode string // AuthorizeAuto (default) or AuthorizeAlways
+	// TokenFile holds the fleet token; it is re-read before every exchange.
+	TokenFile string
+	// ClusterID is the cluster's pseudonymous (hashed) id, sent as form
+	// field id. Never the raw id.
+	ClusterID string
+	// RenewAt is the fraction of a credential's lifetime after which it is
+	// renewed (default 0.8); Jitter subtracts up to this fraction more
+	// (default 0.1), so a fleet does not renew in lockstep.
+	RenewAt, Jitter float64
+	// MinBackoff and MaxBackoff bound the retries of a failed exchange
+	// (defaults 1s and 1m). A server's Retry-After is honoured up to MaxBackoff.
+	MinBackoff, MaxBackoff time.Duration
+	Timeout                time.Duration // one exchange (default 30s)
+	UserAgent              string
+}
+
+func (o *AuthorizerOptions) defaults() {
+	if o.Mode == "" {
+		o.Mode = AuthorizeAuto
+	}
+	if o.RenewAt <= 0 || o.RenewAt >= 1 {
+		o.RenewAt = 0.8
+	}
+	if o.Jitter < 0 || o.Jitter >= o.RenewAt {
+		o.Jitter = min(0.1, o.RenewAt/2)
+	}
+	if o.MinBackoff <= 0 {
+		o.MinBackoff = time.Second
+	}
+	if o.MaxBackoff < o.MinBackoff {
+		o.MaxBackoff = max(time.Minute, o.MinBackoff)
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 30 * time.Second
+	}
+}
+
+// credential is a cluster credential issued by /authorize, with local times
+// derived from expires_in_seconds (so clock skew does not matter).
+type credential struct {
+	token            string
+	expires, renewAt time.Time
+}
+
+// Authorizer exchanges the fleet token and the hashed cluster id for a
+// short-lived cluster credential at <to>/authorize (the telemeter flow),
+// renews it before it expires and re-authorizes when the receiver rejects it.
+// It implements Credentials. Run renews in the background; Token also
+// exchanges on demand when there is no valid credential.
+type Authorizer struct {
+	logger *slog.Logger
+	url    string
+	client *http.Client
+	opts   AuthorizerOptions
+	now    func() time.Time
+
+	exchangeMu sync.Mutex // serializes exchanges
+
+	mu     sync.Mutex
+	cur    *credential
+	direct bool // auto mode found no /authorize: the fleet token is used directly
+
+	kick chan struct{} // wakes Run after Rejected
+
+	requests *prometheus.CounterVec
+	expiry   prometheus.Gauge
+	rejected prometheus.Counter
+}
+
+// NewAuthorizer returns an Authorizer for the receiver at base. reg may be nil.
+func NewAuthorizer(logger *slog.Logger, reg prometheus.Registerer, base *url.URL, client *http.Client, opts AuthorizerOptions) *Authorizer {
+	opts.defaults()
+	u := *base
+	u.Path = strings.TrimSuffix(u.Path, "/") + "/authorize"
+	f := promauto.With(reg)
+	a := &Authorizer{
+		logger: logger, url: u.String(), client: client, opts: opts, now: time.Now,
+		kick: make(chan struct{}, 1),
+		requests: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_forward_authorize_requests_total",
+			Help: "Credential exchanges at the receiver's /authorize by result (success, unauthorized, forbidden, unavailable, not_found, error).",
+		}, []string{"result"}),
+		expiry: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_forward_credential_expiry_timestamp_seconds",
+			Help: "Unix time at which the cluster credential in use expires (0: none).",
+		}),
+		rejected: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_forward_credential_rejections_total",
+			Help: "Requests the receiver answered 401 to with a cluster credential (each causes one re-authorization).",
+		}),
+	}
+	for _, r := range []string{"success", "unauthorized", "forbidden", "unavailable", "not_found", "error"} {
+		a.requests.WithLabelValues(r)
+	}
+	return a
+}
+
+// Token implements Credentials: the current credential, or a fresh one
+// exchanged now if there is none or it is about to expire.
+func (a *Authorizer) Token(ctx context.Context) (string, error) {
+	if tok, ok, err := a.current(); ok || err != nil {
+		return tok, err
+	}
+	if err := a.refresh(ctx, false); err != nil {
+		return "", err
+	}
+	tok, ok, err := a.current()
+	if err == nil && !ok {
+		err = fmt.Errorf("%w: no credential", ErrAuthorize)
+	}
+	return tok, err
+}
+
+// current returns the usable token, if any.
+func (a *Authorizer) current() (string, bool, error) {
+	a.mu.Lock()
+	direct, c := a.direct, a.cur
+	a.mu.Unlock()
+	if direct {
+		tok, err := TokenFile(a.opts.TokenFile).Token(context.Background())
+		return tok, err == nil, err
+	}
+	if c != nil && a.now().Before(c.expires) {
+		return c.token, true, nil
+	}
+	return "", false, nil
+}
+
+// Rejected implements Credentials: the credential is dropped, so the next
+// Token call re-authorizes.
+func (a *Authorizer) Rejected(token string) bool {
+	a.rejected.Inc()
+	a.mu.Lock()
+	if a.cur != nil && a.cur.token == token {
+		a.cur = nil
+		a.expiry.Set(0)
+	}
+	if a.direct { // maybe the receiver gained /authorize: probe again
+		a.direct = false
+	}
+	a.mu.Unlock()
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// refresh exchanges the fleet token for a new credential. Unless force is
+// set, it returns at once if another caller obtained one meanwhile.
+func (a *Authorizer) refresh(ctx context.Context, force bool) error {
+	a.exchangeMu.Lock()
+	defer a.exchangeMu.Unlock()
+	if !force {
+		if _, ok, _ := a.current(); ok {
+			return nil
+		}
+	}
+	return a.exchange(ctx)
+}
+
+// retryAfterError carries a server's Retry-After out of exchange.
+type retryAfterError struct {
+	err   error
+	after time.Duration
+}
+
+func (e *retryAfterError) Error() string { return e.err.Error() }
+func (e *retryAfterError) Unwrap() error { return e.err }
+
+func (a *Authorizer) exchange(ctx context.Context) error {
+	result := "error"
+	defer func() { a.requests.WithLabelValues(result).Inc() }()
+	fleet, err := TokenFile(a.opts.TokenFile).Token(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrAuthorize, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.opts.Timeout)
+	defer cancel()
+	form := url.Values{"id": {a.opts.ClusterID}}.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.url, strings.NewReader(form))
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrAuthorize, err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", "Bearer "+fleet)
+	if a.opts.UserAgent != "" {
+		req.Header.Set("User-Agent", a.opts.UserAgent)
+	}
+	start := a.now()
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrAuthorize, err)
+	}
+	defer func() {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		_ = resp.Body.Close()
+	}()
+	switch code := resp.StatusCode; {
+	case code == http.StatusOK:
+	case (code == http.StatusNotFound || code == http.StatusMethodNotAllowed) && a.opts.Mode == AuthorizeAuto:
+		result = "not_found"
+		a.mu.Lock()
+		first := !a.direct
+		a.direct, a.cur = true, nil
+		a.mu.Unlock()
+		if first {
+			a.logger.Info("the receiver has no /authorize endpoint, using the token directly", "status", code)
+		}
+		return nil
+	default:
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		herr := &HTTPError{Code: code, Message: strings.TrimSpace(string(msg))}
+		switch {
+		case code == http.StatusUnauthorized:
+			result = "unauthorized"
+		case code == http.StatusForbidden:
+			result = "forbidden"
+		case code == http.StatusTooManyRequests || code/100 == 5:
+			result = "unavailable"
+		}
+		return &retryAfterError{
+			err:   fmt.Errorf("%w: %w", ErrAuthorize, herr),
+			after: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()),
+		}
+	}
+	var out struct {
+		Token            string `json:"token"`
+		ExpiresInSeconds int64  `json:"expires_in_seconds"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&out); err != nil {
+		return fmt.Errorf("%w: decode answer: %w", ErrAuthorize, err)
+	}
+	if out.Token == "" || out.ExpiresInSeconds <= 0 {
+		return fmt.Errorf("%w: answer without token or lifetime", ErrAuthorize)
+	}
+	life := time.Duration(out.ExpiresInSeconds) * time.Second
+	frac := a.opts.RenewAt - a.opts.Jitter*rand.Float64()
+	c := &credential{
+		token: out.Token,
+		// Expire a little early so a request in flight does not carry a
+		// credential that lapses on the way.
+		expires: start.Add(life - min(10*time.Second, life/10)),
+		renewAt: start.Add(time.Duration(frac * float64(life))),
+	}
+	a.mu.Lock()
+	a.cur, a.direct = c, false
+	a.mu.Unlock()
+	a.expiry.Set(float64(start.Add(life).Unix()))
+	result = "success"
+	a.logger.Debug("cluster credential obtained", "expires_in", life.String(), "renew_in", c.renewAt.Sub(start).String())
+	return nil
+}
+
+// Run exchanges at once, then renews each credential at its renewal time
+// until ctx ends. Failed exchanges are retried with capped, jittered
+// exponential backoff (or the server's Retry-After); meanwhile a credential
+// that has not expired stays in use. Run returns nil when ctx ends.
+func (a *Authorizer) Run(ctx context.Context) error {
+	attempt := 0
+	var wait time.Duration
+	for {
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			case <-a.kick:
+				t.Stop()
+			case <-t.C:
+			}
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		a.mu.Lock()
+		direct, c := a.direct, a.cur
+		a.mu.Unlock()
+		switch {
+		case direct:
+			wait = 24 * time.Hour // until Rejected kicks
+			continue
+		case c != nil && a.now().Before(c.renewAt):
+			wait = c.renewAt.Sub(a.now())
+			continue
+		}
+		err := a.refresh(ctx, true)
+		if err == nil {
+			attempt = 0
+			wait = 0
+			continue
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		wait = backoff(attempt, a.opts.MinBackoff, a.opts.MaxBackoff)
+		var ra *retryAfterError
+		if errors.As(err, &ra) && ra.after > 0 {
+			wait = min(ra.after, a.opts.MaxBackoff)
+		}
+		if attempt == 0 {
+			a.logger.Warn("authorize failed, retrying", "err", err, "retry_in", wait.String())
+		} else {
+			a.logger.Debug("authorize failed, retrying", "err", err, "attempt", attempt+1, "retry_in", wait.String())
+		}
+		attempt++
+	}
+}
+
+// backoff is capped exponential with "equal jitter": half fixed, half random.
+func backoff(attempt int, minD, maxD time.Duration) time.Duration {
+	d := maxD
+	if attempt < 30 {
+		d = min(minD<<attempt, maxD)
+	}
+	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+}
