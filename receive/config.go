@@ -40,6 +40,8 @@ type Config struct {
 	BucketStore bucketstore.Config `yaml:"bucket_store"`
 	// Upstream forwards accepted writes to a remote-write endpoint.
 	Upstream upstream.Config `yaml:"upstream"`
+	// RemoteWrite configures the remote-write endpoint (accepted versions).
+	RemoteWrite RemoteWriteConfig `yaml:"remote_write"`
 }
 
 // AuthConfig names where credentials come from. Relative paths are
@@ -139,7 +141,8 @@ func LoadConfig(path string) (*Config, error) {
 	cfg.Storage.SetDefaults()
 	cfg.Push.SetDefaults()
 	cfg.Rules.SetDefaults()
-	if err := errors.Join(cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate(), cfg.Push.Validate(), cfg.Rules.Validate(), cfg.BucketStore.Validate(), cfg.Upstream.Validate(), cfg.validatePolicy()); err != nil {
+	cfg.RemoteWrite.SetDefaults()
+	if err := errors.Join(cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate(), cfg.Push.Validate(), cfg.Rules.Validate(), cfg.BucketStore.Validate(), cfg.Upstream.Validate(), cfg.RemoteWrite.Validate(), cfg.validatePolicy()); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return cfg, nil
