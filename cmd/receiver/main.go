@@ -137,6 +137,7 @@ func run(args []string, stderr io.Writer) int {
 		Policy:             policy,
 		Ready:              isReady,
 		OverwriteClusterID: cfg.Auth.IDMismatch == receive.IDMismatchOverwrite,
+		AcceptedMessages:   cfg.RemoteWrite.AcceptedProtobufMessages,
 	})
 	engine := query.NewEngine(logger.With("component", "query"), reg, query.Options{})
 	ruler, err := rules.New(logger.With("component", "rules"), reg, engine, db, cfg.Rules)
