@@ -7,6 +7,8 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/golang/snappy"
@@ -37,28 +39,34 @@ type bytesBuffer struct {
 }
 
 // negotiate checks the Content-Type and Content-Encoding of a remote-write
-// request and returns the protobuf message it carries.
-func negotiate(h http.Header) (string, error) {
+// request and returns the protobuf message it carries, one of accepted (nil
+// means both versions), as the 2.0 spec says: application/x-protobuf alone
+// or with proto=prometheus.WriteRequest is 1.0, with
+// proto=io.prometheus.write.v2.Request it is 2.0, anything else is 415.
+func negotiate(h http.Header, accepted []string) (string, error) {
 	if enc := h.Get("Content-Encoding"); enc != "" && enc != "snappy" {
 		return "", fmt.Errorf("content-encoding %q, only snappy is supported: %w", enc, errUnsupported)
 	}
-	ct := h.Get("Content-Type")
-	if ct == "" {
-		return protoV1, nil // remote-write 1.0 senders predating the spec
+	if accepted == nil {
+		accepted = []string{protoV1, protoV2}
 	}
-	mt, params, err := mime.ParseMediaType(ct)
-	if err != nil {
-		return "", fmt.Errorf("content-type %q: %w", ct, errUnsupported)
+	proto := protoV1 // remote-write 1.0 senders predating the spec send no Content-Type
+	if ct := h.Get("Content-Type"); ct != "" {
+		mt, params, err := mime.ParseMediaType(ct)
+		if err != nil {
+			return "", fmt.Errorf("content-type %q: %w", ct, errUnsupported)
+		}
+		if mt != "application/x-protobuf" {
+			return "", fmt.Errorf("content-type %q, want application/x-protobuf: %w", ct, errUnsupported)
+		}
+		if p, ok := params["proto"]; ok {
+			proto = p
+		}
 	}
-	if mt != "application/x-protobuf" {
-		return "", fmt.Errorf("content-type %q, want application/x-protobuf: %w", ct, errUnsupported)
+	if !slices.Contains(accepted, proto) {
+		return "", fmt.Errorf("content-type proto %q, this receiver accepts %s: %w", proto, strings.Join(accepted, ", "), errUnsupported)
 	}
-	switch proto := params["proto"]; proto {
-	case "", protoV1:
-		return protoV1, nil
-	default:
-		return "", fmt.Errorf("content-type proto %q, this receiver accepts %s: %w", proto, protoV1, errUnsupported)
-	}
+	return proto, nil
 }
 
 // readBody reads at most maxBody bytes of a snappy body into buf and returns

@@ -5,6 +5,7 @@
 package receive
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/prompb"
 
 	"github.com/phonehome/phonehome/auth"
@@ -44,6 +46,16 @@ type Options struct {
 	// OverwriteClusterID replaces a series' foreign _id with the
 	// credential's instead of rejecting the series.
 	OverwriteClusterID bool
+	// AcceptedMessages are the remote-write protobuf messages accepted
+	// (prometheus.WriteRequest, io.prometheus.write.v2.Request); nil means
+	// both. Another one is answered 415.
+	AcceptedMessages []string
+}
+
+// metadataWriter is implemented by a storage.Writer that keeps metric
+// metadata (*storage.DB). meta has one entry per series.
+type metadataWriter interface {
+	WriteWithMetadata(ctx context.Context, tenant string, series []prompb.TimeSeries, meta []metadata.Metadata) (storage.Stats, error)
 }
 
 // Handler serves POST /api/v1/write. It expects auth.Middleware in front of
@@ -51,6 +63,7 @@ type Options struct {
 type Handler struct {
 	logger  *slog.Logger
 	writer  storage.Writer
+	metaW   metadataWriter // nil: metadata is dropped
 	limiter *limits.Limiter
 	policy  atomic.Pointer[Policy]
 	opts    Options
@@ -61,6 +74,7 @@ type Handler struct {
 // and stores them in w. reg may be nil.
 func NewHandler(logger *slog.Logger, reg prometheus.Registerer, w storage.Writer, lim *limits.Limiter, opts Options) *Handler {
 	h := &Handler{logger: logger, writer: w, limiter: lim, opts: opts, metrics: newMetrics(reg)}
+	h.metaW, _ = w.(metadataWriter)
 	if opts.Policy == nil {
 		opts.Policy = &Policy{}
 	}
@@ -117,7 +131,8 @@ func (h *Handler) handle(r *http.Request) (storage.Stats, error) {
 	if !ok {
 		return storage.Stats{}, errors.New("request reached the write handler without an identity")
 	}
-	if _, err := negotiate(r.Header); err != nil {
+	proto, err := negotiate(r.Header, h.opts.AcceptedMessages)
+	if err != nil {
 		return storage.Stats{}, err
 	}
 
@@ -134,19 +149,28 @@ func (h *Handler) handle(r *http.Request) (storage.Stats, error) {
 	h.metrics.bytes.WithLabelValues("snappy").Add(float64(buf.body.Len()))
 	h.metrics.bytes.WithLabelValues("decoded").Add(float64(len(raw)))
 
-	req, err := decodeV1(raw)
-	if err != nil {
-		return storage.Stats{}, err
+	var b *batch
+	switch proto {
+	case protoV2:
+		req, err := decodeV2(raw)
+		if err != nil {
+			return storage.Stats{}, err
+		}
+		b = convertV2(req)
+	default:
+		req, err := decodeV1(raw)
+		if err != nil {
+			return storage.Stats{}, err
+		}
+		b = &batch{series: req.Timeseries}
 	}
-	n := 0
-	for i := range req.Timeseries {
-		n += len(req.Timeseries[i].Samples) + len(req.Timeseries[i].Histograms)
-	}
+	h.metrics.requestsByProto.WithLabelValues(proto).Inc()
+	n := b.samples()
 	if retry, err := h.limiter.AllowSamples(id.Tenant, id.ClusterID, n); err != nil {
 		h.metrics.rejected.WithLabelValues(reasonRateLimit).Add(float64(n))
 		return storage.Stats{}, &rateLimitedError{retryAfter: retry, err: err}
 	}
-	return h.write(r, id, &lim, req.Timeseries)
+	return h.write(r, id, &lim, b)
 }
 
 // rateLimitedError carries how long the client should wait.
@@ -160,8 +184,13 @@ func (e *rateLimitedError) Unwrap() error { return e.err }
 
 // write validates and admits series, stores the valid ones, and reports
 // the rest.
-func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLimits, series []prompb.TimeSeries) (storage.Stats, error) {
+func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLimits, b *batch) (storage.Stats, error) {
+	series := b.series
 	valid := series[:0]
+	var meta []metadata.Metadata
+	if b.meta != nil && h.metaW != nil {
+		meta = b.meta[:0] // compacted in step with valid
+	}
 	var problems []string
 	rejected := 0
 	pol := h.policy.Load()
@@ -169,9 +198,14 @@ func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLim
 	var sess sessions
 	for i := range series {
 		ts := &series[i]
-		serr := h.admit(ts, id, lim, pol, &sb, &sess)
+		n := len(ts.Samples) + len(ts.Histograms)
+		var serr *seriesError
+		if b.invalid != nil && b.invalid[i].serr != nil {
+			serr, n = b.invalid[i].serr, b.invalid[i].samples
+		} else {
+			serr = h.admit(ts, id, lim, pol, &sb, &sess)
+		}
 		if serr != nil {
-			n := len(ts.Samples) + len(ts.Histograms)
 			rejected += n
 			h.metrics.rejected.WithLabelValues(serr.reason).Add(float64(max(n, 1)))
 			if len(problems) < maxErrorsInBody {
@@ -180,12 +214,19 @@ func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLim
 			continue
 		}
 		valid = append(valid, *ts)
+		if meta != nil {
+			meta = append(meta, b.meta[i])
+		}
 	}
 	h.metrics.seriesAccepted.Add(float64(len(valid)))
 
 	var stats storage.Stats
 	var werr error
-	if len(valid) > 0 {
+	switch {
+	case len(valid) == 0:
+	case meta != nil:
+		stats, werr = h.metaW.WriteWithMetadata(r.Context(), id.Tenant, valid, meta)
+	default:
 		stats, werr = h.writer.Write(r.Context(), id.Tenant, valid)
 	}
 	h.metrics.samples.WithLabelValues("accepted").Add(float64(stats.Samples))
@@ -203,6 +244,10 @@ func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLim
 		return stats, fmt.Errorf("write: %w", werr)
 	}
 	h.metrics.samples.WithLabelValues("rejected").Add(float64(rejected))
+	if stats.ExemplarsRefused > 0 {
+		// Samples are stored; still not a 2xx, since something was not written.
+		problems = append(problems, fmt.Sprintf("%d exemplars not stored (exemplar storage disabled, out of order or invalid)", stats.ExemplarsRefused))
+	}
 	if len(problems) == 0 {
 		return stats, nil
 	}

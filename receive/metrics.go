@@ -7,6 +7,7 @@ import (
 
 type metrics struct {
 	requests        *prometheus.CounterVec // by HTTP code
+	requestsByProto *prometheus.CounterVec // decoded requests by protobuf message
 	duration        prometheus.Histogram
 	bytes           *prometheus.CounterVec // by encoding
 	samples         *prometheus.CounterVec // by result
@@ -25,6 +26,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "phonehome_receive_requests_total",
 			Help: "Remote-write requests by HTTP status code.",
 		}, []string{"code"}),
+		requestsByProto: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_receive_decoded_requests_total",
+			Help: "Remote-write requests decoded, by protobuf message (remote-write version).",
+		}, []string{"proto"}),
 		duration: f.NewHistogram(prometheus.HistogramOpts{
 			Name:                        "phonehome_receive_request_duration_seconds",
 			Help:                        "Time to handle a remote-write request, WAL commit included.",
@@ -65,6 +70,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	for _, r := range allReasons {
 		m.rejected.WithLabelValues(r)
+	}
+	for _, p := range []string{protoV1, protoV2} {
+		m.requestsByProto.WithLabelValues(p)
 	}
 	for _, e := range []string{"snappy", "decoded"} {
 		m.bytes.WithLabelValues(e)

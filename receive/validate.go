@@ -14,6 +14,7 @@ import (
 // phonehome_receive_rejected_samples_total.
 const (
 	reasonInvalidLabels   = "invalid_labels"
+	reasonInvalidSeries   = "invalid_series" // 2.0: bad symbol refs, samples and histograms
 	reasonLabelLimits     = "label_limits"
 	reasonClusterMismatch = "cluster_mismatch"
 	reasonNoSamples       = "no_samples"
@@ -28,7 +29,7 @@ const (
 )
 
 var allReasons = []string{
-	reasonInvalidLabels, reasonLabelLimits, reasonClusterMismatch, reasonNoSamples,
+	reasonInvalidLabels, reasonInvalidSeries, reasonLabelLimits, reasonClusterMismatch, reasonNoSamples,
 	reasonOutOfOrder, reasonTooOld, reasonFuture, reasonDuplicate, reasonStorage,
 	reasonAllowlist, reasonSeriesLimit, reasonRateLimit,
 }

@@ -19,6 +19,9 @@ type Stats struct {
 	Samples    int
 	Histograms int
 	Exemplars  int
+	// ExemplarsRefused counts exemplars not stored (exemplar storage
+	// disabled, out of order, invalid). They never fail the write.
+	ExemplarsRefused int
 }
 
 // Writer persists remote-write series for one tenant.

@@ -109,16 +109,17 @@ func (db *DB) WriteWithMetadata(ctx context.Context, tenantName string, series [
 			}
 		}
 		if !exemplar {
+			st.ExemplarsRefused += len(ts.Exemplars)
 			continue
 		}
 		for _, e := range ts.Exemplars {
-			if _, err := app.AppendExemplar(ref, ls, e.ToExemplar(&lb, nil)); err != nil {
-				if !errors.Is(err, promstorage.ErrDuplicateExemplar) {
-					db.m.exemplarsRejected.Inc() // never fails the write, as in Prometheus
-				}
-				continue
+			_, err := app.AppendExemplar(ref, ls, e.ToExemplar(&lb, nil))
+			switch {
+			case err == nil, errors.Is(err, promstorage.ErrDuplicateExemplar):
+				st.Exemplars++ // a resent exemplar is already stored
+			default:
+				st.ExemplarsRefused++ // never fails the write, as in Prometheus
 			}
-			st.Exemplars++
 		}
 	}
 	if err := app.Commit(); err != nil {
@@ -130,6 +131,7 @@ func (db *DB) WriteWithMetadata(ctx context.Context, tenantName string, series [
 	db.m.appendedSamples.Add(float64(st.Samples))
 	db.m.appendedHistograms.Add(float64(st.Histograms))
 	db.m.appendedExemplars.Add(float64(st.Exemplars))
+	db.m.exemplarsRejected.Add(float64(st.ExemplarsRefused))
 	for reason, n := range rej.count {
 		db.m.rejected.WithLabelValues(reason).Add(float64(n))
 	}

@@ -1,0 +1,159 @@
+package receive
+
+import (
+	"fmt"
+
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/metadata"
+	"github.com/prometheus/prometheus/prompb"
+	writev2 "github.com/prometheus/prometheus/prompb/io/prometheus/write/v2"
+)
+
+// batch is one decoded request in the shape write() admits and stores.
+//
+// Remote-write 2.0 series are converted to prompb.TimeSeries (labels
+// resolved from the symbol table, samples and histograms copied one for
+// one, exemplars with their labels), so validation, _id binding, the
+// allowlist and the limits run through the same admit() for both versions.
+// The conversion is 1:1 per sample, histogram and exemplar, so the counts
+// storage reports, and the written-count headers, stay exact. Start
+// timestamps are accepted (0 means unset) but not stored: the TSDB appender
+// used has no place for them.
+type batch struct {
+	series []prompb.TimeSeries
+	// meta is nil (1.0) or holds each series' metadata (the zero value for none).
+	meta []metadata.Metadata
+	// invalid is nil or holds, per series, why decoding refused it; such a
+	// series is an empty placeholder in series.
+	invalid []invalidSeries
+}
+
+// invalidSeries is a series refused while decoding, with the samples and
+// histograms it carried.
+type invalidSeries struct {
+	serr    *seriesError
+	samples int
+}
+
+func (b *batch) samples() int {
+	n := 0
+	for i := range b.series {
+		n += len(b.series[i].Samples) + len(b.series[i].Histograms)
+	}
+	for _, inv := range b.invalid {
+		n += inv.samples
+	}
+	return n
+}
+
+// decodeV2 unmarshals a remote-write 2.0 request and checks the request-wide
+// rule: a request with series has a symbol table whose first symbol is "".
+// Per-series rules are checked by convertV2, so one bad series does not
+// refuse the others.
+func decodeV2(raw []byte) (*writev2.Request, error) {
+	var req writev2.Request
+	if err := req.Unmarshal(raw); err != nil {
+		return nil, fmt.Errorf("protobuf decode: %w: %w", errBadRequest, err)
+	}
+	if len(req.Timeseries) > 0 || len(req.Symbols) > 0 {
+		if len(req.Symbols) == 0 || req.Symbols[0] != "" {
+			return nil, fmt.Errorf("symbols[0] must be the empty string: %w", errBadRequest)
+		}
+	}
+	return &req, nil
+}
+
+// convertV2 converts a 2.0 request into a batch, checking each series: every
+// symbol reference in range (labels, metadata, exemplars), labels_refs of
+// even length, and samples or histograms but not both. Labels are sorted by
+// name (ToLabels); duplicates are left for validateSeries to refuse. The
+// batch references req's strings; samples, labels and exemplars share a few
+// per-request backing arrays.
+func convertV2(req *writev2.Request) *batch {
+	n := len(req.Timeseries)
+	b := &batch{
+		series:  make([]prompb.TimeSeries, n),
+		meta:    make([]metadata.Metadata, n),
+		invalid: make([]invalidSeries, n),
+	}
+	nLabels, nSamples := 0, 0
+	for i := range req.Timeseries {
+		nLabels += len(req.Timeseries[i].LabelsRefs)/2 + 1 // +1: room for an added _id
+		nSamples += len(req.Timeseries[i].Samples)
+	}
+	labelArena := make([]prompb.Label, 0, nLabels)
+	sampleArena := make([]prompb.Sample, 0, nSamples)
+	var sb labels.ScratchBuilder
+	for i := range req.Timeseries {
+		ts := &req.Timeseries[i]
+		refuse := func(format string, args ...any) {
+			b.invalid[i] = invalidSeries{
+				serr:    &seriesError{reasonInvalidSeries, fmt.Sprintf(format, args...)},
+				samples: len(ts.Samples) + len(ts.Histograms),
+			}
+		}
+		if len(ts.Samples) > 0 && len(ts.Histograms) > 0 {
+			refuse("series has both samples and histograms")
+			continue
+		}
+		ls, err := ts.ToLabels(&sb, req.Symbols)
+		if err != nil {
+			refuse("labels: %v", err)
+			continue
+		}
+		m, err := ts.ToMetadata(req.Symbols)
+		if err != nil {
+			refuse("%v", err)
+			continue
+		}
+		exemplars, err := convertExemplars(ts.Exemplars, req.Symbols, &sb)
+		if err != nil {
+			refuse("exemplar: %v", err)
+			continue
+		}
+
+		start := len(labelArena)
+		ls.Range(func(l labels.Label) {
+			labelArena = append(labelArena, prompb.Label{Name: l.Name, Value: l.Value})
+		})
+		// The full slice expression makes an added _id reallocate instead of
+		// overwriting the next series' labels.
+		out := &b.series[i]
+		out.Labels = labelArena[start:len(labelArena):len(labelArena)]
+		if len(ts.Samples) > 0 {
+			start := len(sampleArena)
+			for _, s := range ts.Samples {
+				sampleArena = append(sampleArena, prompb.Sample{Value: s.Value, Timestamp: s.Timestamp})
+			}
+			out.Samples = sampleArena[start:len(sampleArena):len(sampleArena)]
+		}
+		if len(ts.Histograms) > 0 {
+			out.Histograms = make([]prompb.Histogram, len(ts.Histograms))
+			for j, h := range ts.Histograms {
+				if h.IsFloatHistogram() {
+					out.Histograms[j] = prompb.FromFloatHistogram(h.Timestamp, h.ToFloatHistogram())
+				} else {
+					out.Histograms[j] = prompb.FromIntHistogram(h.Timestamp, h.ToIntHistogram())
+				}
+			}
+		}
+		out.Exemplars = exemplars
+		b.meta[i] = m
+	}
+	return b
+}
+
+func convertExemplars(in []writev2.Exemplar, symbols []string, sb *labels.ScratchBuilder) ([]prompb.Exemplar, error) {
+	if len(in) == 0 {
+		return nil, nil
+	}
+	out := make([]prompb.Exemplar, len(in))
+	for i, e := range in {
+		ex, err := e.ToExemplar(sb, symbols)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = prompb.Exemplar{Labels: prompb.FromLabels(ex.Labels, nil), Value: ex.Value, Timestamp: ex.Ts}
+	}
+	return out, nil
+}
