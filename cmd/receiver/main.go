@@ -34,6 +34,7 @@ import (
 	"github.com/phonehome/phonehome/rules"
 	"github.com/phonehome/phonehome/storage"
 	"github.com/phonehome/phonehome/storage/bucketstore"
+	"github.com/phonehome/phonehome/upstream"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
@@ -133,7 +134,18 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 	limiter := limits.New(reg, cfg.Limits, nil)
-	writes := receive.NewHandler(logger.With("component", "receive"), reg, db, limiter, receive.Options{
+	var sink storage.Writer = db
+	var up *upstream.Writer // forward mode: validated writes also (or only) go upstream
+	if cfg.Upstream.Enabled() {
+		up, err = upstream.New(logger.With("component", "upstream"), reg, db, filepath.Join(*storagePath, "upstream"), cfg.Upstream)
+		if err != nil {
+			logger.Error("open upstream queue", "err", err)
+			return 1
+		}
+		defer func() { _ = up.Close() }() // after Run has returned
+		sink = up
+	}
+	writes := receive.NewHandler(logger.With("component", "receive"), reg, sink, limiter, receive.Options{
 		Policy:             policy,
 		Ready:              isReady,
 		OverwriteClusterID: cfg.Auth.IDMismatch == receive.IDMismatchOverwrite,
@@ -226,6 +238,10 @@ func run(args []string, stderr io.Writer) int {
 	{ // Fleet rules: per-tenant evaluation, rule file reload, alerts to Alertmanager.
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return ruler.Run(ctx) }, func(error) { cancel() })
+	}
+	if up != nil { // Upstream delivery of the forward queue.
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return up.Run(ctx) }, func(error) { cancel() })
 	}
 	if bstore != nil { // Bucket metadata sync, so queries read every replica's blocks.
 		ctx, cancel := context.WithCancel(context.Background())
