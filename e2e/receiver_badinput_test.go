@@ -26,7 +26,7 @@ import (
 func TestReceiverBadInput(t *testing.T) {
 	dir := t.TempDir()
 	cfg := writeReceiverConfig(t, dir,
-		"  max_body_bytes: 64KiB\n  max_decoded_bytes: 1MiB\n  max_label_names_per_series: 8\n  max_label_name_length: 32\n  max_label_value_length: 64\n",
+		"  defaults:\n    max_body_bytes: 64KiB\n    max_decoded_bytes: 1MiB\n    max_label_names_per_series: 8\n    max_label_name_length: 32\n    max_label_value_length: 64\n",
 		"")
 	rcv := startReceiver(t, cfg, filepath.Join(dir, "data"))
 
@@ -67,7 +67,8 @@ func TestReceiverBadInput(t *testing.T) {
 		{name: "huge declared decoded length", token: tokenAcme, body: hugeDecl, code: 413, inBody: "decoded"},
 		{name: "oversized body", token: tokenAcme, body: bytes.Repeat([]byte("x"), 65<<10), code: 413, inBody: "limit"},
 		{name: "wrong content type", token: tokenAcme, body: validBody, hdr: map[string]string{"Content-Type": "text/plain"}, code: 415, inBody: "content-type"},
-		{name: "remote-write 2.0 proto", token: tokenAcme, body: validBody, hdr: map[string]string{"Content-Type": "application/x-protobuf;proto=io.prometheus.write.v2.Request"}, code: 415, inBody: "proto"},
+		{name: "unknown proto message", token: tokenAcme, body: validBody, hdr: map[string]string{"Content-Type": "application/x-protobuf;proto=io.prometheus.write.v9.Request"}, code: 415, inBody: "proto"},
+		{name: "json content type", token: tokenAcme, body: []byte(`{"timeseries":[]}`), hdr: map[string]string{"Content-Type": "application/json", "Content-Encoding": ""}, code: 415, inBody: "content-type"},
 		{name: "wrong encoding", token: tokenAcme, body: validBody, hdr: map[string]string{"Content-Encoding": "gzip"}, code: 415, inBody: "gzip"},
 		{name: "no token", body: validBody, code: 401},
 		{name: "wrong token", token: "not-a-token", body: validBody, code: 401},
@@ -199,7 +200,7 @@ func TestReceiverRefusesBadStartup(t *testing.T) {
 	}
 
 	unknown := filepath.Join(dir, "unknown.yaml")
-	require.NoError(t, os.WriteFile(unknown, []byte("auth:\n  tokens_file: tokens.yaml\nlimits:\n  max_bodybytes: 1KiB\n"), 0o600))
+	require.NoError(t, os.WriteFile(unknown, []byte("auth:\n  tokens_file: tokens.yaml\nlimits:\n  defaults:\n    max_bodybytes: 1KiB\n"), 0o600))
 	code, out = run(t, "--check-config", "--config.file="+unknown)
 	require.Equal(t, 2, code, out)
 	require.Contains(t, out, "max_bodybytes")

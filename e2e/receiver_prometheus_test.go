@@ -139,6 +139,20 @@ remote_write:
 	require.NoError(t, err)
 	require.Equal(t, normalize(t, fromProm[1]), normalize(t, resp))
 
+	// Responses are gzipped for clients that ask, as Prometheus' are.
+	gz, err := http.NewRequest(http.MethodGet, rcv.URL()+"/api/v1/query?"+with(at, "query", "up").Encode(), nil)
+	require.NoError(t, err)
+	gz.Header.Set("Authorization", "Bearer "+tokenAcme)
+	gz.Header.Set("Accept-Encoding", "gzip")
+	gzResp, err := http.DefaultTransport.RoundTrip(gz)
+	require.NoError(t, err)
+	_ = gzResp.Body.Close()
+	require.Equal(t, http.StatusOK, gzResp.StatusCode)
+	require.Equal(t, "gzip", gzResp.Header.Get("Content-Encoding"))
+	var build map[string]any
+	apiData(t, rcv.URL(), tokenAcme, "/api/v1/status/buildinfo", nil, &build)
+	require.Contains(t, build, "version")
+
 	// Another tenant sees nothing of acme's; no or a wrong token sees nothing at all.
 	var empty queryResult
 	apiData(t, rcv.URL(), tokenOther, "/api/v1/query", with(at, "query", `{__name__=~".+"}`), &empty)

@@ -52,10 +52,10 @@ func TestReceiverShipsToS3(t *testing.T) {
       endpoint: %s
       region: us-east-1
       access_key: %s
-      secret_key_file: %s
+      secret_key_file: s3-secret # relative to the config file
       insecure: true
       bucket_lookup_type: path
-`, s3Bucket, s3Addr, s3Access, secretFile))
+`, s3Bucket, s3Addr, s3Access))
 	rcv := startReceiver(t, cfg, filepath.Join(dir, "data"))
 
 	// The samples straddle a 2h block boundary, so the flush cuts two blocks
