@@ -71,8 +71,9 @@ tidy-check: ## Fail if go.mod/go.sum are not tidy.
 	$(GO) mod tidy && git diff --exit-code go.mod go.sum
 
 .PHONY: deploy-check
-deploy-check: build ## Validate the example configs with --check-config.
+deploy-check: build ## Validate the example configs with --check-config, and the manifests, kustomizations, images and rules (go test ./deploy/...).
 	$(BIN)/receiver --check-config --config.file=deploy/receiver.yaml
+	$(GO) test -count=1 ./deploy/...
 
 .PHONY: clean
 clean: ## Remove build output and demo data.
