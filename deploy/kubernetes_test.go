@@ -37,6 +37,10 @@ import (
 
 const kubeDir = "kubernetes"
 
+// grafanaDir is the one kustomization that reads files outside its directory
+// (deploy/grafana's), so it needs --load-restrictor=LoadRestrictionsNone.
+var grafanaDir = filepath.Join(kubeDir, "grafana")
+
 // scheme holds the Kubernetes API types the manifests may use. A kind outside
 // it (or the monitoring.coreos.com kinds below) fails the strict decode: adding
 // a new kind is a deliberate act.
@@ -216,6 +220,9 @@ func build(t *testing.T, dir string) *rendered {
 	}
 	opts := krusty.MakeDefaultOptions()
 	opts.LoadRestrictions = types.LoadRestrictionsRootOnly
+	if dir == grafanaDir {
+		opts.LoadRestrictions = types.LoadRestrictionsNone // documented in its kustomization.yaml
+	}
 	rm, err := krusty.MakeKustomizer(opts).Run(filesys.MakeFsOnDisk(), dir)
 	require.NoError(t, err, "kustomize build %s", dir)
 	r := &rendered{configMaps: map[string]*corev1.ConfigMap{}, secrets: map[string]*corev1.Secret{}}
@@ -774,4 +781,32 @@ func podFiles(t *testing.T, root string, r, examples *rendered, workload string,
 		args = append(args, rewrite.Replace(a))
 	}
 	return args
+}
+
+// TestGrafanaProvisioning: every dashboard of deploy/grafana is in the
+// dashboards ConfigMap, as valid JSON, beside the data source and provider.
+func TestGrafanaProvisioning(t *testing.T) {
+	r := build(t, grafanaDir)
+	dash, ok := r.configMaps["phonehome-grafana-dashboards"]
+	require.True(t, ok)
+	require.Equal(t, "1", dash.Labels["grafana_dashboard"])
+	files, err := filepath.Glob("grafana/dashboards/*.json")
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	for _, f := range files {
+		data, ok := dash.Data[filepath.Base(f)]
+		require.True(t, ok, "%s is not in kubernetes/grafana/kustomization.yaml", f)
+		require.True(t, json.Valid([]byte(data)), f)
+	}
+	require.Len(t, dash.Data, len(files))
+	size := 0
+	for _, d := range dash.Data {
+		size += len(d)
+	}
+	require.Less(t, size, 900<<10, "a ConfigMap holds at most 1 MiB: split the dashboards")
+	ds, ok := r.configMaps["phonehome-grafana-datasource"]
+	require.True(t, ok)
+	require.Equal(t, "1", ds.Labels["grafana_datasource"])
+	require.Contains(t, ds.Data["phonehome-datasource.yaml"], "http://phonehome-receiver:9291", "the data source must point at the receiver Service")
+	require.Contains(t, r.configMaps, "phonehome-grafana-dashboard-provider")
 }
