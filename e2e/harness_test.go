@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -89,6 +90,10 @@ func startProcess(t *testing.T, path, name string, args []string, match func(lin
 				}
 			}
 		}
+		// A line over the scanner's limit ends the loop: keep draining, or
+		// the child blocks writing to a full pipe and never exits.
+		_, _ = io.Copy(io.Discard, pr)
+		_ = pr.Close()
 	}()
 	go func() {
 		p.exitErr = cmd.Wait()
