@@ -39,6 +39,8 @@ type Options struct {
 	Rules func(context.Context) v1.RulesRetriever
 	// Alertmanagers returns where alerts are sent; nil means nowhere.
 	Alertmanagers func(context.Context) v1.AlertmanagerRetriever
+	// Metadata serves /metadata per tenant; nil serves none.
+	Metadata MetadataReader
 }
 
 // Paths are the API endpoints served, relative to /api/v1. Everything else
@@ -96,10 +98,14 @@ func NewHandler(logger *slog.Logger, engine *promql.Engine, r Reader, opts Optio
 	if opts.Alertmanagers != nil {
 		amsFor = opts.Alertmanagers
 	}
+	targetsFor := func(context.Context) v1.TargetRetriever { return noTargets{} }
+	if opts.Metadata != nil {
+		targetsFor = metadataTargets(opts.Metadata)
+	}
 	api := v1.NewAPI(
 		engine, tenantQueryable{r}, nil, nil,
 		func(context.Context) v1.ScrapePoolsRetriever { return noTargets{} },
-		func(context.Context) v1.TargetRetriever { return noTargets{} },
+		targetsFor,
 		amsFor,
 		func() config.Config { return config.Config{} },
 		nil, v1.GlobalURLOptions{}, ready, nil, "",

@@ -160,6 +160,7 @@ func run(args []string, stderr io.Writer) int {
 	api := query.NewHandler(logger.With("component", "query"), engine, reader, query.Options{
 		Ready: isReady, Version: version.Version,
 		Rules: ruler.RulesRetriever, Alertmanagers: ruler.AlertmanagerRetriever,
+		Metadata: db,
 	})
 
 	mux := http.NewServeMux()
