@@ -42,6 +42,8 @@ type Config struct {
 	Upstream upstream.Config `yaml:"upstream"`
 	// RemoteWrite configures the remote-write endpoint (accepted versions).
 	RemoteWrite RemoteWriteConfig `yaml:"remote_write"`
+	// Gathering serves and enforces a gathering definition.
+	Gathering GatheringConfig `yaml:"gathering"`
 }
 
 // AuthConfig names where credentials come from. Relative paths are
@@ -133,6 +135,7 @@ func LoadConfig(path string) (*Config, error) {
 		cfg.resolvePaths(filepath.Dir(path))
 		cfg.Rules.ResolvePaths(filepath.Dir(path))
 		cfg.Upstream.ResolvePaths(filepath.Dir(path))
+		cfg.Gathering.ResolvePaths(filepath.Dir(path))
 	}
 	cfg.BucketStore.SetDefaults()
 	cfg.Upstream.SetDefaults()
@@ -142,7 +145,8 @@ func LoadConfig(path string) (*Config, error) {
 	cfg.Push.SetDefaults()
 	cfg.Rules.SetDefaults()
 	cfg.RemoteWrite.SetDefaults()
-	if err := errors.Join(cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate(), cfg.Push.Validate(), cfg.Rules.Validate(), cfg.BucketStore.Validate(), cfg.Upstream.Validate(), cfg.RemoteWrite.Validate(), cfg.validatePolicy()); err != nil {
+	cfg.Gathering.SetDefaults()
+	if err := errors.Join(cfg.Gathering.Validate(), cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate(), cfg.Push.Validate(), cfg.Rules.Validate(), cfg.BucketStore.Validate(), cfg.Upstream.Validate(), cfg.RemoteWrite.Validate(), cfg.validatePolicy()); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return cfg, nil
