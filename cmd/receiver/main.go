@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/common/version"
 
 	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/gathering"
 	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/push"
 	"github.com/phonehome/phonehome/query"
@@ -85,6 +86,12 @@ func run(args []string, stderr io.Writer) int {
 	if err := rules.CheckFiles(cfg.Rules); err != nil {
 		logger.Error("invalid configuration", "file", *configFile, "err", err)
 		return 2
+	}
+	if f := cfg.Gathering.File; f != "" {
+		if _, err := gathering.Load(f); err != nil {
+			logger.Error("invalid configuration", "file", *configFile, "err", fmt.Errorf("gathering.file: %w", err))
+			return 2
+		}
 	}
 	if *checkOnly {
 		fmt.Fprintln(stderr, "ok")
@@ -151,6 +158,24 @@ func run(args []string, stderr io.Writer) int {
 		OverwriteClusterID: cfg.Auth.IDMismatch == receive.IDMismatchOverwrite,
 		AcceptedMessages:   cfg.RemoteWrite.AcceptedProtobufMessages,
 	})
+	// The gathering definition, served and enforced with the config's policy.
+	var (
+		policies *receive.PolicyUpdater
+		defs     *gathering.Server
+	)
+	if cfg.Gathering.File != "" {
+		defs, err = gathering.NewServer(logger.With("component", "gathering"), reg, cfg.Gathering.File, gathering.ServerOptions{
+			GracePeriod: time.Duration(cfg.Gathering.GracePeriod),
+			OnChange:    func() { policies.GatheringChanged() }, // called by defs.Run only, once policies is set
+		})
+		if err != nil {
+			logger.Error("invalid configuration", "file", *configFile, "err", fmt.Errorf("gathering.file: %w", err))
+			return 2
+		}
+		policies = receive.NewPolicyUpdater(writes, policy, defs)
+	} else {
+		policies = receive.NewPolicyUpdater(writes, policy, nil)
+	}
 	engine := query.NewEngine(logger.With("component", "query"), reg, query.Options{})
 	ruler, err := rules.New(logger.With("component", "rules"), reg, engine, db, cfg.Rules)
 	if err != nil {
@@ -168,6 +193,9 @@ func run(args []string, stderr io.Writer) int {
 	mux.Handle("/api/v1/", auth.Middleware(a.authn, auth.PermRead, nil, api))
 	if a.authorize != nil {
 		mux.Handle("POST /authorize", a.authorize)
+	}
+	if defs != nil { // any credential of a tenant may read it, cluster credentials included
+		mux.Handle("GET /api/v1/gathering", auth.Middleware(a.authn, 0, nil, defs))
 	}
 	pushes, err := push.Open(logger.With("component", "push"), reg, filepath.Join(*storagePath, "push"), db, cfg.Push, push.Options{})
 	if err != nil {
@@ -226,12 +254,21 @@ func run(args []string, stderr io.Writer) int {
 				return
 			}
 			limiter.Reload(c.Limits)
-			writes.SetPolicy(p)
+			policies.SetBase(p)
 		})
 		hup := make(chan os.Signal, 1)
 		signal.Notify(hup, syscall.SIGHUP)
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return reloader.Run(ctx, 30*time.Second, hup) }, func(error) {
+			signal.Stop(hup)
+			cancel()
+		})
+	}
+	if defs != nil { // Gathering definition file reload (every reload_interval and on SIGHUP).
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return defs.Run(ctx, time.Duration(cfg.Gathering.ReloadInterval), hup) }, func(error) {
 			signal.Stop(hup)
 			cancel()
 		})
