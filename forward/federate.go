@@ -74,7 +74,8 @@ var errEntryTooLarge = errors.New("exposition entry too large")
 // response: memory is bounded by the parse chunk size, not the response size.
 // Safe for concurrent use.
 type Federator struct {
-	url    string
+	base   url.URL // <base>/federate without parameters
+	url    string  // with FederateOptions.Matches
 	client *http.Client
 	opts   FederateOptions
 	now    func() time.Time
@@ -85,18 +86,34 @@ type Federator struct {
 func NewFederator(base *url.URL, client *http.Client, opts FederateOptions) *Federator {
 	u := *base
 	u.Path = strings.TrimSuffix(u.Path, "/") + "/federate"
+	f := &Federator{base: u, client: client, opts: opts, now: time.Now}
+	f.url = f.urlFor(opts.Matches)
+	return f
+}
+
+func (f *Federator) urlFor(matches []string) string {
+	u := f.base
 	q := u.Query()
-	for _, m := range opts.Matches {
+	for _, m := range matches {
 		q.Add("match[]", m)
 	}
 	u.RawQuery = q.Encode()
-	return &Federator{url: u.String(), client: client, opts: opts, now: time.Now}
+	return u.String()
 }
 
-// Fetch implements Source.
+// Fetch implements Source with FederateOptions.Matches.
 func (f *Federator) Fetch(ctx context.Context, fn func(*Sample) error) (FetchStats, error) {
+	return f.fetch(ctx, f.url, fn)
+}
+
+// FetchMatching implements MatchingSource: Fetch with other match[] selectors.
+func (f *Federator) FetchMatching(ctx context.Context, matches []string, fn func(*Sample) error) (FetchStats, error) {
+	return f.fetch(ctx, f.urlFor(matches), fn)
+}
+
+func (f *Federator) fetch(ctx context.Context, target string, fn func(*Sample) error) (FetchStats, error) {
 	var st FetchStats
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, f.url, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
 	if err != nil {
 		return st, fmt.Errorf("build federate request: %w", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/golang/snappy"
@@ -21,6 +22,7 @@ import (
 	"github.com/prometheus/prometheus/prompb"
 
 	"github.com/phonehome/phonehome/allowlist"
+	"github.com/phonehome/phonehome/gathering"
 	"github.com/phonehome/phonehome/relabel"
 )
 
@@ -29,6 +31,7 @@ const (
 	ReasonAllowlist      = "allowlist"        // filtered: not selected by the allowlist
 	ReasonRelabel        = "relabel"          // filtered: dropped by relabel_configs
 	ReasonMaxSeries      = "max_series"       // dropped: over the per-cycle series cap
+	ReasonSelectorCap    = "selector_cap"     // dropped: over a gathering definition's per-selector cap
 	ReasonMaxBytes       = "max_bytes"        // dropped: after the federate response byte cap
 	ReasonQueueFull      = "queue_full"       // dropped: oldest data evicted from a full queue
 	ReasonRecordTooLarge = "record_too_large" // dropped: one request larger than the whole queue
@@ -37,11 +40,27 @@ const (
 	ReasonInvalid        = "invalid"          // dropped: a queued record could not be decoded or encoded
 )
 
-// Policy is what may leave the cluster and how it is rewritten. Both fields are required.
+// Policy is what may leave the cluster and how it is rewritten. Allow and
+// Rules are required.
 type Policy struct {
 	Allow *allowlist.List
 	Rules *relabel.Rules
+	// Caps limit the series per selector and cycle (from a gathering definition).
+	Caps []gathering.Cap
+	// DefinitionVersion, if set, is forwarded every cycle as
+	// gathering.InfoMetric{version="..."} 1.
+	DefinitionVersion string
 }
+
+// MatchingSource is a Source that can fetch with the selectors of the
+// policy in force for the cycle (the Federator's match[] parameters), so a
+// new policy applies to federation and filtering at once.
+type MatchingSource interface {
+	FetchMatching(ctx context.Context, matches []string, fn func(*Sample) error) (FetchStats, error)
+}
+
+// ErrNoPolicy is returned by Collect while no policy is in force.
+var ErrNoPolicy = errors.New("no gathering policy in force yet")
 
 // Options tunes a Forwarder. Zero values take the documented defaults.
 type Options struct {
@@ -164,7 +183,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range []string{ReasonAllowlist, ReasonRelabel} {
 		m.filtered.WithLabelValues(r)
 	}
-	for _, r := range []string{ReasonMaxSeries, ReasonMaxBytes, ReasonQueueFull, ReasonRecordTooLarge, ReasonQueueError, ReasonHTTP4xx, ReasonInvalid} {
+	for _, r := range []string{ReasonMaxSeries, ReasonSelectorCap, ReasonMaxBytes, ReasonQueueFull, ReasonRecordTooLarge, ReasonQueueError, ReasonHTTP4xx, ReasonInvalid} {
 		m.dropped.WithLabelValues(r)
 	}
 	return m
@@ -175,7 +194,7 @@ type Forwarder struct {
 	logger *slog.Logger
 	m      *metrics
 	src    Source
-	policy Policy
+	policy atomic.Pointer[Policy]
 	q      *Queue
 	sender Sender
 	opts   Options
@@ -199,9 +218,23 @@ type scratch struct {
 // The Forwarder does not close the queue; it must be the queue's only user.
 func New(logger *slog.Logger, reg prometheus.Registerer, src Source, policy Policy, q *Queue, sender Sender, opts Options) *Forwarder {
 	opts.defaults()
-	f := &Forwarder{logger: logger, m: newMetrics(reg), src: src, policy: policy, q: q, sender: sender, opts: opts}
+	f := &Forwarder{logger: logger, m: newMetrics(reg), src: src, q: q, sender: sender, opts: opts}
+	if policy.Allow != nil && policy.Rules != nil {
+		f.policy.Store(&policy)
+	}
 	q.setOnDropIfUnset(f.countQueueDrop)
 	return f
+}
+
+// SetPolicy atomically replaces the policy; the next cycle uses it whole
+// (a cycle in progress keeps the one it started with). Both Allow and Rules
+// must be set.
+func (f *Forwarder) SetPolicy(p Policy) error {
+	if p.Allow == nil || p.Rules == nil {
+		return errors.New("policy needs an allowlist and relabel rules")
+	}
+	f.policy.Store(&p)
+	return nil
 }
 
 // countQueueDrop records the samples of a queue record evicted to make room.
@@ -284,6 +317,10 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 		f.m.lastSuccess.SetToCurrentTime()
 	}()
 
+	pol := f.policy.Load()
+	if pol == nil {
+		return ErrNoPolicy
+	}
 	sc := &f.scratch
 	if sc.lb == nil {
 		sc.lb = labels.NewBuilder(labels.EmptyLabels())
@@ -299,6 +336,8 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 		kept, federated     int
 		allowOut, relabOut  int
 		overSeries, invalid int
+		overCap             int
+		capCounts           = make([]int, len(pol.Caps))
 		// Per-batch arenas: one allocation for all labels and samples of a
 		// request instead of two per series; reset after each flush.
 		labelArena  = sc.labels[:0]
@@ -331,9 +370,9 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 		labelArena = labelArena[:0]
 		sampleArena = sampleArena[:0]
 	}
-	st, ferr := f.src.Fetch(ctx, func(s *Sample) error {
+	add := func(s *Sample) error {
 		federated++
-		if !f.policy.Allow.Allows(s.Labels) {
+		if !pol.Allow.Allows(s.Labels) {
 			allowOut++
 			return nil
 		}
@@ -341,10 +380,21 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 			overSeries++
 			return nil
 		}
+		for i, c := range pol.Caps {
+			if c.Allow.Allows(s.Labels) && capCounts[i] >= c.Max {
+				overCap++
+				return nil
+			}
+		}
 		lb.Reset(s.Labels)
-		if !f.policy.Rules.Apply(lb) {
+		if !pol.Rules.Apply(lb) {
 			relabOut++
 			return nil
+		}
+		for i, c := range pol.Caps {
+			if c.Allow.Allows(s.Labels) {
+				capCounts[i]++
+			}
 		}
 		kept++
 		ls := lb.Labels()
@@ -369,7 +419,19 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 			flush()
 		}
 		return nil
-	})
+	}
+	var (
+		st   FetchStats
+		ferr error
+	)
+	if ms, ok := f.src.(MatchingSource); ok {
+		st, ferr = ms.FetchMatching(ctx, pol.Allow.Selectors(), add)
+	} else {
+		st, ferr = f.src.Fetch(ctx, add)
+	}
+	if pol.DefinitionVersion != "" && ctx.Err() == nil {
+		f.addInfo(pol, &batch)
+	}
 	flush()
 
 	f.m.federated.Add(float64(federated + st.OverBytes))
@@ -381,6 +443,10 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 		f.m.dropped.WithLabelValues(ReasonMaxSeries).Add(float64(overSeries))
 		f.logCapOnce(ReasonMaxSeries, "series cap reached, dropping the rest of the cycle")
 	}
+	if overCap > 0 {
+		f.m.dropped.WithLabelValues(ReasonSelectorCap).Add(float64(overCap))
+		f.logCapOnce(ReasonSelectorCap, "a gathering definition's per-selector cap was reached, dropping the rest of its series")
+	}
 	if st.OverBytes > 0 {
 		f.m.dropped.WithLabelValues(ReasonMaxBytes).Add(float64(st.OverBytes))
 		f.logCapOnce(ReasonMaxBytes, "federate byte cap reached, dropping the rest of the response")
@@ -389,6 +455,19 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 	qerr := f.enqueue(records, recordSamples)
 	f.logger.Debug("collected", "federated", federated, "kept", kept, "requests", len(records), "bytes", st.Bytes)
 	return errors.Join(ferr, qerr)
+}
+
+// addInfo appends gathering.InfoMetric{version=...} 1 at the current time,
+// relabeled like every series (so it carries _id and the external labels).
+// It passes neither the allowlist nor the caps: it describes the forwarder.
+func (f *Forwarder) addInfo(pol *Policy, batch *[]prompb.TimeSeries) {
+	lb := labels.NewBuilder(labels.FromStrings(labels.MetricName, gathering.InfoMetric, "version", pol.DefinitionVersion))
+	if !pol.Rules.Apply(lb) {
+		return
+	}
+	var ls []prompb.Label
+	lb.Labels().Range(func(l labels.Label) { ls = append(ls, prompb.Label{Name: l.Name, Value: l.Value}) })
+	*batch = append(*batch, prompb.TimeSeries{Labels: ls, Samples: []prompb.Sample{{Value: 1, Timestamp: time.Now().UnixMilli()}}})
 }
 
 func (f *Forwarder) enqueue(records [][]byte, samples []int) error {
