@@ -108,7 +108,10 @@ func TestCollectWithoutPolicyRunsNothing(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = q.Close() })
 	fetched := false
-	src := sourceFunc(func(context.Context, func(*Sample) error) (FetchStats, error) { fetched = true; return FetchStats{}, nil })
+	src := sourceFunc(func(context.Context, func(*Sample) error) (FetchStats, error) {
+		fetched = true
+		return FetchStats{}, nil
+	})
 	f := New(discardLogger(), prometheus.NewRegistry(), src, Policy{}, q, nil, Options{})
 	require.ErrorIs(t, f.Collect(context.Background()), ErrNoPolicy)
 	require.False(t, fetched)
