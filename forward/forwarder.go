@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -622,4 +623,16 @@ func codeOf(err error) string {
 		return fmt.Sprint(he.Code)
 	}
 	return "error"
+}
+
+// DefinitionPolicy builds the policy of a gathering definition: its
+// selectors replace the local ones, its anonymize_labels are added to the
+// local relabel configuration base, and its caps and version come along.
+func DefinitionPolicy(base relabel.Config, c *gathering.Compiled) (Policy, error) {
+	base.AnonymizeLabels = append(slices.Clip(base.AnonymizeLabels), c.Def.AnonymizeLabels...)
+	rules, err := relabel.Parse(base)
+	if err != nil {
+		return Policy{}, fmt.Errorf("definition %s: %w", c.Def.Version, err)
+	}
+	return Policy{Allow: c.Allow, Rules: rules, Caps: c.Caps, DefinitionVersion: c.Def.Version}, nil
 }

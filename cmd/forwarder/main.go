@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -31,10 +32,14 @@ import (
 
 	"github.com/phonehome/phonehome/allowlist"
 	"github.com/phonehome/phonehome/forward"
+	"github.com/phonehome/phonehome/gathering"
 	"github.com/phonehome/phonehome/relabel"
 )
 
-const userAgent = "phonehome-forwarder/0.1"
+// forwarderVersion is checked against a gathering definition's min_forwarder_version.
+const forwarderVersion = "0.1.0"
+
+const userAgent = "phonehome-forwarder/" + forwarderVersion
 
 func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
 
@@ -83,7 +88,7 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	fs.StringVar(&f.listen, "listen", ":9002", "Address for /metrics, /healthz and /readyz.")
 	fs.StringVar(&f.listen, "web.listen-address", ":9002", "Alias of --listen.")
 	fs.StringVar(&f.configFile, "config.file", "", "Optional YAML file: relabel_configs, limits, queue and send settings.")
-	fs.StringVar(&f.gatheringURL, "gathering-url", "", "URL of the fleet's gathering definition (accepted; polling is not implemented yet).")
+	fs.StringVar(&f.gatheringURL, "gathering-url", "", "URL of the fleet's gathering definition (e.g. <to>/api/v1/gathering), polled every gathering.interval; it replaces the local selectors, which remain the fallback.")
 	fs.StringVar(&f.queueDir, "queue.dir", "data/queue", "Directory of the on-disk queue.")
 	fs.TextVar(&f.queueMaxBytes, "queue.max-bytes", 256*units.MiB, "Bound of the on-disk queue, e.g. 256MiB (overrides queue.max_bytes).")
 	fs.StringVar(&f.logLevel, "log.level", "info", "debug, info, warn or error.")
@@ -121,6 +126,8 @@ type setup struct {
 	disabledReason string
 	from, to       *url.URL
 	policy         forward.Policy
+	relabel        relabel.Config // the local rules, before a definition adds anonymize_labels
+	gatheringURL   string
 	file           forward.FileConfig
 	fromClient     *http.Client
 	toClient       *http.Client
@@ -170,7 +177,9 @@ func load(f *flags) (*setup, error) {
 	}
 	s.from = parseURL("from", f.from, enabled)
 	s.to = parseURL("to", f.to, false)
-	parseURL("gathering-url", f.gatheringURL, false)
+	if u := parseURL("gathering-url", f.gatheringURL, false); u != nil {
+		s.gatheringURL = u.String()
+	}
 	if enabled && f.id == "" {
 		add(errors.New("--id: required"))
 	}
@@ -219,8 +228,8 @@ func load(f *flags) (*setup, error) {
 		}
 	}
 	sel = append(sel, s.file.Matches...)
-	if enabled && len(sel) == 0 {
-		add(errors.New("--match/--match-file: at least one selector is required"))
+	if enabled && len(sel) == 0 && f.gatheringURL == "" {
+		add(errors.New("--match/--match-file: at least one selector is required (or --gathering-url)"))
 	}
 	if s.policy.Allow, err = allowlist.Parse(sel); err != nil {
 		add(fmt.Errorf("selectors: %w", err))
@@ -267,6 +276,10 @@ func load(f *flags) (*setup, error) {
 	if s.policy.Rules, err = relabel.Parse(rc); err != nil {
 		add(fmt.Errorf("relabeling: %w", err))
 	}
+	s.relabel = rc
+	if s.gatheringURL != "" && s.file.Gathering.CacheFile == "" {
+		s.file.Gathering.CacheFile = filepath.Join(f.queueDir, "gathering-definition.json")
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -307,6 +320,7 @@ func run(args []string, stderr io.Writer) int {
 	var (
 		fwd        *forward.Forwarder
 		authorizer *forward.Authorizer
+		creds      forward.Credentials = forward.TokenFile(f.toTokenFile)
 	)
 	if s.disabledReason == "" {
 		q, err := forward.OpenQueue(f.queueDir, logger.With("component", "queue"), reg, forward.QueueOptions{
@@ -325,7 +339,6 @@ func run(args []string, stderr io.Writer) int {
 			Matches: s.policy.Allow.Selectors(), TokenFile: f.fromTokenFile,
 			MaxBytes: int64(s.file.Federate.MaxBytes), UserAgent: userAgent,
 		})
-		var creds forward.Credentials = forward.TokenFile(f.toTokenFile)
 		if f.authorize != forward.AuthorizeNever && f.toTokenFile != "" {
 			ac := s.file.Authorize
 			authorizer = forward.NewAuthorizer(logger.With("component", "authorize"), reg, s.to, s.toClient, forward.AuthorizerOptions{
@@ -340,7 +353,14 @@ func run(args []string, stderr io.Writer) int {
 		sender := forward.NewHTTPSender(s.to, s.toClient, forward.HTTPSenderOptions{
 			Credentials: creds, UserAgent: userAgent, Timeout: time.Duration(s.file.Send.Timeout),
 		})
-		fwd = forward.New(logger.With("component", "forward"), reg, src, s.policy, q, sender, forward.Options{
+		initial := s.policy
+		if s.gatheringURL != "" {
+			initial.DefinitionVersion = "local"
+			if initial.Allow.Len() == 0 {
+				initial = forward.Policy{} // nothing runs until a definition arrives
+			}
+		}
+		fwd = forward.New(logger.With("component", "forward"), reg, src, initial, q, sender, forward.Options{
 			Interval:             f.interval,
 			MaxSeries:            s.file.Federate.MaxSeries,
 			MaxSamplesPerRequest: s.file.Send.MaxSamplesPerRequest,
@@ -351,8 +371,30 @@ func run(args []string, stderr io.Writer) int {
 	} else {
 		logger.Info("telemetry disabled, nothing will be collected or sent", "reason", s.disabledReason)
 	}
-	if f.gatheringURL != "" {
-		logger.Info("gathering definition polling is not implemented yet, using the local selectors", "gathering_url", f.gatheringURL)
+	var poller *gathering.Poller
+	if fwd != nil && s.gatheringURL != "" {
+		gc := s.file.Gathering
+		poller = gathering.NewPoller(logger.With("component", "gathering"), reg, gathering.PollerOptions{
+			URL: s.gatheringURL, Client: s.toClient, Credentials: creds,
+			Interval: time.Duration(gc.Interval), Jitter: gc.Jitter, Timeout: time.Duration(gc.Timeout),
+			CacheFile: gc.CacheFile, UserAgent: userAgent, ForwarderVersion: forwarderVersion,
+			Apply: func(c *gathering.Compiled) error {
+				p, err := forward.DefinitionPolicy(s.relabel, c)
+				if err != nil {
+					return err
+				}
+				return fwd.SetPolicy(p)
+			},
+		})
+		// At start: the cached definition, else the local selectors, else wait.
+		if c, err := poller.LoadCache(); err == nil {
+			logger.Info("using the cached gathering definition until the next poll", "version", c.Def.Version, "file", gc.CacheFile)
+		} else if s.policy.Allow.Len() > 0 {
+			poller.UseLocal()
+			logger.Info("no cached gathering definition, using the local selectors until the next poll", "reason", err.Error())
+		} else {
+			logger.Warn("no cached gathering definition and no local selectors: collecting nothing until a definition arrives", "reason", err.Error())
+		}
 	}
 
 	ln, err := net.Listen("tcp", f.listen)
@@ -395,6 +437,10 @@ func run(args []string, stderr io.Writer) int {
 	if authorizer != nil { // Cluster credential: exchange at start, renew before expiry.
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return authorizer.Run(ctx) }, func(error) { cancel() })
+	}
+	if poller != nil { // Gathering definition: poll at once, then every gathering.interval ± jitter.
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return poller.Run(ctx) }, func(error) { cancel() })
 	}
 	if fwd != nil { // Collection and delivery; returns after a bounded last flush.
 		ctx, cancel := context.WithCancel(context.Background())
