@@ -6,4 +6,6 @@ import (
 )
 
 // NoBackoff makes retries immediate (tests).
-func (w *Writer) NoBackoff() { w.sleep = func(ctx context.Context, _ time.Duration) error { return ctx.Err() } }
+func (w *Writer) NoBackoff() {
+	w.sleep = func(ctx context.Context, _ time.Duration) error { return ctx.Err() }
+}
