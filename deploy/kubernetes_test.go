@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,8 +18,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"context"
 
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
@@ -638,6 +637,14 @@ func TestConfigsPassCheckConfig(t *testing.T) {
 					out, err := cmd.CombinedOutput()
 					require.NoError(t, err, "%s --check-config %s:\n%s", binary, strings.Join(args, " "), out)
 					require.Contains(t, string(out), "ok")
+					// --check-config does not open every file a config names
+					// (the receiver reads storage.bucket.s3.secret_key_file only
+					// when it opens the bucket): check that each exists.
+					for _, a := range args {
+						if cfg, ok := strings.CutPrefix(a, "--config.file="); ok {
+							requireNamedFilesExist(t, cfg)
+						}
+					}
 				})
 				checked[binary]++
 			}
@@ -809,4 +816,37 @@ func TestGrafanaProvisioning(t *testing.T) {
 	require.Equal(t, "1", ds.Labels["grafana_datasource"])
 	require.Contains(t, ds.Data["phonehome-datasource.yaml"], "http://phonehome-receiver:9291", "the data source must point at the receiver Service")
 	require.Contains(t, r.configMaps, "phonehome-grafana-dashboard-provider")
+}
+
+// requireNamedFilesExist fails if a value of a key ending in _file (or the
+// files of tokens_file/keys_file's own private_key_file) in the YAML config
+// does not name an existing file, relative paths being relative to the config.
+func requireNamedFilesExist(t *testing.T, config string) {
+	t.Helper()
+	b, err := os.ReadFile(config)
+	require.NoError(t, err)
+	var doc any
+	require.NoError(t, yaml.Unmarshal(b, &doc))
+	var walk func(path string, v any)
+	walk = func(path string, v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, e := range v {
+				if s, ok := e.(string); ok && strings.HasSuffix(k, "_file") && s != "" {
+					if !filepath.IsAbs(s) {
+						s = filepath.Join(filepath.Dir(config), s)
+					}
+					_, err := os.Stat(s)
+					require.NoError(t, err, "%s: %s%s names a file the pod does not have", config, path, k)
+					continue
+				}
+				walk(path+k+".", e)
+			}
+		case []any:
+			for i, e := range v {
+				walk(fmt.Sprintf("%s%d.", path, i), e)
+			}
+		}
+	}
+	walk("", doc)
 }
