@@ -34,7 +34,7 @@ type Options struct {
 // Gateway is the push endpoint. It is an http.Handler that must be mounted
 // behind auth.Middleware (it reads the tenant from auth.FromContext).
 // ServeHTTP is safe for concurrent use; accepted pushes are serialised
-// through one mutex and one fsync each. Run writes the state into storage
+// through one mutex and share fsyncs (group commit). Run writes the state into storage
 // periodically; Close releases the log file after Run has returned.
 type Gateway struct {
 	logger  *slog.Logger
@@ -44,6 +44,9 @@ type Gateway struct {
 	metrics *metrics
 	allowed map[string]bool
 	limiter *limiter
+
+	syncMu sync.Mutex // serialises fsyncs; held while waiting for one
+	synced uint64     // the last Seq known durable (under syncMu)
 
 	mu     sync.Mutex
 	state  map[string]*tenantState // by tenant
@@ -94,7 +97,43 @@ func (g *Gateway) seriesCount() int {
 // and applies it. Nothing changes unless it returns nil.
 func (g *Gateway) accept(rec *record) error {
 	g.mu.Lock()
-	defer g.mu.Unlock()
+	err := g.appendLocked(rec)
+	g.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return g.waitDurable(rec.Seq)
+}
+
+// waitDurable returns once record seq is fsynced. Callers queue on syncMu;
+// one fsync covers every record written before it started, so the pushes
+// that waited behind it return without another (group commit).
+func (g *Gateway) waitDurable(seq uint64) error {
+	g.syncMu.Lock()
+	defer g.syncMu.Unlock()
+	if g.synced >= seq {
+		return nil
+	}
+	g.mu.Lock()
+	target, broken := g.seq, g.broken
+	g.mu.Unlock()
+	if broken != nil {
+		return fmt.Errorf("push log unusable: %w: %w", broken, errNotReady)
+	}
+	if err := g.log.sync(); err != nil {
+		// What was written may or may not be on disk: stop acknowledging.
+		g.mu.Lock()
+		g.broken = err
+		g.mu.Unlock()
+		return err
+	}
+	g.synced = target
+	return nil
+}
+
+// appendLocked validates rec against the tenant's state, writes it to the
+// log and applies it. It is not durable until waitDurable(rec.Seq).
+func (g *Gateway) appendLocked(rec *record) error {
 	if g.broken != nil {
 		return fmt.Errorf("push log unusable: %w: %w", g.broken, errNotReady)
 	}

@@ -58,6 +58,7 @@ func BenchmarkPush(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			start := time.Now()
+			b.SetParallelism(16) // 32 pushers on 2 cores: many installers at once, so fsyncs can be shared
 			b.RunParallel(func(pb *testing.PB) {
 				var local []time.Duration
 				for pb.Next() {

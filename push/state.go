@@ -21,7 +21,8 @@ import (
 //     atomically (write to a temporary file, fsync, rename, fsync the dir).
 //   - push.log: every accepted push since, one framed record each
 //     (4-byte little-endian payload length, 4-byte CRC-32C of the payload,
-//     JSON payload). A record is fsynced before its push is acknowledged.
+//     JSON payload). A record is fsynced before its push is acknowledged;
+//     concurrent pushes share one fsync (group commit).
 //
 // Recovery loads the snapshot and replays the records with a larger Seq
 // (a crash between renaming a snapshot and truncating the log leaves records
@@ -232,8 +233,8 @@ func replay(f *os.File, after uint64, fn func(*record)) (good int64, replayed, s
 	}
 }
 
-// append writes rec and fsyncs it. On failure the log is cut back to where
-// it was, so a failed (unacknowledged) push never replays.
+// append writes rec (not yet durable: see sync). On failure the log is cut
+// back to where it was, so a failed (unacknowledged) push never replays.
 func (l *durableLog) append(rec *record) error {
 	payload, err := json.Marshal(rec)
 	if err != nil {
@@ -246,10 +247,16 @@ func (l *durableLog) append(rec *record) error {
 	if _, err := l.f.Write(buf); err != nil {
 		return errors.Join(fmt.Errorf("write push log: %w", err), l.rewind())
 	}
-	if err := l.f.Sync(); err != nil {
-		return errors.Join(fmt.Errorf("sync push log: %w", err), l.rewind())
-	}
 	l.size += int64(len(buf))
+	return nil
+}
+
+// sync makes every appended record durable. It may run concurrently with
+// append (a group commit covers whatever was written before it started).
+func (l *durableLog) sync() error {
+	if err := l.f.Sync(); err != nil {
+		return fmt.Errorf("sync push log: %w", err)
+	}
 	return nil
 }
 
