@@ -12,9 +12,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -55,6 +57,9 @@ func run(args []string, stderr io.Writer) int {
 		checkOnly   = fs.Bool("check-config", false, "Validate the configuration (and the files it names), print ok and exit.")
 		noAuth      = fs.Bool("insecure.no-auth", false, "INSECURE: accept every request without credentials, as tenant \""+defaultTenant+"\". For local trials only.")
 		showVersion = fs.Bool("version", false, "Print the version and exit.")
+		enablePprof = fs.Bool("web.enable-pprof", false, "Serve net/http/pprof under /debug/pprof/ (unauthenticated: for benchmarks and debugging on trusted networks only).")
+		gcPercent   = fs.Int("runtime.gogc", 0, "GOGC for the process (0 keeps the GOGC environment variable or Go's default of 100). See bench/results/README.md for the trade-off.")
+		memLimit    = fs.Int64("runtime.memory-limit-bytes", 0, "Soft memory limit for the Go runtime (GOMEMLIMIT) in bytes; 0 keeps the GOMEMLIMIT environment variable or no limit.")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -66,6 +71,12 @@ func run(args []string, stderr io.Writer) int {
 	if *showVersion {
 		fmt.Fprintln(stderr, version.Print("receiver"))
 		return 0
+	}
+	if *gcPercent != 0 {
+		debug.SetGCPercent(*gcPercent)
+	}
+	if *memLimit > 0 {
+		debug.SetMemoryLimit(*memLimit)
 	}
 	logger, err := newLogger(stderr, *logLevel, *logFormat)
 	if err != nil {
@@ -207,6 +218,13 @@ func run(args []string, stderr io.Writer) int {
 		mux.Handle(p, auth.Middleware(a.authn, auth.PermWrite, pushes.CountUnauthenticated, pushes))
 	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	if *enablePprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	mux.HandleFunc("GET /-/healthy", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "healthy") })
 	mux.HandleFunc("GET /-/ready", func(w http.ResponseWriter, _ *http.Request) {
 		if !isReady() {
