@@ -179,8 +179,7 @@ func TestReceiverRefusesBadStartup(t *testing.T) {
 			return 0, out.String()
 		case <-time.After(time.Minute):
 			_ = cmd.Process.Kill()
-			<-done
-			t.Fatalf("receiver %v did not exit: %s", args, out.String())
+			t.Fatalf("receiver %v did not exit within a minute (killed: %v): %s", args, <-done, out.String())
 			return -1, ""
 		}
 	}
