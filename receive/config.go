@@ -152,13 +152,18 @@ func LoadConfig(path string) (*Config, error) {
 	return cfg, nil
 }
 
-// validatePolicy compiles the allowlist once, so a config that validates
-// cannot fail later.
+// validatePolicy compiles the allowlist once, and checks the files the
+// config names exist, so a config that validates cannot fail later.
 func (c *Config) validatePolicy() error {
 	var errs []error
 	if len(c.Allowlist) > 0 {
 		if _, err := allowlist.Parse(c.Allowlist); err != nil {
 			errs = append(errs, fmt.Errorf("allowlist: %w", err))
+		}
+	}
+	if f := c.Storage.Bucket.S3.SecretKeyFile; c.Storage.Bucket.Type == "s3" && f != "" {
+		if _, err := os.Stat(f); err != nil {
+			errs = append(errs, fmt.Errorf("storage.bucket.s3.secret_key_file: %w", err))
 		}
 	}
 	for i, n := range c.ElideLabels {
