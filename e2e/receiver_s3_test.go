@@ -14,6 +14,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -91,7 +92,15 @@ func TestReceiverShipsToS3(t *testing.T) {
 	}
 	write("acme", tokenAcme, 50)
 	write("other", tokenOther, 3)
-	rcv.Stop() // SIGINT: flush the heads into blocks, upload them, exit 0
+	// SIGTERM, as Kubernetes sends it: flush the heads into blocks, upload
+	// them, exit 0 (Stop then only checks the exit status).
+	require.NoError(t, rcv.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-rcv.done:
+	case <-time.After(90 * time.Second):
+		t.Fatal("receiver did not exit within 90s of SIGTERM")
+	}
+	rcv.Stop()
 
 	bkt := openS3(t, s3Addr)
 	ctx := context.Background()
