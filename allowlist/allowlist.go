@@ -10,6 +10,8 @@ import (
 	"io"
 	"strings"
 
+	"github.com/prometheus/common/model"
+
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql/parser"
 )
@@ -69,7 +71,7 @@ func matchesEmpty(ms []*labels.Matcher) bool {
 func (l *List) add(s string, ms []*labels.Matcher) {
 	l.selectors = append(l.selectors, s)
 	for _, m := range ms {
-		if m.Name == labels.MetricName && m.Type == labels.MatchEqual {
+		if m.Name == model.MetricNameLabel && m.Type == labels.MatchEqual {
 			l.byName[m.Value] = append(l.byName[m.Value], ms)
 			return
 		}
@@ -124,7 +126,7 @@ func (l *List) Allows(ls labels.Labels) bool {
 	if l == nil {
 		return false
 	}
-	for _, sel := range l.byName[ls.Get(labels.MetricName)] {
+	for _, sel := range l.byName[ls.Get(model.MetricNameLabel)] {
 		if matchesAll(sel, ls) {
 			return true
 		}

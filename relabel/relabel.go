@@ -70,7 +70,7 @@ func Parse(c Config) (*Rules, error) {
 		if !model.UTF8Validation.IsValidLabelName(n) || n == "" {
 			errs = append(errs, fmt.Errorf("anonymize_labels[%d] %q: invalid label name", i, n))
 		}
-		if n == labels.MetricName {
+		if n == model.MetricNameLabel {
 			errs = append(errs, fmt.Errorf("anonymize_labels[%d] %q: the metric name cannot be anonymized", i, n))
 		}
 	}
@@ -84,7 +84,7 @@ func Parse(c Config) (*Rules, error) {
 		switch {
 		case k == "" || !model.UTF8Validation.IsValidLabelName(k):
 			errs = append(errs, fmt.Errorf("label %q: invalid label name", k))
-		case k == labels.MetricName || k == IDLabel:
+		case k == model.MetricNameLabel || k == IDLabel:
 			errs = append(errs, fmt.Errorf("label %q: reserved label name", k))
 		case v == "":
 			errs = append(errs, fmt.Errorf("label %q: empty value", k))
@@ -162,8 +162,8 @@ func encode(h hash.Hash, v string) string {
 // from every label value. It returns false if the series must be dropped (a
 // relabel rule dropped it or it lost its metric name).
 func (r *Rules) Apply(lb *labels.Builder) bool {
-	if to, ok := r.rename[lb.Get(labels.MetricName)]; ok {
-		lb.Set(labels.MetricName, to)
+	if to, ok := r.rename[lb.Get(model.MetricNameLabel)]; ok {
+		lb.Set(model.MetricNameLabel, to)
 	}
 	r.external.Range(func(l labels.Label) { lb.Set(l.Name, l.Value) })
 	if r.id != "" {
@@ -193,5 +193,5 @@ func (r *Rules) Apply(lb *labels.Builder) bool {
 			lb.Set(l.Name, strings.ReplaceAll(l.Value, r.id, r.hashedID))
 		}
 	}
-	return lb.Get(labels.MetricName) != ""
+	return lb.Get(model.MetricNameLabel) != ""
 }

@@ -232,7 +232,7 @@ func (m *Manager) Run(ctx context.Context) error {
 			<-notifierDone
 			return nil
 		case <-tick.C:
-			m.Reload()
+			_ = m.Reload() // logged and counted inside; the previous rules stay
 		}
 	}
 }
