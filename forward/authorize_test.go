@@ -66,7 +66,7 @@ func newAuthReceiver(t *testing.T) *authReceiver {
 			ar.valid[cred] = true
 			_ = json.NewEncoder(w).Encode(map[string]any{"token": cred, "expires_in_seconds": ar.lifetime})
 		case "/api/v1/write":
-			if ar.refuse || (!ar.valid[tok] && !(ar.noAuthz && tok == "fleet-token")) {
+			if ar.refuse || (!ar.valid[tok] && (!ar.noAuthz || tok != "fleet-token")) {
 				http.Error(w, "unauthorized", http.StatusUnauthorized)
 				return
 			}

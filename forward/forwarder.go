@@ -19,6 +19,7 @@ import (
 	"github.com/golang/snappy"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/prompb"
 
@@ -462,7 +463,7 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 // relabeled like every series (so it carries _id and the external labels).
 // It passes neither the allowlist nor the caps: it describes the forwarder.
 func (f *Forwarder) addInfo(pol *Policy, batch *[]prompb.TimeSeries) {
-	lb := labels.NewBuilder(labels.FromStrings(labels.MetricName, gathering.InfoMetric, "version", pol.DefinitionVersion))
+	lb := labels.NewBuilder(labels.FromStrings(model.MetricNameLabel, gathering.InfoMetric, "version", pol.DefinitionVersion))
 	if !pol.Rules.Apply(lb) {
 		return
 	}

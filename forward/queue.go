@@ -181,7 +181,7 @@ func OpenQueue(dir string, logger *slog.Logger, reg prometheus.Registerer, opts 
 		Name: "phonehome_forward_queue_oldest_age_seconds", Help: "Age of the oldest unacknowledged record, 0 when the queue is empty.",
 	}, q.oldestAge)
 	if err := q.recover(); err != nil {
-		q.closeFiles()
+		_ = q.closeFiles() // the recovery error is the one to report
 		return nil, err
 	}
 	q.updateGauges()

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/prompb"
 
@@ -127,7 +128,7 @@ func (p *Policy) allows(ls []prompb.Label, b *labels.ScratchBuilder) bool {
 	}
 	g := p.gather
 	switch {
-	case lbls.Get(labels.MetricName) == gathering.InfoMetric,
+	case lbls.Get(model.MetricNameLabel) == gathering.InfoMetric,
 		p.allow != nil && p.allow.Allows(lbls),
 		g.cur.Allows(lbls):
 		return true
