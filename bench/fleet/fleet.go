@@ -33,6 +33,11 @@ type Fleet struct {
 	base    []float64
 	counter []bool
 	offset  []int64
+
+	// Churn (see WithChurn): replaced fractions per simulated hour, and per
+	// series the label whose value a new generation changes (-1: none).
+	clusterChurn, seriesChurn float64
+	churnPos                  []int
 }
 
 // New derives a fleet of clusters × seriesPerCluster series from templates.
@@ -52,6 +57,7 @@ func New(templates []Template, clusters, seriesPerCluster int, seed uint64) (*Fl
 		base:     make([]float64, seriesPerCluster),
 		counter:  make([]bool, seriesPerCluster),
 		offset:   make([]int64, seriesPerCluster),
+		churnPos: make([]int, seriesPerCluster),
 	}
 	for c := range f.ids {
 		f.ids[c] = clusterID(seed, c)
@@ -75,6 +81,7 @@ func New(templates []Template, clusters, seriesPerCluster int, seed uint64) (*Fl
 			shape = append(shape, prompb.Label{Name: l.Name, Value: l.Value})
 		})
 		f.shapes[j], f.idPos[j] = shape, pos
+		f.churnPos[j] = churnLabel(shape)
 		f.base[j], f.counter[j], f.offset[j] = t.Value, t.Counter, t.OffsetMs
 	}
 	return f, nil
@@ -89,6 +96,70 @@ func replicate(b *labels.Builder, ls labels.Labels, k int) {
 		}
 	}
 	b.Set(replicaLabel, strconv.Itoa(k))
+}
+
+// churnNames are, in order of preference, the labels an upgrade changes: the
+// version of a component, else the identity of the replica running it.
+var churnNames = []string{"version", "gitVersion", "pod", "instance", "name", "namespace", "job"}
+
+func churnLabel(shape []prompb.Label) int {
+	for _, n := range churnNames {
+		for i, l := range shape {
+			if l.Name == n {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
+// WithChurn returns a copy of f whose clusters and series are replaced over
+// simulated time: per simulated hour a fraction clusterPerHour of the clusters
+// leave and are replaced by new ones (a new _id), and a fraction seriesPerHour
+// of every cluster's series are replaced by a new generation (an operator
+// upgrade changes their version label; series without one change their pod,
+// instance or name). Each cluster and series has a fixed phase u in [0,1);
+// its generation at simulated hour h is floor(rate·h + u), so exactly
+// rate·100% of them turn over per hour, spread evenly over the hour.
+func (f *Fleet) WithChurn(clusterPerHour, seriesPerHour float64) *Fleet {
+	g := *f
+	g.clusterChurn, g.seriesChurn = clusterPerHour, seriesPerHour
+	return &g
+}
+
+// generation of a cluster (j < 0) or series j of cluster c at simulated hour h.
+func (f *Fleet) generation(c, j int, h float64) int {
+	rate := f.seriesChurn
+	if j < 0 {
+		rate = f.clusterChurn
+	}
+	if rate <= 0 {
+		return 0
+	}
+	u := float64(mix(f.seed, uint64(c), uint64(j+1), 0xc4)>>11) / (1 << 53)
+	return int(rate*h + u)
+}
+
+// DistinctSeries is the number of different series rounds rounds of stepMs
+// create (with churn, more than ActiveSeries).
+func (f *Fleet) DistinctSeries(rounds int, stepMs int64) int {
+	if f.clusterChurn <= 0 && f.seriesChurn <= 0 {
+		return f.ActiveSeries()
+	}
+	h := float64(int64(rounds-1)*stepMs) / 3.6e6
+	n := 0
+	for c := range f.clusters {
+		cg := f.generation(c, -1, h) + 1
+		for j := range f.shapes {
+			sg := 1
+			if f.churnPos[j] >= 0 {
+				sg = f.generation(c, j, h) + 1
+			}
+			// Generations of the cluster and of the series change independently.
+			n += cg + sg - 1
+		}
+	}
+	return n
 }
 
 // Clusters returns N.
@@ -132,6 +203,10 @@ func (f *Fleet) Fill(b *Batch, c, from, to, r int, t0Ms, stepMs int64) {
 	b.labels, b.samples, b.Series = b.labels[:nl], b.samples[:n], b.Series[:n]
 
 	id := f.ids[c]
+	h := float64(int64(r)*stepMs) / 3.6e6
+	if g := f.generation(c, -1, h); g > 0 {
+		id = clusterID(f.seed+uint64(g)*0x9e3779b9, c)
+	}
 	jitter := int64(mix(f.seed, uint64(c), uint64(r), 0x6a) % 20)
 	tsBase := t0Ms + int64(r)*stepMs + jitter
 	off := 0
@@ -141,6 +216,11 @@ func (f *Fleet) Fill(b *Batch, c, from, to, r int, t0Ms, stepMs int64) {
 		ls := b.labels[off : off+len(shape) : off+len(shape)]
 		copy(ls, shape)
 		ls[f.idPos[j]].Value = id
+		if p := f.churnPos[j]; p >= 0 && f.seriesChurn > 0 {
+			if g := f.generation(c, j, h); g > 0 {
+				ls[p].Value = shape[p].Value + "-g" + strconv.Itoa(g)
+			}
+		}
 		off += len(shape)
 
 		b.samples[i] = prompb.Sample{Timestamp: tsBase + f.offset[j], Value: f.value(c, j, r)}

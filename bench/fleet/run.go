@@ -144,6 +144,16 @@ type Result struct {
 	CreateLatency        Latency       `json:"create_latency"`
 	SteadyLatency        Latency       `json:"steady_latency"`
 	PerRound             []RoundResult `json:"per_round"`
+	// Events are every answered request, for timelines; not serialised.
+	Events []Event `json:"-"`
+}
+
+// Event is one request: when it was sent (since Result.Start), how long it
+// took, and how many samples it carried that were accepted.
+type Event struct {
+	Start    time.Duration
+	Latency  time.Duration
+	Accepted int32
 }
 
 type job struct {
@@ -157,6 +167,8 @@ type workerStats struct {
 	lat      [2]reservoir // [0] round 0, [1] later rounds
 	sent     int64
 	encoded  int64
+	events   []Event
+	t0       time.Time
 }
 
 // Run sends o.Rounds rounds of f's series to o.URL. It stops early, with the
@@ -214,6 +226,9 @@ func Run(ctx context.Context, f *Fleet, o Options) (*Result, error) {
 	}
 
 	res.Start = time.Now()
+	for _, st := range stats {
+		st.t0 = res.Start
+	}
 	begin := res.Start
 rounds:
 	for r := range o.Rounds {
@@ -285,6 +300,7 @@ rounds:
 			}
 			res.ErrorExamples[k] = v
 		}
+		res.Events = append(res.Events, st.events...)
 		res.BytesSent += st.sent
 		res.BytesEncoded += st.encoded
 		create = append(create, st.lat[0].vals...)
@@ -436,7 +452,13 @@ func (s *sender) send(ctx context.Context, j job) (int, bool) {
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 	_ = resp.Body.Close()
-	lat := time.Since(start).Seconds()
+	took := time.Since(start)
+	lat := took.Seconds()
+	ev := Event{Start: start.Sub(s.st.t0), Latency: took}
+	if resp.StatusCode/100 == 2 {
+		ev.Accepted = int32(n)
+	}
+	s.st.events = append(s.st.events, ev)
 	if j.r == 0 {
 		s.st.lat[0].add(lat)
 	} else {

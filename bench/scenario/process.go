@@ -32,7 +32,8 @@ type server struct {
 // If listenFromLog is set, the listen address is taken from the JSON
 // {"msg":"listening","addr":...} line; otherwise addr must be given. It then
 // waits until GET /-/ready answers 200.
-func startServer(ctx context.Context, name, path string, args []string, logPath, addr string, listenFromLog bool) (*server, error) {
+// onPID, if not nil, is called with the process id right after the start.
+func startServer(ctx context.Context, name, path string, args []string, logPath, addr string, listenFromLog bool, onPID func(int), env []string) (*server, error) {
 	logf, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
@@ -43,6 +44,9 @@ func startServer(ctx context.Context, name, path string, args []string, logPath,
 		return nil, err
 	}
 	cmd := exec.Command(path, args...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = pw, pw
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -52,6 +56,9 @@ func startServer(ctx context.Context, name, path string, args []string, logPath,
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	_ = pw.Close()
+	if onPID != nil {
+		onPID(cmd.Process.Pid)
+	}
 	s := &server{name: name, cmd: cmd, done: make(chan struct{})}
 
 	addrc := make(chan string, 1)
@@ -84,7 +91,7 @@ func startServer(ctx context.Context, name, path string, args []string, logPath,
 		case addr = <-addrc:
 		case <-s.done:
 			return nil, fmt.Errorf("%s exited before listening (%v); see %s", name, s.waitErr, logPath)
-		case <-time.After(2 * time.Minute):
+		case <-time.After(10 * time.Minute): // a WAL replay comes first
 			s.kill()
 			return nil, fmt.Errorf("%s did not log a listen address; see %s", name, logPath)
 		case <-ctx.Done():
@@ -93,7 +100,7 @@ func startServer(ctx context.Context, name, path string, args []string, logPath,
 		}
 	}
 	s.baseURL = "http://" + addr
-	if err := s.waitReady(ctx, 2*time.Minute); err != nil {
+	if err := s.waitReady(ctx, 10*time.Minute); err != nil {
 		s.kill()
 		return nil, fmt.Errorf("%w; see %s", err, logPath)
 	}
@@ -118,7 +125,7 @@ func (s *server) waitReady(ctx context.Context, timeout time.Duration) error {
 			return fmt.Errorf("%s exited while waiting for readiness: %v", s.name, s.waitErr)
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 	return fmt.Errorf("%s not ready after %s", s.name, timeout)
@@ -234,6 +241,7 @@ type RSSPoint struct {
 
 // sampler reads a process's RSS periodically until stopped.
 type sampler struct {
+	start  time.Time // T = offset + time since start
 	mu     sync.Mutex
 	points []RSSPoint
 	max    int64
@@ -241,16 +249,16 @@ type sampler struct {
 	wg     sync.WaitGroup
 }
 
-func startSampler(pid int, every time.Duration) *sampler {
-	s := &sampler{stopc: make(chan struct{})}
+func startSampler(pid int, every time.Duration, offset float64) *sampler {
 	start := time.Now()
+	s := &sampler{stopc: make(chan struct{}), start: start}
 	s.wg.Go(func() {
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			if m, err := readProcMem(pid); err == nil {
 				s.mu.Lock()
-				s.points = append(s.points, RSSPoint{T: time.Since(start).Seconds(), RSS: m.rss})
+				s.points = append(s.points, RSSPoint{T: offset + time.Since(start).Seconds(), RSS: m.rss})
 				s.max = max(s.max, m.rss)
 				s.mu.Unlock()
 			}

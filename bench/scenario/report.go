@@ -66,8 +66,104 @@ var figureDefs = []figureDef{
 	{"stop time (flush/snapshot + exit)", "s", "lower", func(r *TargetResult) float64 { return r.StopSeconds }},
 }
 
-// median returns the median of get over the error-free runs of target name,
-// or NaN if there are none.
+func extra(k string) func(*TargetResult) float64 {
+	return func(r *TargetResult) float64 {
+		v, ok := r.Extra[k]
+		if !ok {
+			return math.NaN()
+		}
+		return v
+	}
+}
+
+func extraMiB(k string) func(*TargetResult) float64 {
+	return func(r *TargetResult) float64 { return extra(k)(r) / (1 << 20) }
+}
+
+func mib(get func(*TargetResult) int64) func(*TargetResult) float64 {
+	return func(r *TargetResult) float64 { return float64(get(r)) / (1 << 20) }
+}
+
+// catchUpFleetSamples is issue 10's catch-up target: 10k clusters × 500
+// series × 2h at 4m30s (27 points per series), to drain within 15 minutes.
+const catchUpFleetSamples = 10_000 * 500 * 27
+
+var (
+	figAccepted  = figureDef{"accepted samples/s", "samples/s", "higher", func(r *TargetResult) float64 { return r.Load.AcceptedPerSec }}
+	figP50       = figureDef{"write latency p50", "ms", "lower", func(r *TargetResult) float64 { return r.Load.Latency.P50 * 1000 }}
+	figP99       = figureDef{"write latency p99", "ms", "lower", func(r *TargetResult) float64 { return r.Load.Latency.P99 * 1000 }}
+	figRSS       = figureDef{"RSS after load", "MiB", "lower", mib(func(r *TargetResult) int64 { return r.RSSBytes })}
+	figRSSSeries = figureDef{"RSS per active series", "bytes", "lower", func(r *TargetResult) float64 { return r.RSSPerSeries }}
+	figPeak      = figureDef{"peak RSS during load (VmHWM)", "MiB", "lower", mib(func(r *TargetResult) int64 { return r.PeakRSSBytes })}
+	figMax       = figureDef{"max RSS incl. shutdown/flush", "MiB", "lower", mib(func(r *TargetResult) int64 { return r.MaxRSSBytes })}
+	figCPU       = figureDef{"CPU per million samples", "cpu-s", "lower", func(r *TargetResult) float64 { return r.CPUPerMSamples }}
+	figBPS       = figureDef{"block bytes per sample", "bytes", "lower", func(r *TargetResult) float64 { return r.Blocks.BytesPerSample }}
+	figChunkBPS  = figureDef{"block chunk bytes per sample", "bytes", "lower", func(r *TargetResult) float64 { return r.Blocks.ChunkBytesPerSample }}
+	figIndexBPS  = figureDef{"block index bytes per sample", "bytes", "lower", func(r *TargetResult) float64 {
+		return float64(r.Blocks.IndexBytes) / float64(max(r.Blocks.NumSamples, 1))
+	}}
+	figIndexSeries = figureDef{"block index bytes per series", "bytes", "lower", func(r *TargetResult) float64 { return r.Blocks.IndexBytesPerSeries }}
+	figSamples     = figureDef{"samples in blocks", "samples", "", func(r *TargetResult) float64 { return float64(r.Blocks.NumSamples) }}
+	figLost        = figureDef{"accepted samples missing from blocks", "samples", "lower", extra("lost_samples")}
+	figNon2xx      = figureDef{"non-2xx requests", "requests", "lower", func(r *TargetResult) float64 {
+		return float64(r.Load.Requests - r.Load.Codes["204"] - r.Load.Codes["200"])
+	}}
+	figStop = figureDef{"stop time (flush/snapshot + exit)", "s", "lower", func(r *TargetResult) float64 { return r.StopSeconds }}
+)
+
+// figureDefsFor returns the figures reported for a scenario.
+func figureDefsFor(scenario string) []figureDef {
+	switch scenario {
+	case "catchup":
+		return []figureDef{
+			{"time to drain the backlog", "s", "lower", extra("drain_seconds")},
+			figAccepted, figP50, figP99,
+			{"peak RSS while draining (VmHWM)", "MiB", "lower", mib(func(r *TargetResult) int64 { return r.PeakRSSBytes })},
+			figRSS, figRSSSeries, figCPU,
+			{"samples sent", "samples", "", func(r *TargetResult) float64 { return float64(r.Load.Samples) }},
+			figSamples, figLost, figNon2xx,
+			{"EXTRAPOLATED drain of 10k clusters × 500 series × 2h at this rate", "min", "lower", func(r *TargetResult) float64 {
+				return catchUpFleetSamples / r.Load.AcceptedPerSec / 60
+			}},
+			figStop,
+		}
+	case "churn":
+		return []figureDef{
+			figAccepted, figP50, figP99,
+			{"head series after load", "series", "lower", extra("head_series")},
+			figRSS,
+			{"RSS per head series", "bytes", "lower", func(r *TargetResult) float64 {
+				return float64(r.RSSBytes) / extra("head_series")(r)
+			}},
+			figPeak, figMax, figCPU,
+			{"blocks", "blocks", "", func(r *TargetResult) float64 { return float64(r.Blocks.Count) }},
+			{"block bytes", "MiB", "lower", func(r *TargetResult) float64 { return float64(r.Blocks.Bytes) / (1 << 20) }},
+			{"series in blocks (sum over blocks)", "series", "", func(r *TargetResult) float64 { return float64(r.Blocks.NumSeries) }},
+			figBPS, figChunkBPS, figIndexBPS, figIndexSeries, figSamples, figLost, figNon2xx, figStop,
+		}
+	case "restart":
+		return []figureDef{
+			figAccepted, figP50, figP99,
+			{"steady RSS before the crash", "MiB", "lower", mib(func(r *TargetResult) int64 { return r.RSSBytes })},
+			figRSSSeries,
+			{"WAL replay: process start to /-/ready 200", "s", "lower", extra("replay_seconds")},
+			{"peak RSS during replay (VmHWM)", "MiB", "lower", extraMiB("replay_peak_rss_bytes")},
+			{"peak RSS during replay / steady RSS", "×", "lower", extra("replay_peak_over_steady")},
+			{"RSS after replay", "MiB", "lower", extraMiB("rss_after_replay_bytes")},
+			figSamples, figLost, figNon2xx, figStop,
+		}
+	case "storage":
+		return []figureDef{
+			figBPS, figChunkBPS, figIndexBPS, figIndexSeries,
+			{"blocks", "blocks", "", func(r *TargetResult) float64 { return float64(r.Blocks.Count) }},
+			{"block bytes", "MiB", "lower", func(r *TargetResult) float64 { return float64(r.Blocks.Bytes) / (1 << 20) }},
+			{"block span", "h", "", func(r *TargetResult) float64 { return float64(r.Blocks.MaxTime-r.Blocks.MinTime) / 3.6e6 }},
+			figSamples, figLost, figAccepted, figP99, figRSS, figPeak, figCPU, figNon2xx, figStop,
+		}
+	}
+	return figureDefs
+}
+
 // rssGrowthPerSeries discounts the server's idle RSS (the first sample, taken
 // once it was ready and before the load), which dominates at small sizes.
 func rssGrowthPerSeries(r *TargetResult) float64 {
@@ -81,7 +177,9 @@ func (r *Report) median(name string, get func(*TargetResult) float64) float64 {
 	var v []float64
 	for _, t := range r.Results {
 		if t.Name == name && t.Load != nil && t.Error == "" {
-			v = append(v, get(t))
+			if x := get(t); !math.IsNaN(x) && !math.IsInf(x, 0) {
+				v = append(v, x)
+			}
 		}
 	}
 	if len(v) == 0 {
@@ -96,7 +194,7 @@ func (r *Report) median(name string, get func(*TargetResult) float64) float64 {
 
 func (r *Report) computeRatios() {
 	r.Figures = nil
-	for _, d := range figureDefs {
+	for _, d := range figureDefsFor(r.Scenario) {
 		f := Figure{Name: d.name, Unit: d.unit, Better: d.better,
 			Receiver: r.median("receiver", d.get), Prometheus: r.median("prometheus", d.get)}
 		if f.Prometheus != 0 && !math.IsNaN(f.Prometheus) && !math.IsNaN(f.Receiver) {
@@ -128,17 +226,25 @@ func (r *Report) WriteJSON(dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	path := filepath.Join(dir, fmt.Sprintf("%s-%s.json", r.Date.Format("2006-01-02"), r.Size))
+	path := filepath.Join(dir, r.BaseName()+".json")
 	return path, os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// BaseName is the results file name without extension.
+func (r *Report) BaseName() string {
+	if r.Scenario == "steady" { // steady keeps the names of its first recordings
+		return fmt.Sprintf("%s-%s", r.Date.Format("2006-01-02"), r.Size)
+	}
+	return fmt.Sprintf("%s-%s-%s", r.Date.Format("2006-01-02"), r.Scenario, r.Size)
 }
 
 // PrintTable writes the side-by-side table.
 func (r *Report) PrintTable(w io.Writer) {
 	fmt.Fprintf(w, "\n%s, %d active series (%d clusters × %d), %d rounds, median of %d run(s) per target\n",
 		r.Scenario, r.Load.ActiveSeries, r.Load.Clusters, r.Load.SeriesPerCluster, r.Load.Rounds, r.Repeat)
-	fmt.Fprintf(w, "%-56s %12s %12s %8s\n", "figure", "receiver", "prometheus", "ratio")
+	fmt.Fprintf(w, "%-72s %12s %12s %8s\n", "figure", "receiver", "prometheus", "ratio")
 	for _, f := range r.Figures {
-		fmt.Fprintf(w, "%-56s %12s %12s %8s\n", f.Name+" ["+f.Unit+"]", num(f.Receiver), num(f.Prometheus), ratio(f.Ratio))
+		fmt.Fprintf(w, "%-72s %12s %12s %8s\n", f.Name+" ["+f.Unit+"]", num(f.Receiver), num(f.Prometheus), ratio(f.Ratio))
 	}
 	for _, t := range r.Results {
 		if t.Error != "" {
@@ -234,6 +340,11 @@ func LoadReports(dir string) ([]*Report, error) {
 	for _, r := range latest {
 		out = append(out, r)
 	}
-	slices.SortFunc(out, func(a, b *Report) int { return a.Load.ActiveSeries - b.Load.ActiveSeries })
+	slices.SortFunc(out, func(a, b *Report) int {
+		if c := slices.Index(Scenarios, a.Scenario) - slices.Index(Scenarios, b.Scenario); c != 0 {
+			return c
+		}
+		return a.Load.ActiveSeries - b.Load.ActiveSeries
+	})
 	return out, nil
 }

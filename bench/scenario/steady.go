@@ -9,19 +9,18 @@ package scenario
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/phonehome/phonehome/bench"
 	"github.com/phonehome/phonehome/bench/fleet"
 )
 
-// SteadyOptions configures the steady-fleet scenario.
-type SteadyOptions struct {
+// Options configures a scenario run.
+type Options struct {
+	Scenario         string // steady, catchup, churn, restart or storage
 	Size             string // a label for the results, e.g. "100k"
 	Clusters         int
 	SeriesPerCluster int
@@ -37,6 +36,14 @@ type SteadyOptions struct {
 	LoadTimeout      time.Duration // hard limit on each target's load phase
 	Settle           time.Duration // wait after the load before reading steady RSS
 	Log              io.Writer
+
+	// PprofDir, if set, receives a CPU profile of the receiver taken during
+	// the load (PprofSeconds, default 20) and a heap profile after it.
+	PprofDir     string
+	PprofSeconds int
+
+	// Churn: fractions of clusters and of series replaced per simulated hour.
+	ClusterChurnPerHour, SeriesChurnPerHour float64
 }
 
 // LoadSpec is the load every target received.
@@ -52,6 +59,11 @@ type LoadSpec struct {
 	Seed             uint64    `json:"seed"`
 	FirstTimestamp   time.Time `json:"first_timestamp"`
 	RequestBodyBytes int64     `json:"request_body_bytes"`
+	// Churn only: replaced fractions per simulated hour and the distinct
+	// series the rounds create.
+	ClusterChurnPerHour float64 `json:"cluster_churn_per_hour,omitempty"`
+	SeriesChurnPerHour  float64 `json:"series_churn_per_hour,omitempty"`
+	DistinctSeries      int     `json:"distinct_series,omitempty"`
 }
 
 // TargetResult is what one target did under the load.
@@ -72,11 +84,27 @@ type TargetResult struct {
 	StopSeconds    float64    `json:"stop_seconds"` // SIGTERM (and snapshot) to exit
 	Blocks         Blocks     `json:"blocks"`
 	RSSOverTime    []RSSPoint `json:"rss_over_time"`
+
+	// Timeline is throughput and latency over time, on the same clock as
+	// RSSOverTime (seconds since the server was first measured).
+	Timeline []TimelinePoint `json:"timeline,omitempty"`
+	// Extra holds the scenario's own figures (see figureDefsFor).
+	Extra map[string]float64 `json:"extra,omitempty"`
 }
 
-// Steady runs the steady-fleet scenario: every target gets the same
-// byte-identical rounds of one point per series, sent as fast as it accepts them.
-func Steady(ctx context.Context, o SteadyOptions) (*Report, error) {
+// Scenarios are the scenario names Run knows, in report order.
+var Scenarios = []string{"steady", "catchup", "churn", "restart", "storage"}
+
+// Run runs scenario o.Scenario: every target gets the same byte-identical
+// rounds of one point per series, sent as fast as it accepts them (see the
+// README for what each scenario adds).
+func Run(ctx context.Context, o Options) (*Report, error) {
+	if o.Scenario == "" {
+		o.Scenario = "steady"
+	}
+	if !slices.Contains(Scenarios, o.Scenario) {
+		return nil, fmt.Errorf("unknown scenario %q", o.Scenario)
+	}
 	if o.Log == nil {
 		o.Log = io.Discard
 	}
@@ -87,6 +115,9 @@ func Steady(ctx context.Context, o SteadyOptions) (*Report, error) {
 	f, err := fleet.New(tmpl, o.Clusters, o.SeriesPerCluster, o.Seed)
 	if err != nil {
 		return nil, err
+	}
+	if o.ClusterChurnPerHour > 0 || o.SeriesChurnPerHour > 0 {
+		f = f.WithChurn(o.ClusterChurnPerHour, o.SeriesChurnPerHour)
 	}
 	fo := fleet.Options{
 		Token: o.Token, Rounds: o.Rounds, Step: o.Step,
@@ -109,7 +140,7 @@ func Steady(ctx context.Context, o SteadyOptions) (*Report, error) {
 	fo.Bodies = bodies
 
 	rep := &Report{
-		Scenario: "steady",
+		Scenario: o.Scenario,
 		Size:     o.Size,
 		Repeat:   max(1, o.Repeat),
 		Date:     time.Now().UTC(),
@@ -118,6 +149,8 @@ func Steady(ctx context.Context, o SteadyOptions) (*Report, error) {
 			Clusters: f.Clusters(), SeriesPerCluster: f.SeriesPerCluster(), ActiveSeries: f.ActiveSeries(),
 			Templates: len(tmpl), Rounds: o.Rounds, Concurrency: o.Concurrency, BatchSeries: o.BatchSeries,
 			Step: o.Step.String(), Seed: o.Seed, FirstTimestamp: fo.Start.UTC(), RequestBodyBytes: bodyBytes,
+			ClusterChurnPerHour: o.ClusterChurnPerHour, SeriesChurnPerHour: o.SeriesChurnPerHour,
+			DistinctSeries: f.DistinctSeries(o.Rounds, o.Step.Milliseconds()),
 		},
 	}
 	// Interleaving the targets (P R P R ...) spreads slow phases of a shared
@@ -153,75 +186,4 @@ func firstTimestamp(now time.Time, rounds int, step time.Duration) time.Time {
 		return now.Truncate(blockRange).Add(-blockRange + time.Minute)
 	}
 	return now.Add(-span - time.Minute).Truncate(time.Second)
-}
-
-func runTarget(ctx context.Context, tg Target, f *fleet.Fleet, fo fleet.Options, o SteadyOptions) *TargetResult {
-	res := &TargetResult{Name: tg.Name(), Version: tg.Version()}
-	dir := filepath.Join(o.WorkDir, tg.Name())
-	if err := os.RemoveAll(dir); err != nil {
-		res.Error = err.Error()
-		return res
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		res.Error = err.Error()
-		return res
-	}
-	run, err := tg.Start(ctx, dir)
-	if err != nil {
-		res.Error = err.Error()
-		return res
-	}
-	defer run.srv.kill() // a no-op once Finish stopped it
-	res.Command = run.Args
-	pid := run.srv.pid()
-	smp := startSampler(pid, 250*time.Millisecond)
-
-	cpu0, _ := cpuSeconds(pid)
-	fo.URL = run.WriteURL
-	fo.OnRound = func(r fleet.RoundResult) {
-		fmt.Fprintf(o.Log, "  round %2d: %8d samples in %6.2fs = %9.0f/s accepted\n",
-			r.Round, r.Samples, r.Duration.Seconds(), float64(r.Accepted)/max(r.Duration.Seconds(), 1e-9))
-	}
-	lctx, cancel := context.WithTimeout(ctx, o.LoadTimeout)
-	load, err := fleet.Run(lctx, f, fo)
-	cancel()
-	cpu1, _ := cpuSeconds(pid)
-	res.Load = load
-	res.CPUSeconds = cpu1 - cpu0
-	if err == nil && load.Accepted > 0 {
-		res.CPUPerMSamples = res.CPUSeconds / (float64(load.Accepted) / 1e6)
-	}
-	var errs []error
-	if err != nil {
-		errs = append(errs, err)
-	}
-
-	select {
-	case <-time.After(o.Settle):
-	case <-ctx.Done():
-	}
-	if m, err := readProcMem(pid); err == nil {
-		res.RSSBytes, res.PeakRSSBytes = m.rss, m.hwm
-		res.RSSPerSeries = float64(m.rss) / float64(f.ActiveSeries())
-	} else {
-		errs = append(errs, fmt.Errorf("read memory: %w", err))
-	}
-
-	blocksDir, took, err := run.Finish(ctx)
-	res.StopSeconds = took.Seconds()
-	res.RSSOverTime, res.MaxRSSBytes = smp.stop()
-	if err != nil {
-		errs = append(errs, err)
-	} else if b, err := measureBlocks(blocksDir); err != nil {
-		errs = append(errs, fmt.Errorf("measure blocks: %w", err))
-	} else {
-		res.Blocks = b
-		if b.NumSamples != res.Load.Accepted {
-			errs = append(errs, fmt.Errorf("blocks hold %d samples, %d were accepted", b.NumSamples, res.Load.Accepted))
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		res.Error = err.Error()
-	}
-	return res
 }

@@ -1,6 +1,8 @@
 package scenario
 
 import (
+	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -19,7 +22,10 @@ type Target interface {
 	Name() string
 	Version() string
 	// Start starts the server with its state under dir.
-	Start(ctx context.Context, dir string) (*Running, error)
+	// onPID, if not nil, is called with the server's process id as soon as
+	// it runs (before it is ready), e.g. to sample its memory during a WAL
+	// replay. Start on a directory of a previous Start reuses its data.
+	Start(ctx context.Context, dir string, onPID func(int)) (*Running, error)
 }
 
 // Running is a started target.
@@ -38,6 +44,12 @@ type Running struct {
 type Receiver struct {
 	Bin   string
 	Token string
+	// OutOfOrderWindow is storage.out_of_order_window (default 6h).
+	OutOfOrderWindow string
+	// ExtraArgs are appended to the command line (e.g. --web.enable-pprof).
+	ExtraArgs []string
+	// Env is added to the environment (e.g. GOGC=50).
+	Env []string
 }
 
 func (r *Receiver) Name() string { return "receiver" }
@@ -50,8 +62,8 @@ func (r *Receiver) Version() string {
 	return "phonehome@" + strings.TrimSpace(string(out))
 }
 
-func (r *Receiver) Start(ctx context.Context, dir string) (*Running, error) {
-	cfg := "auth:\n  tokens_file: tokens.yaml\nstorage:\n  out_of_order_window: 6h\n  bucket:\n    type: filesystem\n"
+func (r *Receiver) Start(ctx context.Context, dir string, onPID func(int)) (*Running, error) {
+	cfg := "auth:\n  tokens_file: tokens.yaml\nstorage:\n  out_of_order_window: " + cmp.Or(r.OutOfOrderWindow, "6h") + "\n  bucket:\n    type: filesystem\n"
 	tokens := fmt.Sprintf("tokens:\n  - token: %q\n    tenant: \"bench\"\n", r.Token)
 	if err := os.WriteFile(filepath.Join(dir, "receiver.yaml"), []byte(cfg), 0o600); err != nil {
 		return nil, err
@@ -66,7 +78,8 @@ func (r *Receiver) Start(ctx context.Context, dir string) (*Running, error) {
 		"--web.listen-address=127.0.0.1:0",
 		"--log.format=json",
 	}
-	srv, err := startServer(ctx, "receiver", r.Bin, args, filepath.Join(dir, "receiver.log"), "", true)
+	args = append(args, r.ExtraArgs...)
+	srv, err := startServer(ctx, "receiver", r.Bin, args, filepath.Join(dir, "receiver.log"), "", true, onPID, r.Env)
 	if err != nil {
 		return nil, err
 	}
@@ -100,7 +113,7 @@ func (p *Prometheus) Version() string {
 	return strings.TrimSpace(first)
 }
 
-func (p *Prometheus) Start(ctx context.Context, dir string) (*Running, error) {
+func (p *Prometheus) Start(ctx context.Context, dir string, onPID func(int)) (*Running, error) {
 	cfg := filepath.Join(dir, "prometheus.yml")
 	if err := os.WriteFile(cfg, []byte("global:\n  scrape_interval: 1m\n"), 0o600); err != nil {
 		return nil, err
@@ -118,7 +131,7 @@ func (p *Prometheus) Start(ctx context.Context, dir string) (*Running, error) {
 		"--web.enable-admin-api",
 		"--log.format=json",
 	}
-	srv, err := startServer(ctx, "prometheus", p.Bin, args, filepath.Join(dir, "prometheus.log"), addr, false)
+	srv, err := startServer(ctx, "prometheus", p.Bin, args, filepath.Join(dir, "prometheus.log"), addr, false, onPID, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -166,4 +179,38 @@ func snapshot(ctx context.Context, base string) (string, error) {
 		return "", fmt.Errorf("snapshot: unexpected response %q", body)
 	}
 	return out.Data.Name, nil
+}
+
+// headSeries sums prometheus_tsdb_head_series from the server's /metrics.
+func headSeries(ctx context.Context, base, _ string) (float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var sum float64
+	found := false
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "prometheus_tsdb_head_series ") && !strings.HasPrefix(line, "prometheus_tsdb_head_series{") {
+			continue
+		}
+		f := strings.Fields(line)
+		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+			sum += v
+			found = true
+		}
+	}
+	if !found {
+		return 0, fmt.Errorf("no prometheus_tsdb_head_series in %s/metrics", base)
+	}
+	return sum, sc.Err()
 }

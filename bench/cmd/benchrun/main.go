@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -27,36 +28,71 @@ import (
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
-// size presets: clusters × 500 series, the shape of issue 10's steady fleet.
-var sizes = map[string]struct{ clusters, perCluster, rounds int }{
-	"smoke": {10, 500, 3},
-	"100k":  {200, 500, 20},
-	"1m":    {2000, 500, 6},
+type preset struct{ clusters, perCluster, rounds int }
+
+// Size presets per scenario: clusters × 500 series, the shape of issue 10's
+// fleet. Issue 10's 10k and 50k clusters (5M and 25M active series) do not
+// fit this 2-core, 23 GiB machine next to Prometheus; see bench/results/README.md.
+var sizes = map[string]map[string]preset{
+	"steady": {
+		"smoke": {10, 500, 3},
+		"100k":  {200, 500, 20},
+		"200k":  {400, 500, 12},
+		"1k":    {1000, 500, 6}, // 1k clusters = 500k series
+		"1m":    {2000, 500, 6},
+	},
+	// 2h of backlog at 4m30s: 27 points per series, replayed oldest first.
+	"catchup": {
+		"smoke": {10, 500, 27},
+		"100k":  {200, 500, 27},
+		"200k":  {400, 500, 27},
+	},
+	// 6 simulated hours at 4m30s with 10% of the series replaced per hour.
+	"churn": {
+		"smoke": {10, 500, 80},
+		"50k":   {100, 500, 80},
+	},
+	// Load, SIGKILL, restart on the same data: WAL replay.
+	"restart": {
+		"smoke": {10, 500, 3},
+		"200k":  {400, 500, 3},
+		"1m":    {2000, 500, 3},
+	},
+	// A simulated day at 4m30s: 320 points per series, in time order.
+	"storage": {
+		"smoke": {4, 500, 320},
+		"10k":   {20, 500, 320},
+	},
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("benchrun", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		scen        = fs.String("scenario", "steady", "Scenario to run (only steady exists so far).")
-		size        = fs.String("size", "100k", "Size preset: smoke, 100k or 1m (clusters × 500 series).")
-		clusters    = fs.Int("clusters", 0, "Override the preset's clusters.")
-		perCluster  = fs.Int("series-per-cluster", 0, "Override the preset's series per cluster.")
-		rounds      = fs.Int("rounds", 0, "Override the preset's rounds.")
-		concurrency = fs.Int("concurrency", 8, "Parallel requests.")
-		batch       = fs.Int("batch-series", 500, "Max series per request.")
-		step        = fs.Duration("step", 270*time.Second, "Simulated time between rounds.")
-		seed        = fs.Uint64("seed", 1, "Load seed (the same for every target).")
-		repeat      = fs.Int("repeat", 1, "Run the targets this many times, interleaved; figures are medians.")
-		targets     = fs.String("targets", "prometheus,receiver", "Targets, run in this order.")
-		receiverBin = fs.String("receiver-bin", "bench/tmp/receiver", "Receiver binary (go build -o bench/tmp/receiver ./cmd/receiver).")
-		promBin     = fs.String("prometheus-bin", "/usr/bin/prometheus", "Prometheus binary.")
-		workDir     = fs.String("work-dir", "bench/tmp/run", "Scratch directory for the servers' data (wiped per target).")
-		resultsDir  = fs.String("results-dir", "bench/results", "Where to write <date>-<size>.json and README.md.")
-		noRecord    = fs.Bool("no-record", false, "Print the table but write nothing to results-dir.")
-		reportOnly  = fs.Bool("report-only", false, "Only regenerate results-dir/README.md from the JSON files there.")
-		loadTimeout = fs.Duration("load-timeout", 15*time.Minute, "Hard limit on each target's load phase.")
-		timeout     = fs.Duration("timeout", 60*time.Minute, "Hard limit on the whole run.")
+		scen         = fs.String("scenario", "steady", "Scenario: "+strings.Join(scenario.Scenarios, ", ")+".")
+		size         = fs.String("size", "100k", "Size preset of the scenario (see sizes in main.go; smoke for every scenario).")
+		clusters     = fs.Int("clusters", 0, "Override the preset's clusters.")
+		perCluster   = fs.Int("series-per-cluster", 0, "Override the preset's series per cluster.")
+		rounds       = fs.Int("rounds", 0, "Override the preset's rounds.")
+		concurrency  = fs.Int("concurrency", 8, "Parallel requests.")
+		batch        = fs.Int("batch-series", 500, "Max series per request.")
+		step         = fs.Duration("step", 270*time.Second, "Simulated time between rounds.")
+		seed         = fs.Uint64("seed", 1, "Load seed (the same for every target).")
+		repeat       = fs.Int("repeat", 1, "Run the targets this many times, interleaved; figures are medians.")
+		targets      = fs.String("targets", "prometheus,receiver", "Targets, run in this order.")
+		receiverBin  = fs.String("receiver-bin", "bench/tmp/receiver", "Receiver binary (go build -o bench/tmp/receiver ./cmd/receiver).")
+		promBin      = fs.String("prometheus-bin", "/usr/bin/prometheus", "Prometheus binary.")
+		workDir      = fs.String("work-dir", "bench/tmp/run", "Scratch directory for the servers' data (wiped per target).")
+		resultsDir   = fs.String("results-dir", "bench/results", "Where to write <date>-<size>.json and README.md.")
+		noRecord     = fs.Bool("no-record", false, "Print the table but write nothing to results-dir.")
+		reportOnly   = fs.Bool("report-only", false, "Only regenerate results-dir/README.md from the JSON files there.")
+		loadTimeout  = fs.Duration("load-timeout", 15*time.Minute, "Hard limit on each target's load phase.")
+		timeout      = fs.Duration("timeout", 60*time.Minute, "Hard limit on the whole run.")
+		pprofDir     = fs.String("pprof-dir", "", "If set, start the receiver with --web.enable-pprof and save a 30s CPU profile taken during the load and a heap profile after it here.")
+		recvEnv      = fs.String("receiver-env", "", "Comma-separated VAR=value added to the receiver's environment (e.g. GOGC=50).")
+		recvArgs     = fs.String("receiver-args", "", "Space-separated extra receiver flags.")
+		clusterChurn = fs.Float64("cluster-churn", 0.03, "churn: fraction of clusters replaced per simulated hour.")
+		seriesChurn  = fs.Float64("series-churn", 0.07, "churn: fraction of series replaced (new version label) per simulated hour.")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -64,13 +100,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if *reportOnly {
 		return writeREADME(*resultsDir, stderr)
 	}
-	if *scen != "steady" {
-		fmt.Fprintf(stderr, "benchrun: unknown scenario %q (have: steady)\n", *scen)
+	presets, ok := sizes[*scen]
+	if !ok {
+		fmt.Fprintf(stderr, "benchrun: unknown scenario %q (have: %s)\n", *scen, strings.Join(scenario.Scenarios, ", "))
 		return 2
 	}
-	preset, ok := sizes[*size]
+	preset, ok := presets[*size]
 	if !ok && (*clusters == 0 || *perCluster == 0 || *rounds == 0) {
-		fmt.Fprintf(stderr, "benchrun: unknown size %q: use smoke, 100k, 1m, or set --clusters, --series-per-cluster and --rounds\n", *size)
+		names := slices.Sorted(maps.Keys(presets))
+		fmt.Fprintf(stderr, "benchrun: unknown size %q for %s: use %s, or set --clusters, --series-per-cluster and --rounds\n", *size, *scen, strings.Join(names, ", "))
 		return 2
 	}
 	preset.clusters = cmpOr(*clusters, preset.clusters)
@@ -87,7 +125,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 				return 2
 			}
 			abs, _ := filepath.Abs(*receiverBin)
-			tgs = append(tgs, &scenario.Receiver{Bin: abs, Token: token})
+			rc := &scenario.Receiver{Bin: abs, Token: token, ExtraArgs: strings.Fields(*recvArgs)}
+			if *recvEnv != "" {
+				rc.Env = strings.Split(*recvEnv, ",")
+			}
+			if *pprofDir != "" {
+				rc.ExtraArgs = append(rc.ExtraArgs, "--web.enable-pprof")
+			}
+			tgs = append(tgs, rc)
 		case "prometheus":
 			tgs = append(tgs, &scenario.Prometheus{Bin: *promBin})
 		default:
@@ -106,7 +151,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	rep, err := scenario.Steady(ctx, scenario.SteadyOptions{
+	var churnC, churnS float64
+	if *scen == "churn" {
+		churnC, churnS = *clusterChurn, *seriesChurn
+	}
+	if *pprofDir != "" {
+		absP, err := filepath.Abs(*pprofDir)
+		if err != nil {
+			fmt.Fprintf(stderr, "benchrun: %v\n", err)
+			return 2
+		}
+		*pprofDir = absP
+	}
+	rep, err := scenario.Run(ctx, scenario.Options{
+		Scenario: *scen, ClusterChurnPerHour: churnC, SeriesChurnPerHour: churnS, PprofDir: *pprofDir,
 		Size: *size, Clusters: preset.clusters, SeriesPerCluster: preset.perCluster, Rounds: preset.rounds,
 		Concurrency: *concurrency, BatchSeries: *batch, Step: *step, Seed: *seed, Token: token,
 		Targets: tgs, Repeat: *repeat, WorkDir: absWork, LoadTimeout: *loadTimeout, Settle: 2 * time.Second, Log: stdout,
@@ -128,6 +186,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintf(stdout, "wrote %s\n", path)
+	png := strings.TrimSuffix(path, ".json") + ".png"
+	if err := rep.WritePNG(png); err != nil {
+		fmt.Fprintf(stderr, "benchrun: plot: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "wrote %s\n", png)
 	if c := writeREADME(*resultsDir, stderr); c != 0 {
 		return c
 	}
