@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/prompb"
@@ -63,7 +64,8 @@ type metadataWriter interface {
 type Handler struct {
 	logger  *slog.Logger
 	writer  storage.Writer
-	metaW   metadataWriter // nil: metadata is dropped
+	metaW   metadataWriter       // nil: metadata is dropped
+	famW    familyMetadataWriter // nil: 1.0 metadata is dropped
 	limiter *limits.Limiter
 	policy  atomic.Pointer[Policy]
 	opts    Options
@@ -75,6 +77,7 @@ type Handler struct {
 func NewHandler(logger *slog.Logger, reg prometheus.Registerer, w storage.Writer, lim *limits.Limiter, opts Options) *Handler {
 	h := &Handler{logger: logger, writer: w, limiter: lim, opts: opts, metrics: newMetrics(reg)}
 	h.metaW, _ = w.(metadataWriter)
+	h.famW, _ = w.(familyMetadataWriter)
 	if opts.Policy == nil {
 		opts.Policy = &Policy{}
 	}
@@ -163,6 +166,9 @@ func (h *Handler) handle(r *http.Request) (storage.Stats, error) {
 			return storage.Stats{}, err
 		}
 		b = &batch{series: req.Timeseries}
+		if err := h.writeFamilyMetadata(id.Tenant, req.Metadata); err != nil {
+			return storage.Stats{}, err
+		}
 	}
 	h.metrics.requestsByProto.WithLabelValues(proto).Inc()
 	n := b.samples()
@@ -171,6 +177,31 @@ func (h *Handler) handle(r *http.Request) (storage.Stats, error) {
 		return storage.Stats{}, &rateLimitedError{retryAfter: retry, err: err}
 	}
 	return h.write(r, id, &lim, b)
+}
+
+// familyMetadataWriter keeps remote-write 1.0 metadata (per metric family).
+type familyMetadataWriter interface {
+	WriteFamilyMetadata(tenant string, md []prompb.MetricMetadata) error
+}
+
+// writeFamilyMetadata keeps the 1.0 metadata of families the server-side
+// allowlist lets through by name alone, so it never reveals other names.
+func (h *Handler) writeFamilyMetadata(tenant string, md []prompb.MetricMetadata) error {
+	if len(md) == 0 || h.famW == nil {
+		return nil
+	}
+	pol := h.policy.Load()
+	var sb labels.ScratchBuilder
+	kept := md[:0]
+	for _, m := range md {
+		if pol.allows([]prompb.Label{{Name: model.MetricNameLabel, Value: m.MetricFamilyName}}, &sb) {
+			kept = append(kept, m)
+		}
+	}
+	if err := h.famW.WriteFamilyMetadata(tenant, kept); err != nil {
+		return fmt.Errorf("write metadata: %w", err)
+	}
+	return nil
 }
 
 // rateLimitedError carries how long the client should wait.

@@ -34,7 +34,15 @@ type fakeWriter struct {
 	mu       sync.Mutex
 	tenants  []string
 	series   []prompb.TimeSeries
+	meta     []prompb.MetricMetadata
 	failWith error
+}
+
+func (f *fakeWriter) WriteFamilyMetadata(_ string, md []prompb.MetricMetadata) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.meta = append(f.meta, md...)
+	return nil
 }
 
 func (f *fakeWriter) Write(_ context.Context, tenant string, series []prompb.TimeSeries) (storage.Stats, error) {
@@ -265,4 +273,21 @@ func TestHandlerOverwritesForeignClusterIDWhenConfigured(t *testing.T) {
 	require.Equal(t, http.StatusNoContent, rec.Code, rec.Body.String())
 	require.Len(t, w.series, 1)
 	require.Contains(t, w.series[0].Labels, prompb.Label{Name: "_id", Value: "c1"})
+}
+
+func TestHandlerKeepsV1MetadataInsideTheAllowlist(t *testing.T) {
+	w := &fakeWriter{}
+	pol, err := NewPolicy(&Config{Allowlist: []string{"csv_succeeded"}})
+	require.NoError(t, err)
+	h := NewHandler(discard(), nil, w, newLimiter(nil), Options{Policy: pol})
+	raw, err := (&prompb.WriteRequest{Metadata: []prompb.MetricMetadata{
+		{MetricFamilyName: "csv_succeeded", Type: prompb.MetricMetadata_GAUGE, Help: "1 if the CSV succeeded"},
+		{MetricFamilyName: "secret_internal_metric", Type: prompb.MetricMetadata_COUNTER, Help: "not allowlisted"},
+	}}).Marshal()
+	require.NoError(t, err)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(snappy.Encode(nil, raw), &auth.Identity{Tenant: "acme"}))
+	require.Equal(t, http.StatusNoContent, rec.Code, "a metadata-only request writes no samples and succeeds")
+	require.Len(t, w.meta, 1)
+	require.Equal(t, "csv_succeeded", w.meta[0].MetricFamilyName)
 }

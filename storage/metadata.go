@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/metadata"
+	"github.com/prometheus/prometheus/prompb"
 	"github.com/prometheus/prometheus/tsdb/chunks"
 	"github.com/prometheus/prometheus/tsdb/record"
 	"github.com/prometheus/prometheus/tsdb/wlog"
@@ -265,4 +266,35 @@ func readMetadata(logger *slog.Logger, tenantDir string) (*metadataIndex, error)
 		logger.Warn("wal metadata read incomplete", "dir", walDir, "err", err)
 	}
 	return ix, nil
+}
+
+// WriteFamilyMetadata keeps remote-write 1.0 metadata, which names metric
+// families rather than series. It is saved with the index (after ship rounds
+// and at Close), not in the WAL: 1.0 senders resend it every minute or so.
+func (db *DB) WriteFamilyMetadata(tenant string, md []prompb.MetricMetadata) error {
+	if err := validTenant(tenant); err != nil {
+		return err
+	}
+	db.lifecycle.RLock()
+	defer db.lifecycle.RUnlock()
+	if db.closed {
+		return ErrNotReady
+	}
+	t, err := db.tenantForWrite(tenant)
+	if err != nil {
+		return err
+	}
+	for _, m := range md {
+		if m.MetricFamilyName == "" {
+			continue
+		}
+		mm := metadata.Metadata{Type: model.MetricType(strings.ToLower(m.Type.String())), Help: m.Help, Unit: m.Unit}
+		if m.Type == prompb.MetricMetadata_UNKNOWN {
+			mm.Type = model.MetricTypeUnknown
+		}
+		if !isZeroMetadata(mm) {
+			t.meta.addFamily(m.MetricFamilyName, mm)
+		}
+	}
+	return nil
 }
