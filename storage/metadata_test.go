@@ -82,3 +82,23 @@ func TestMetadata(t *testing.T) {
 		require.Error(t, err)
 	})
 }
+
+func TestWriteFamilyMetadataSurvivesRestart(t *testing.T) {
+	dir, bkt := t.TempDir(), objstore.NewInMemBucket()
+	db := openTest(t, dir, testConfig(), bkt, nil)
+	require.NoError(t, db.WriteFamilyMetadata("t", []prompb.MetricMetadata{
+		{MetricFamilyName: "up", Type: prompb.MetricMetadata_GAUGE, Help: "Target is up."},
+		{MetricFamilyName: "", Type: prompb.MetricMetadata_COUNTER}, // ignored
+	}))
+	require.ErrorIs(t, db.WriteFamilyMetadata("../x", nil), storage.ErrInvalidTenant)
+	want := map[string][]metadata.Metadata{"up": {{Type: model.MetricTypeGauge, Help: "Target is up."}}}
+	got, err := db.Metadata("t", "", -1)
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+	require.NoError(t, db.Close())
+
+	db = openTest(t, dir, testConfig(), bkt, nil)
+	got, err = db.Metadata("t", "", -1)
+	require.NoError(t, err)
+	require.Equal(t, want, got, "saved at Close, read back at open")
+}
