@@ -110,6 +110,12 @@ func churnLabel(shape []prompb.Label) int {
 			}
 		}
 	}
+	// Otherwise the last label that is neither the name nor the cluster.
+	for i := len(shape) - 1; i >= 0; i-- {
+		if n := shape[i].Name; n != labels.MetricName && n != ClusterLabel {
+			return i
+		}
+	}
 	return -1
 }
 
@@ -118,7 +124,7 @@ func churnLabel(shape []prompb.Label) int {
 // leave and are replaced by new ones (a new _id), and a fraction seriesPerHour
 // of every cluster's series are replaced by a new generation (an operator
 // upgrade changes their version label; series without one change their pod,
-// instance or name). Each cluster and series has a fixed phase u in [0,1);
+// instance, name or, failing those, another label). Each cluster and series has a fixed phase u in [0,1);
 // its generation at simulated hour h is floor(rate·h + u), so exactly
 // rate·100% of them turn over per hour, spread evenly over the hour.
 func (f *Fleet) WithChurn(clusterPerHour, seriesPerHour float64) *Fleet {

@@ -261,3 +261,45 @@ func cloneSeries(in []prompb.TimeSeries) []prompb.TimeSeries {
 	}
 	return out
 }
+
+func TestChurnReplacesTheConfiguredFractionPerHour(t *testing.T) {
+	f0, err := New(templates(t), 50, 500, 9)
+	require.NoError(t, err)
+	const step = 270_000 // 4m30s
+	f := f0.WithChurn(0.03, 0.07)
+	require.Equal(t, f0.ActiveSeries(), f.DistinctSeries(1, step), "nothing churns before the first hour")
+
+	seriesAt := func(r int) map[string]struct{} {
+		out := map[string]struct{}{}
+		var b Batch
+		for c := range f.Clusters() {
+			f.Fill(&b, c, 0, f.SeriesPerCluster(), r, 0, step)
+			for _, s := range b.Series {
+				out[toLabels(s.Labels).String()] = struct{}{}
+			}
+		}
+		return out
+	}
+	first, afterHour := seriesAt(0), seriesAt(int(time.Hour/(step*time.Millisecond))*4) // 4 hours later
+	require.Len(t, afterHour, f.ActiveSeries(), "churn replaces series, it does not add active ones")
+	gone := 0
+	for k := range first {
+		if _, ok := afterHour[k]; !ok {
+			gone++
+		}
+	}
+	// About 1-(1-0.03)(1-0.07)^... ≈ 4 × 10% of the series are replaced after 4 hours.
+	frac := float64(gone) / float64(len(first))
+	require.InDelta(t, 0.37, frac, 0.05, "replaced fraction after 4h")
+
+	// 80 rounds = 5h55m30s: DistinctSeries counts every generation (with only
+	// 50 clusters, the cluster part is noisy).
+	require.InEpsilon(t, float64(f.ActiveSeries())*(1+0.10*5.925), float64(f.DistinctSeries(80, step)), 0.08)
+
+	// Churned series keep valid, sorted labels and distinct identities.
+	var b Batch
+	f.Fill(&b, 3, 0, 500, 79, 0, step)
+	for _, s := range b.Series {
+		require.True(t, isSorted(s.Labels))
+	}
+}
