@@ -143,7 +143,11 @@ func figureDefsFor(scenario string) []figureDef {
 		}
 	case "restart":
 		return []figureDef{
-			figAccepted, figP50, figP99,
+			figAccepted,
+			{"accepted samples/s (rounds 1+: steady)", "samples/s", "higher", func(r *TargetResult) float64 { return r.Load.SteadyAcceptedPerSec }},
+			figP50, figP99,
+			{"write latency p99 (steady)", "ms", "lower", func(r *TargetResult) float64 { return r.Load.SteadyLatency.P99 * 1000 }},
+			figCPU,
 			{"steady RSS before the crash", "MiB", "lower", mib(func(r *TargetResult) int64 { return r.RSSBytes })},
 			figRSSSeries,
 			{"WAL replay: process start to /-/ready 200", "s", "lower", extra("replay_seconds")},

@@ -16,6 +16,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
@@ -176,6 +177,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	rep.Command = "go run ./bench/cmd/benchrun " + strings.Join(args, " ")
+	if *pprofDir != "" {
+		summarizeProfiles(*pprofDir, *scen, *size, *receiverBin, stderr)
+	}
 	rep.PrintTable(stdout)
 	if *noRecord {
 		return exitCode(rep, err)
@@ -222,4 +226,30 @@ func cmpOr(v, def int) int {
 		return v
 	}
 	return def
+}
+
+// summarizeProfiles writes the top 20 of `go tool pprof -top` next to each
+// profile the run captured: CPU, and heap by in-use and by allocated space.
+func summarizeProfiles(dir, scen, size, bin string, stderr io.Writer) {
+	base := filepath.Join(dir, scen+"-"+size)
+	for _, p := range []struct{ in, out, extra string }{
+		{"-cpu.pb.gz", "-cpu-top20.txt", ""},
+		{"-cpu.pb.gz", "-cpu-cum-top20.txt", "-cum"},
+		{"-heap.pb.gz", "-heap-inuse-top20.txt", "-sample_index=inuse_space"},
+		{"-heap.pb.gz", "-heap-alloc-top20.txt", "-sample_index=alloc_space"},
+	} {
+		args := []string{"tool", "pprof", "-top", "-nodecount=20"}
+		if p.extra != "" {
+			args = append(args, p.extra)
+		}
+		args = append(args, bin, base+p.in)
+		out, err := exec.Command("go", args...).Output()
+		if err != nil {
+			fmt.Fprintf(stderr, "benchrun: pprof %s: %v\n", base+p.in, err)
+			continue
+		}
+		if err := os.WriteFile(base+p.out, out, 0o644); err != nil {
+			fmt.Fprintf(stderr, "benchrun: %v\n", err)
+		}
+	}
 }
