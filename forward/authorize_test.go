@@ -71,6 +71,7 @@ func newAuthReceiver(t *testing.T) *authReceiver {
 				return
 			}
 			ar.writes = append(ar.writes, tok)
+			w.Header().Set("X-Prometheus-Remote-Write-Samples-Written", "1") // oneWrite's sample
 			w.WriteHeader(http.StatusNoContent)
 		default:
 			http.NotFound(w, r)

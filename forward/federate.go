@@ -12,11 +12,14 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/model/textparse"
 )
 
@@ -28,6 +31,10 @@ type Sample struct {
 	V      float64
 	H      *histogram.Histogram
 	FH     *histogram.FloatHistogram
+	// Meta is the metadata of the sample's metric family from the exposition
+	// (# TYPE, # HELP, # UNIT, or the protobuf MetricFamily); the zero value
+	// if there was none. Type is model.MetricTypeUnknown for untyped.
+	Meta metadata.Metadata
 }
 
 // FetchStats describes one fetch.
@@ -179,6 +186,34 @@ type streamer struct {
 	// samples are counted, not passed on.
 	overflow bool
 	sample   Sample
+	// family is the metric family whose metadata entries were seen last.
+	family string
+	meta   metadata.Metadata
+}
+
+// familySuffixes are the series name suffixes that belong to a family.
+var familySuffixes = []string{"_bucket", "_sum", "_count", "_total", "_created", "_info", "_gsum", "_gcount"}
+
+// setFamily starts a new family's metadata when name changes.
+func (s *streamer) setFamily(name []byte) {
+	if string(name) != s.family {
+		s.family = string(name)
+		s.meta = metadata.Metadata{Type: model.MetricTypeUnknown}
+	}
+}
+
+// metaFor returns the metadata of the current family if the series name belongs to it.
+func (s *streamer) metaFor(name string) metadata.Metadata {
+	if s.family == "" {
+		return metadata.Metadata{}
+	}
+	if name == s.family {
+		return s.meta
+	}
+	if rest, ok := strings.CutPrefix(name, s.family); ok && slices.Contains(familySuffixes, rest) {
+		return s.meta
+	}
+	return metadata.Metadata{}
 }
 
 func (s *streamer) run(r *bufio.Reader) error {
@@ -280,6 +315,24 @@ func (s *streamer) flush() error {
 		smp := &s.sample
 		*smp = Sample{Labels: smp.Labels}
 		switch e {
+		case textparse.EntryType:
+			name, t := p.Type()
+			s.setFamily(name)
+			if t == "untyped" {
+				t = model.MetricTypeUnknown
+			}
+			s.meta.Type = t
+			continue
+		case textparse.EntryHelp:
+			name, help := p.Help()
+			s.setFamily(name)
+			s.meta.Help = string(help)
+			continue
+		case textparse.EntryUnit:
+			name, unit := p.Unit()
+			s.setFamily(name)
+			s.meta.Unit = string(unit)
+			continue
 		case textparse.EntrySeries:
 			_, ts, smp.V = p.Series()
 		case textparse.EntryHistogram:
@@ -296,6 +349,7 @@ func (s *streamer) flush() error {
 			smp.T = *ts
 		}
 		p.Labels(&smp.Labels)
+		smp.Meta = s.metaFor(smp.Labels.Get(model.MetricNameLabel))
 		if err := s.fn(smp); err != nil {
 			return err
 		}

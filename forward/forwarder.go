@@ -6,7 +6,6 @@ package forward
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,7 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
-	"github.com/prometheus/prometheus/prompb"
+	"github.com/prometheus/prometheus/model/metadata"
+	writev2 "github.com/prometheus/prometheus/prompb/io/prometheus/write/v2"
 
 	"github.com/phonehome/phonehome/allowlist"
 	"github.com/phonehome/phonehome/gathering"
@@ -40,6 +40,7 @@ const (
 	ReasonQueueError     = "queue_error"      // dropped: the queue could not store the cycle
 	ReasonHTTP4xx        = "http_4xx"         // dropped: the receiver rejected the request (not 429)
 	ReasonInvalid        = "invalid"          // dropped: a queued record could not be decoded or encoded
+	ReasonPartialWrite   = "partial_write"    // dropped: a 2xx whose written counts are below what was sent
 )
 
 // Policy is what may leave the cluster and how it is rewritten. Allow and
@@ -185,7 +186,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range []string{ReasonAllowlist, ReasonRelabel} {
 		m.filtered.WithLabelValues(r)
 	}
-	for _, r := range []string{ReasonMaxSeries, ReasonSelectorCap, ReasonMaxBytes, ReasonQueueFull, ReasonRecordTooLarge, ReasonQueueError, ReasonHTTP4xx, ReasonInvalid} {
+	for _, r := range []string{ReasonMaxSeries, ReasonSelectorCap, ReasonMaxBytes, ReasonQueueFull, ReasonRecordTooLarge, ReasonQueueError, ReasonHTTP4xx, ReasonInvalid, ReasonPartialWrite} {
 		m.dropped.WithLabelValues(r)
 	}
 	return m
@@ -208,9 +209,10 @@ type Forwarder struct {
 // scratch holds Collect's buffers across cycles.
 type scratch struct {
 	lb              *labels.Builder
-	batch           []prompb.TimeSeries
-	labels          []prompb.Label
-	samples         []prompb.Sample
+	symbols         writev2.SymbolsTable
+	batch           []writev2.TimeSeries
+	refs            []uint32
+	samples         []writev2.Sample
 	raw, compressed []byte
 }
 
@@ -241,11 +243,11 @@ func (f *Forwarder) SetPolicy(p Policy) error {
 
 // countQueueDrop records the samples of a queue record evicted to make room.
 func (f *Forwarder) countQueueDrop(payload []byte) {
-	n, _, err := decodePayload(payload)
+	r, err := decodePayload(payload)
 	if err != nil {
 		return
 	}
-	f.m.dropped.WithLabelValues(ReasonQueueFull).Add(float64(n))
+	f.m.dropped.WithLabelValues(ReasonQueueFull).Add(float64(r.Samples))
 	f.logCapOnce(ReasonQueueFull, "queue full, dropping oldest data")
 }
 
@@ -253,21 +255,6 @@ func (f *Forwarder) logCapOnce(reason, msg string) {
 	if _, loaded := f.loggedCap.LoadOrStore(reason, struct{}{}); !loaded {
 		f.logger.Warn(msg, "reason", reason)
 	}
-}
-
-// Queue payload: uvarint(sample count) followed by the snappy-compressed
-// protobuf WriteRequest, i.e. the exact remote-write body.
-func encodePayload(samples int, body []byte) []byte {
-	out := binary.AppendUvarint(make([]byte, 0, len(body)+binary.MaxVarintLen32), uint64(samples))
-	return append(out, body...)
-}
-
-func decodePayload(p []byte) (samples int, body []byte, err error) {
-	n, k := binary.Uvarint(p)
-	if k <= 0 || n > 1<<31 {
-		return 0, nil, errors.New("invalid queue payload header")
-	}
-	return int(n), p[k:], nil
 }
 
 // Run collects every Interval and delivers the queue until ctx ends; then it
@@ -326,9 +313,10 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 	sc := &f.scratch
 	if sc.lb == nil {
 		sc.lb = labels.NewBuilder(labels.EmptyLabels())
-		sc.batch = make([]prompb.TimeSeries, 0, f.opts.MaxSamplesPerRequest)
-		sc.samples = make([]prompb.Sample, 0, f.opts.MaxSamplesPerRequest)
-		sc.labels = make([]prompb.Label, 0, 16*f.opts.MaxSamplesPerRequest)
+		sc.symbols = writev2.NewSymbolTable()
+		sc.batch = make([]writev2.TimeSeries, 0, f.opts.MaxSamplesPerRequest)
+		sc.samples = make([]writev2.Sample, 0, f.opts.MaxSamplesPerRequest)
+		sc.refs = make([]uint32, 0, 32*f.opts.MaxSamplesPerRequest)
 	}
 	var (
 		lb                  = sc.lb
@@ -340,37 +328,36 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 		overSeries, invalid int
 		overCap             int
 		capCounts           = make([]int, len(pol.Caps))
-		// Per-batch arenas: one allocation for all labels and samples of a
-		// request instead of two per series; reset after each flush.
-		labelArena  = sc.labels[:0]
+		// Per-batch arenas: one allocation for all label references and
+		// samples of a request instead of two per series; reset after each flush.
+		refArena    = sc.refs[:0]
 		sampleArena = sc.samples[:0]
+		syms        = &sc.symbols
 	)
-	defer func() { sc.labels = labelArena[:0] }()
+	defer func() { sc.refs = refArena[:0]; syms.Reset() }()
+	// Requests are built and queued in the remote-write 2.0 form (see Record).
 	flush := func() {
 		if len(batch) == 0 {
 			return
 		}
-		req := prompb.WriteRequest{Timeseries: batch}
-		size := req.Size()
-		if cap(sc.raw) < size {
-			sc.raw = make([]byte, size)
-		}
-		raw := sc.raw[:size]
-		if _, err := req.MarshalToSizedBuffer(raw); err != nil {
+		req := writev2.Request{Symbols: syms.Symbols(), Timeseries: batch}
+		raw, err := req.OptimizedMarshal(sc.raw[:0])
+		if err != nil {
 			invalid += len(batch)
 			f.logger.Error("encode write request", "err", err)
 		} else {
-			if n := snappy.MaxEncodedLen(size); cap(sc.compressed) < n {
+			sc.raw = raw
+			if n := snappy.MaxEncodedLen(len(raw)); cap(sc.compressed) < n {
 				sc.compressed = make([]byte, n)
 			}
-			records = append(records, encodePayload(len(batch), snappy.Encode(sc.compressed[:cap(sc.compressed)], raw)))
+			records = append(records, encodePayloadV2(len(batch), snappy.Encode(sc.compressed[:cap(sc.compressed)], raw)))
 			recordSamples = append(recordSamples, len(batch))
 		}
 		clear(batch)
 		batch = batch[:0]
-		clear(labelArena)
-		labelArena = labelArena[:0]
+		refArena = refArena[:0]
 		sampleArena = sampleArena[:0]
+		syms.Reset()
 	}
 	add := func(s *Sample) error {
 		federated++
@@ -400,20 +387,23 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 		}
 		kept++
 		ls := lb.Labels()
-		if len(labelArena)+ls.Len() > cap(labelArena) {
+		if len(refArena)+2*ls.Len() > cap(refArena) {
 			// Earlier series of this batch keep the old backing array.
-			labelArena = make([]prompb.Label, 0, max(2*cap(labelArena), 64*ls.Len()))
+			refArena = make([]uint32, 0, max(2*cap(refArena), 128*ls.Len()))
 		}
-		start := len(labelArena)
-		ls.Range(func(l labels.Label) { labelArena = append(labelArena, prompb.Label{Name: l.Name, Value: l.Value}) })
-		ts := prompb.TimeSeries{Labels: labelArena[start:len(labelArena):len(labelArena)]}
+		start := len(refArena)
+		ls.Range(func(l labels.Label) { refArena = append(refArena, syms.Symbolize(l.Name), syms.Symbolize(l.Value)) })
+		ts := writev2.TimeSeries{LabelsRefs: refArena[start:len(refArena):len(refArena)], Metadata: v2Metadata(syms, s.Meta)}
 		switch {
 		case s.H != nil:
-			ts.Histograms = []prompb.Histogram{prompb.FromIntHistogram(s.T, s.H)}
+			ts.Histograms = []writev2.Histogram{writev2.FromIntHistogram(0, s.T, s.H)}
 		case s.FH != nil:
-			ts.Histograms = []prompb.Histogram{prompb.FromFloatHistogram(s.T, s.FH)}
+			ts.Histograms = []writev2.Histogram{writev2.FromFloatHistogram(0, s.T, s.FH)}
 		default:
-			sampleArena = append(sampleArena, prompb.Sample{Value: s.V, Timestamp: s.T})
+			if len(sampleArena) == cap(sampleArena) {
+				sampleArena = make([]writev2.Sample, 0, max(64, 2*cap(sampleArena)))
+			}
+			sampleArena = append(sampleArena, writev2.Sample{Value: s.V, Timestamp: s.T})
 			ts.Samples = sampleArena[len(sampleArena)-1 : len(sampleArena) : len(sampleArena)]
 		}
 		batch = append(batch, ts)
@@ -432,7 +422,7 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 		st, ferr = f.src.Fetch(ctx, add)
 	}
 	if pol.DefinitionVersion != "" && ctx.Err() == nil {
-		f.addInfo(pol, &batch)
+		f.addInfo(pol, syms, &batch)
 	}
 	flush()
 
@@ -462,14 +452,25 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 // addInfo appends gathering.InfoMetric{version=...} 1 at the current time,
 // relabeled like every series (so it carries _id and the external labels).
 // It passes neither the allowlist nor the caps: it describes the forwarder.
-func (f *Forwarder) addInfo(pol *Policy, batch *[]prompb.TimeSeries) {
+func (f *Forwarder) addInfo(pol *Policy, st *writev2.SymbolsTable, batch *[]writev2.TimeSeries) {
 	lb := labels.NewBuilder(labels.FromStrings(model.MetricNameLabel, gathering.InfoMetric, "version", pol.DefinitionVersion))
 	if !pol.Rules.Apply(lb) {
 		return
 	}
-	var ls []prompb.Label
-	lb.Labels().Range(func(l labels.Label) { ls = append(ls, prompb.Label{Name: l.Name, Value: l.Value}) })
-	*batch = append(*batch, prompb.TimeSeries{Labels: ls, Samples: []prompb.Sample{{Value: 1, Timestamp: time.Now().UnixMilli()}}})
+	*batch = append(*batch, writev2.TimeSeries{
+		LabelsRefs: st.SymbolizeLabels(lb.Labels(), nil),
+		Samples:    []writev2.Sample{{Value: 1, Timestamp: time.Now().UnixMilli()}},
+		Metadata:   writev2.Metadata{Type: writev2.Metadata_METRIC_TYPE_GAUGE},
+	})
+}
+
+// v2Metadata symbolizes m; the zero Metadata if there is nothing to say.
+func v2Metadata(st *writev2.SymbolsTable, m metadata.Metadata) writev2.Metadata {
+	t := writev2.FromMetadataType(m.Type)
+	if t == writev2.Metadata_METRIC_TYPE_UNSPECIFIED && m.Help == "" && m.Unit == "" {
+		return writev2.Metadata{}
+	}
+	return writev2.Metadata{Type: t, HelpRef: st.Symbolize(m.Help), UnitRef: st.Symbolize(m.Unit)}
 }
 
 func (f *Forwarder) enqueue(records [][]byte, samples []int) error {
@@ -535,20 +536,29 @@ func (f *Forwarder) sendLoop(ctx context.Context, draining <-chan struct{}) {
 // deliver sends one queued record, retrying until it is accepted, rejected,
 // evicted from the queue, or ctx ends (then it stays queued).
 func (f *Forwarder) deliver(ctx context.Context, payload []byte, pos Position) {
-	n, body, err := decodePayload(payload)
+	rec, err := decodePayload(payload)
 	if err != nil {
 		f.m.dropped.WithLabelValues(ReasonInvalid).Inc()
 		f.logger.Error("dropping undecodable queue record", "err", err)
 		f.ack(pos)
 		return
 	}
+	n := rec.Samples
 	for attempt := 0; ; attempt++ {
 		start := time.Now()
-		err := f.send(ctx, body)
+		w, err := f.send(ctx, rec)
 		f.m.sendDuration.Observe(time.Since(start).Seconds())
 		f.m.requests.WithLabelValues(codeOf(err)).Inc()
 		if err == nil {
-			f.m.sent.Add(float64(n))
+			sent := n
+			if w.Known && w.Samples+w.Histograms < n {
+				// A 2xx must mean everything was written (2.0 spec); count
+				// what the receiver says it did not write.
+				sent = w.Samples + w.Histograms
+				f.m.dropped.WithLabelValues(ReasonPartialWrite).Add(float64(n - sent))
+				f.logger.Warn("receiver acknowledged fewer samples than sent", "sent", n, "written", sent)
+			}
+			f.m.sent.Add(float64(sent))
 			f.ack(pos)
 			if attempt > 0 {
 				f.logger.Info("remote write recovered", "attempts", attempt+1)
@@ -589,19 +599,15 @@ func (f *Forwarder) deliver(ctx context.Context, payload []byte, pos Position) {
 	}
 }
 
-func (f *Forwarder) send(ctx context.Context, body []byte) error {
-	if es, ok := f.sender.(EncodedSender); ok {
-		return es.SendEncoded(ctx, body)
+func (f *Forwarder) send(ctx context.Context, rec Record) (Written, error) {
+	if rs, ok := f.sender.(RecordSender); ok {
+		return rs.SendRecord(ctx, rec)
 	}
-	raw, err := snappy.Decode(nil, body)
+	req, err := rec.toV1()
 	if err != nil {
-		return fmt.Errorf("decode queued request: %w", err)
+		return Written{}, err
 	}
-	var req prompb.WriteRequest
-	if err := req.Unmarshal(raw); err != nil {
-		return fmt.Errorf("decode queued request: %w", err)
-	}
-	return f.sender.Send(ctx, &req)
+	return Written{}, f.sender.Send(ctx, req)
 }
 
 func (f *Forwarder) ack(pos Position) {

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/prompb"
+	writev2 "github.com/prometheus/prometheus/prompb/io/prometheus/write/v2"
 	"github.com/stretchr/testify/require"
 
 	"github.com/phonehome/phonehome/allowlist"
@@ -95,15 +96,24 @@ func fakePrometheus(t testing.TB, body []byte, proto bool) *httptest.Server {
 	return srv
 }
 
-// fakeReceiver decodes remote-write requests; statuses, if set, are returned
-// in order before falling back to 204.
+// fakeReceiver decodes remote-write 1.0 and 2.0 requests (2.0 ones are
+// stored converted to 1.0 in reqs, and as sent in v2); statuses, if set, are
+// returned in order before falling back to 204. Set the mode fields before
+// the first request.
 type fakeReceiver struct {
 	mu       sync.Mutex
 	reqs     []*prompb.WriteRequest
+	v2       []*writev2.Request
+	protos   []string // X-Prometheus-Remote-Write-Version of each decoded request
 	raw      [][]byte
 	headers  []http.Header
 	statuses []int
 	srv      *httptest.Server
+
+	only1      bool // 415 for 2.0, like a receiver accepting only prometheus.WriteRequest
+	noHeaders  bool // never send the written-count headers (a 1.0 receiver)
+	badRequest bool // 400 for 2.0, like Prometheus 2.42
+	underCount int  // report this many samples fewer than received
 }
 
 func newFakeReceiver(t testing.TB, statuses ...int) *fakeReceiver {
@@ -124,7 +134,19 @@ func newFakeReceiver(t testing.TB, statuses ...int) *fakeReceiver {
 			if code == http.StatusTooManyRequests {
 				w.Header().Set("Retry-After", "7")
 			}
+			if !fr.noHeaders { // a 2.0 receiver sends the counts on every response
+				w.Header().Set("X-Prometheus-Remote-Write-Samples-Written", "0")
+			}
 			http.Error(w, fmt.Sprintf("status %d from fake", code), code)
+			return
+		}
+		isV2 := r.Header.Get("Content-Type") == contentTypeV2
+		switch {
+		case isV2 && fr.only1:
+			http.Error(w, "unsupported proto", http.StatusUnsupportedMediaType)
+			return
+		case isV2 && fr.badRequest:
+			http.Error(w, "snappy: corrupt input", http.StatusBadRequest)
 			return
 		}
 		raw, err := snappy.Decode(nil, body)
@@ -132,13 +154,38 @@ func newFakeReceiver(t testing.TB, statuses ...int) *fakeReceiver {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		var req prompb.WriteRequest
-		if err := req.Unmarshal(raw); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
+		var req *prompb.WriteRequest
+		if isV2 {
+			var r2 writev2.Request
+			if err := r2.Unmarshal(raw); err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			if req, err = V2ToV1(&r2); err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			fr.v2 = append(fr.v2, &r2)
+		} else {
+			req = &prompb.WriteRequest{}
+			if err := req.Unmarshal(raw); err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
 		}
 		fr.raw = append(fr.raw, body, raw)
-		fr.reqs = append(fr.reqs, &req)
+		fr.reqs = append(fr.reqs, req)
+		fr.protos = append(fr.protos, r.Header.Get("X-Prometheus-Remote-Write-Version"))
+		if !fr.noHeaders {
+			var samples, hists int
+			for _, ts := range req.Timeseries {
+				samples += len(ts.Samples)
+				hists += len(ts.Histograms)
+			}
+			w.Header().Set("X-Prometheus-Remote-Write-Samples-Written", fmt.Sprint(max(0, samples-fr.underCount)))
+			w.Header().Set("X-Prometheus-Remote-Write-Histograms-Written", fmt.Sprint(hists))
+			w.Header().Set("X-Prometheus-Remote-Write-Exemplars-Written", "0")
+		}
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	t.Cleanup(fr.srv.Close)
@@ -240,9 +287,9 @@ func TestCollectAndSendFixture(t *testing.T) {
 				require.False(t, bytes.Contains(b, []byte(fixtureID)), "raw id must never be sent")
 			}
 			for _, hd := range recv.headers {
-				require.Equal(t, "application/x-protobuf", hd.Get("Content-Type"))
+				require.Equal(t, "application/x-protobuf;proto=io.prometheus.write.v2.Request", hd.Get("Content-Type"))
 				require.Equal(t, "snappy", hd.Get("Content-Encoding"))
-				require.Equal(t, "0.1.0", hd.Get("X-Prometheus-Remote-Write-Version"))
+				require.Equal(t, "2.0.0", hd.Get("X-Prometheus-Remote-Write-Version"))
 				require.Equal(t, "phonehome-forwarder/test", hd.Get("User-Agent"))
 			}
 			require.Equal(t, 300.0, testutil.ToFloat64(h.f.m.federated))
@@ -317,7 +364,7 @@ func TestSenderClassification(t *testing.T) {
 				statuses = []int{tc.code}
 			}
 			recv := newFakeReceiver(t, statuses...)
-			s := NewHTTPSender(mustURL(t, recv.srv.URL), http.DefaultClient, HTTPSenderOptions{})
+			s := NewHTTPSender(mustURL(t, recv.srv.URL), http.DefaultClient, HTTPSenderOptions{Version: VersionV1})
 			err := s.Send(context.Background(), &prompb.WriteRequest{})
 			if tc.code == http.StatusNoContent {
 				require.NoError(t, err)

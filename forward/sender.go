@@ -5,17 +5,21 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
-	"github.com/golang/snappy"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/prometheus/prompb"
 )
 
@@ -28,11 +32,20 @@ type Sender interface {
 	Send(ctx context.Context, req *prompb.WriteRequest) error
 }
 
-// EncodedSender is implemented by senders that can post an already encoded
-// (snappy-compressed protobuf) request, which the queue stores, without a
-// decode/encode round trip. Same error contract as Sender.
-type EncodedSender interface {
-	SendEncoded(ctx context.Context, body []byte) error
+// RecordSender is implemented by senders that deliver queued records
+// themselves, choosing the protocol version (and re-encoding the record when
+// it is stored in the other one). Same error contract as Sender. On success
+// the returned Written holds the counts the receiver reported, if any.
+type RecordSender interface {
+	SendRecord(ctx context.Context, r Record) (Written, error)
+}
+
+// Written is what a receiver reported in the
+// X-Prometheus-Remote-Write-{Samples,Histograms,Exemplars}-Written headers.
+type Written struct {
+	Samples, Histograms, Exemplars int
+	// Known is false if the response carried none of the headers.
+	Known bool
 }
 
 // RetryableError marks a failure worth retrying: a network error, a 5xx or a 429.
@@ -55,6 +68,21 @@ func (e *HTTPError) Error() string {
 	return fmt.Sprintf("server returned HTTP %d: %s", e.Code, e.Message)
 }
 
+// Remote-write versions to send (HTTPSenderOptions.Version, --remote-write.version).
+const (
+	VersionAuto = "auto" // 2.0, falling back to 1.0 (remembered) when the endpoint needs it
+	VersionV1   = "1"
+	VersionV2   = "2" // 2.0 only: a 415 is a rejection like any 4xx
+)
+
+// Reasons for a fallback from 2.0 to 1.0 (the reason label of
+// phonehome_forward_remote_write_fallbacks_total).
+const (
+	FallbackUnsupported    = "unsupported_media_type"  // 415 to a 2.0 request
+	FallbackMissingHeaders = "missing_written_headers" // 2xx without written counts: a 1.0 receiver
+	FallbackBadRequest     = "bad_request"             // 400 to 2.0 but 2xx to 1.0, before 2.0 was ever confirmed
+)
+
 // HTTPSenderOptions tunes an HTTPSender.
 type HTTPSenderOptions struct {
 	// TokenFile, if set, is read before every request (so it can rotate) and
@@ -68,13 +96,54 @@ type HTTPSenderOptions struct {
 	UserAgent   string
 	// Timeout bounds one request (default 30s).
 	Timeout time.Duration
+
+	// Version is VersionAuto (default), VersionV1 or VersionV2.
+	Version string
+	// StateFile, if set, persists an auto fallback to 1.0 for this endpoint
+	// across restarts (JSON, replaced atomically).
+	StateFile string
+	// ReprobeAfter is how long a fallback to 1.0 lasts before 2.0 is tried
+	// again (default 24h).
+	ReprobeAfter time.Duration
+	Logger       *slog.Logger         // nil: discard
+	Registerer   prometheus.Registerer // nil: metrics are not registered
+
+	now func() time.Time // tests
 }
 
-// HTTPSender is a Prometheus remote-write 1.0 client.
+// HTTPSender is a Prometheus remote-write client speaking 2.0 and 1.0.
+//
+// With VersionAuto it sends 2.0 until the endpoint shows it does not speak
+// it: a 415, a 2xx without the written-count headers (a 1.0 receiver that
+// misread the body), or a 400 to 2.0 followed by a 2xx to the same data in
+// 1.0 while the endpoint never proved it speaks 2.0 (Prometheus 2.42 answers
+// 2.0 with 400). The request is then re-sent in 1.0 at once, so no data is
+// lost, and 1.0 is used for ReprobeAfter (persisted in StateFile).
+//
+// Safe for concurrent use.
 type HTTPSender struct {
 	url    string
 	client *http.Client
 	opts   HTTPSenderOptions
+	logger *slog.Logger
+	m      senderMetrics
+
+	mu        sync.Mutex
+	fallback  *protoState // non-nil: auto mode speaks 1.0 until fallback.Since+ReprobeAfter
+	confirmed bool        // a 2.0 response carried written counts
+}
+
+// protoState is the persisted fallback of one endpoint.
+type protoState struct {
+	Endpoint string    `json:"endpoint"`
+	Protocol string    `json:"protocol"`
+	Reason   string    `json:"reason"`
+	Since    time.Time `json:"since"`
+}
+
+type senderMetrics struct {
+	fallbacks *prometheus.CounterVec
+	version   prometheus.Gauge
 }
 
 // NewHTTPSender returns a sender that POSTs to <base>/api/v1/write.
@@ -85,18 +154,141 @@ func NewHTTPSender(base *url.URL, client *http.Client, opts HTTPSenderOptions) *
 	if opts.Credentials == nil {
 		opts.Credentials = TokenFile(opts.TokenFile)
 	}
+	if opts.Version == "" {
+		opts.Version = VersionAuto
+	}
+	if opts.ReprobeAfter <= 0 {
+		opts.ReprobeAfter = 24 * time.Hour
+	}
+	if opts.now == nil {
+		opts.now = time.Now
+	}
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
 	u := *base
 	u.Path = strings.TrimSuffix(u.Path, "/") + "/api/v1/write"
-	return &HTTPSender{url: u.String(), client: client, opts: opts}
+	f := promauto.With(opts.Registerer)
+	s := &HTTPSender{url: u.String(), client: client, opts: opts, logger: logger, m: senderMetrics{
+		fallbacks: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_forward_remote_write_fallbacks_total",
+			Help: "Fallbacks from remote-write 2.0 to 1.0, by reason.",
+		}, []string{"reason"}),
+		version: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_forward_remote_write_version",
+			Help: "Remote-write major version in use (1 or 2).",
+		}),
+	}}
+	for _, r := range []string{FallbackUnsupported, FallbackMissingHeaders, FallbackBadRequest} {
+		s.m.fallbacks.WithLabelValues(r)
+	}
+	if opts.Version == VersionAuto && opts.StateFile != "" {
+		s.loadState()
+	}
+	s.m.version.Set(majorOf(s.current()))
+	return s
 }
 
-// EncodeWriteRequest marshals and snappy-compresses req, as remote-write 1.0 sends it.
-func EncodeWriteRequest(req *prompb.WriteRequest) ([]byte, error) {
-	raw, err := req.Marshal()
-	if err != nil {
-		return nil, fmt.Errorf("marshal write request: %w", err)
+func majorOf(proto string) float64 {
+	if proto == ProtoV2 {
+		return 2
 	}
-	return snappy.Encode(nil, raw), nil
+	return 1
+}
+
+func (s *HTTPSender) loadState() {
+	b, err := os.ReadFile(s.opts.StateFile)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			s.logger.Warn("read remote-write state, probing 2.0", "file", s.opts.StateFile, "err", err)
+		}
+		return
+	}
+	var st protoState
+	if err := json.Unmarshal(b, &st); err != nil {
+		s.logger.Warn("invalid remote-write state, probing 2.0", "file", s.opts.StateFile, "err", err)
+		return
+	}
+	if st.Endpoint != s.url || st.Protocol != ProtoV1 {
+		return // another endpoint: probe this one
+	}
+	s.fallback = &st
+	s.logger.Info("remote-write 1.0 remembered for this endpoint", "reason", st.Reason, "since", st.Since, "reprobe_after", s.opts.ReprobeAfter.String())
+}
+
+// saveState persists (st != nil) or removes the fallback; failures only cost
+// a re-probe after restart, so they are logged.
+func (s *HTTPSender) saveState(st *protoState) {
+	if s.opts.StateFile == "" {
+		return
+	}
+	if st == nil {
+		if err := os.Remove(s.opts.StateFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+			s.logger.Warn("remove remote-write state", "file", s.opts.StateFile, "err", err)
+		}
+		return
+	}
+	b, _ := json.Marshal(st)
+	tmp := s.opts.StateFile + ".tmp"
+	err := os.WriteFile(tmp, b, 0o600)
+	if err == nil {
+		err = os.Rename(tmp, s.opts.StateFile)
+	}
+	if err != nil {
+		s.logger.Warn("persist remote-write state", "file", s.opts.StateFile, "err", err)
+	}
+}
+
+// current is the protocol to use for the next request.
+func (s *HTTPSender) current() string {
+	switch s.opts.Version {
+	case VersionV1:
+		return ProtoV1
+	case VersionV2:
+		return ProtoV2
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fallback != nil && s.opts.now().Sub(s.fallback.Since) < s.opts.ReprobeAfter {
+		return ProtoV1
+	}
+	return ProtoV2
+}
+
+// fallBack switches an auto sender to 1.0 for ReprobeAfter.
+func (s *HTTPSender) fallBack(reason string, cause error) {
+	st := &protoState{Endpoint: s.url, Protocol: ProtoV1, Reason: reason, Since: s.opts.now().UTC()}
+	s.mu.Lock()
+	s.fallback, s.confirmed = st, false
+	s.mu.Unlock()
+	s.m.fallbacks.WithLabelValues(reason).Inc()
+	s.m.version.Set(1)
+	s.saveState(st)
+	args := []any{"reason", reason, "reprobe_after", s.opts.ReprobeAfter.String()}
+	if cause != nil {
+		args = append(args, "err", cause)
+	}
+	s.logger.Warn("receiver does not speak remote-write 2.0, falling back to 1.0", args...)
+}
+
+// confirm records that the endpoint speaks 2.0.
+func (s *HTTPSender) confirm() {
+	s.mu.Lock()
+	was := s.fallback
+	s.fallback, s.confirmed = nil, true
+	s.mu.Unlock()
+	s.m.version.Set(2)
+	if was != nil {
+		s.saveState(nil)
+		s.logger.Info("receiver speaks remote-write 2.0 again")
+	}
+}
+
+func (s *HTTPSender) isConfirmed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.confirmed
 }
 
 // Send implements Sender.
@@ -105,41 +297,99 @@ func (s *HTTPSender) Send(ctx context.Context, req *prompb.WriteRequest) error {
 	if err != nil {
 		return err
 	}
-	return s.SendEncoded(ctx, body)
+	_, err = s.SendRecord(ctx, Record{Proto: ProtoV1, Body: body, Samples: countSamples(req)})
+	return err
 }
 
-// SendEncoded implements EncodedSender.
+// SendEncoded sends a snappy-compressed 1.0 request (in 2.0 if that is in force).
 func (s *HTTPSender) SendEncoded(ctx context.Context, body []byte) error {
+	r := Record{Proto: ProtoV1, Body: body}
+	if req, err := r.toV1(); err == nil {
+		r.Samples = countSamples(req)
+	}
+	_, err := s.SendRecord(ctx, r)
+	return err
+}
+
+func countSamples(req *prompb.WriteRequest) int {
+	n := 0
+	for i := range req.Timeseries {
+		n += len(req.Timeseries[i].Samples) + len(req.Timeseries[i].Histograms)
+	}
+	return n
+}
+
+// SendRecord implements RecordSender.
+func (s *HTTPSender) SendRecord(ctx context.Context, r Record) (Written, error) {
+	proto := s.current()
+	w, err := s.sendAs(ctx, r, proto)
+	if proto != ProtoV2 || s.opts.Version != VersionAuto {
+		return w, err
+	}
+	var he *HTTPError
+	switch {
+	case errors.As(err, &he) && he.Code == http.StatusUnsupportedMediaType:
+		s.fallBack(FallbackUnsupported, err)
+		return s.sendAs(ctx, r, ProtoV1)
+	case err == nil && w.Known, w.Known && errors.As(err, &he):
+		s.confirm()
+	case errors.As(err, &he) && he.Code == http.StatusBadRequest && !s.isConfirmed():
+		w1, err1 := s.sendAs(ctx, r, ProtoV1)
+		if err1 != nil {
+			return w1, err1
+		}
+		s.fallBack(FallbackBadRequest, err)
+		return w1, nil
+	case err == nil && r.Samples != 0:
+		// A 2xx without written counts: per the 2.0 spec a 1.0 receiver,
+		// which may have stored nothing of the 2.0 body. Re-send in 1.0
+		// (re-writing identical samples is harmless).
+		s.fallBack(FallbackMissingHeaders, nil)
+		return s.sendAs(ctx, r, ProtoV1)
+	}
+	return w, err
+}
+
+// sendAs posts r in proto, re-authorizing once on a 401.
+func (s *HTTPSender) sendAs(ctx context.Context, r Record, proto string) (Written, error) {
+	body, err := r.as(proto)
+	if err != nil {
+		return Written{}, err
+	}
 	_, static := s.opts.Credentials.(TokenFile)
 	for attempt := 0; ; attempt++ {
 		tok, err := s.opts.Credentials.Token(ctx)
 		if err != nil {
 			// A local fault or a failed authorize: retrying may help.
-			return RetryableError{Err: fmt.Errorf("remote write credential: %w", err)}
+			return Written{}, RetryableError{Err: fmt.Errorf("remote write credential: %w", err)}
 		}
-		err = s.post(ctx, body, tok)
+		w, err := s.post(ctx, body, proto, tok)
 		var he *HTTPError
 		if !errors.As(err, &he) || he.Code != http.StatusUnauthorized || static {
-			return err
+			return w, err
 		}
 		if attempt == 0 && s.opts.Credentials.Rejected(tok) {
 			continue // re-authorize once and retry this batch
 		}
 		// Rejected right after re-authorizing: keep the data queued.
-		return RetryableError{Err: err}
+		return w, RetryableError{Err: err}
 	}
 }
 
-func (s *HTTPSender) post(ctx context.Context, body []byte, token string) error {
+func (s *HTTPSender) post(ctx context.Context, body []byte, proto, token string) (Written, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
 	if err != nil {
-		return fmt.Errorf("build write request: %w", err)
+		return Written{}, fmt.Errorf("build write request: %w", err)
 	}
-	req.Header.Set("Content-Type", "application/x-protobuf")
+	if proto == ProtoV2 {
+		req.Header.Set("Content-Type", contentTypeV2)
+	} else {
+		req.Header.Set("Content-Type", contentTypeV1)
+	}
 	req.Header.Set("Content-Encoding", "snappy")
-	req.Header.Set("X-Prometheus-Remote-Write-Version", "0.1.0")
+	req.Header.Set("X-Prometheus-Remote-Write-Version", proto)
 	if s.opts.UserAgent != "" {
 		req.Header.Set("User-Agent", s.opts.UserAgent)
 	}
@@ -149,23 +399,47 @@ func (s *HTTPSender) post(ctx context.Context, body []byte, token string) error 
 	resp, err := s.client.Do(req)
 	if err != nil {
 		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
-			return fmt.Errorf("remote write: %w", err)
+			return Written{}, fmt.Errorf("remote write: %w", err)
 		}
-		return RetryableError{Err: fmt.Errorf("remote write: %w", err)}
+		return Written{}, RetryableError{Err: fmt.Errorf("remote write: %w", err)}
 	}
 	defer func() {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		_ = resp.Body.Close()
 	}()
+	w := parseWritten(resp.Header)
 	if resp.StatusCode/100 == 2 {
-		return nil
+		return w, nil
 	}
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	herr := &HTTPError{Code: resp.StatusCode, Message: strings.TrimSpace(string(msg))}
 	if resp.StatusCode/100 == 5 || resp.StatusCode == http.StatusTooManyRequests {
-		return RetryableError{Err: herr, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
+		return w, RetryableError{Err: herr, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
 	}
-	return herr
+	return w, herr
+}
+
+// parseWritten reads the written-count headers; an absent or invalid one counts 0.
+func parseWritten(h http.Header) Written {
+	var w Written
+	for _, f := range []struct {
+		name string
+		n    *int
+	}{
+		{"X-Prometheus-Remote-Write-Samples-Written", &w.Samples},
+		{"X-Prometheus-Remote-Write-Histograms-Written", &w.Histograms},
+		{"X-Prometheus-Remote-Write-Exemplars-Written", &w.Exemplars},
+	} {
+		v := h.Get(f.name)
+		if v == "" {
+			continue
+		}
+		w.Known = true
+		if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n >= 0 {
+			*f.n = n
+		}
+	}
+	return w
 }
 
 // parseRetryAfter accepts delay-seconds or an HTTP date; 0 if absent or invalid.

@@ -62,6 +62,7 @@ type flags struct {
 	queueMaxBytes                    units.Base2Bytes
 	logLevel, logFormat              string
 	authorize                        string
+	rwVersion                        string
 	checkConfig, disabled            bool
 	set                              map[string]bool // flags given explicitly
 }
@@ -77,6 +78,7 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	fs.StringVar(&f.toTokenFile, "to-token-file", "", "File with the bearer token for --to (re-read on every request).")
 	fs.StringVar(&f.toCAFile, "to-ca-file", "", "PEM CA bundle to verify --to.")
 	fs.StringVar(&f.authorize, "authorize", forward.AuthorizeAuto, "Exchange the --to-token-file token at <to>/authorize for a short-lived cluster credential: auto (if the receiver has /authorize), always, or never (use the token directly).")
+	fs.StringVar(&f.rwVersion, "remote-write.version", forward.VersionAuto, "Remote-write protocol: auto (2.0, falling back to 1.0 on a 415 or a 1.0 receiver, remembered in --queue.dir), 1 (e.g. Prometheus <= 2.x, which answers 2.0 with 400) or 2.")
 	fs.StringVar(&f.id, "id", "", "Raw cluster id; only its keyed hash leaves the cluster, as label _id.")
 	fs.Var(&f.matches, "match", "Series selector to federate and allow (repeatable).")
 	fs.StringVar(&f.matchFile, "match-file", "", "File with one series selector per line ('#' comments).")
@@ -191,6 +193,11 @@ func load(f *flags) (*setup, error) {
 		}
 	default:
 		add(fmt.Errorf("--authorize %q: want auto, always or never", f.authorize))
+	}
+	switch f.rwVersion {
+	case forward.VersionAuto, forward.VersionV1, forward.VersionV2:
+	default:
+		add(fmt.Errorf("--remote-write.version %q: want auto, 1 or 2", f.rwVersion))
 	}
 	if f.interval <= 0 {
 		add(fmt.Errorf("--interval %s: must be positive", f.interval))
@@ -352,6 +359,9 @@ func run(args []string, stderr io.Writer) int {
 		}
 		sender := forward.NewHTTPSender(s.to, s.toClient, forward.HTTPSenderOptions{
 			Credentials: creds, UserAgent: userAgent, Timeout: time.Duration(s.file.Send.Timeout),
+			Version:   f.rwVersion,
+			StateFile: filepath.Join(f.queueDir, "remote-write-version.json"),
+			Logger:    logger.With("component", "remote_write"), Registerer: reg,
 		})
 		initial := s.policy
 		if s.gatheringURL != "" {
