@@ -213,22 +213,36 @@ type harness struct {
 	f     *Forwarder
 	q     *Queue
 	reg   *prometheus.Registry
-	recv  *fakeReceiver
-	sleep []time.Duration
+	recv   *fakeReceiver
+	sender *HTTPSender
+	sleep  []time.Duration
 	mu    sync.Mutex
 }
 
 func newHarness(t *testing.T, promURL string, recv *fakeReceiver, dir string, opts Options, fopts FederateOptions) *harness {
+	t.Helper()
+	return newHarnessWith(t, promURL, recv, dir, opts, fopts, HTTPSenderOptions{}, nil)
+}
+
+// newHarnessWith is newHarness with sender options and, if policy is not
+// nil, another policy than the fixture's.
+func newHarnessWith(t *testing.T, promURL string, recv *fakeReceiver, dir string, opts Options, fopts FederateOptions, sopts HTTPSenderOptions, policy *Policy) *harness {
 	t.Helper()
 	h := &harness{reg: prometheus.NewRegistry(), recv: recv}
 	q, err := OpenQueue(dir, discardLogger(), h.reg, QueueOptions{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = q.Close() })
 	h.q = q
-	policy := fixturePolicy(t)
+	if policy == nil {
+		p := fixturePolicy(t)
+		policy = &p
+	}
 	fopts.Matches = policy.Allow.Selectors()
 	src := NewFederator(mustURL(t, promURL), http.DefaultClient, fopts)
-	sender := NewHTTPSender(mustURL(t, recv.srv.URL), http.DefaultClient, HTTPSenderOptions{UserAgent: "phonehome-forwarder/test"})
+	sopts.UserAgent = "phonehome-forwarder/test"
+	sopts.Registerer = h.reg
+	sender := NewHTTPSender(mustURL(t, recv.srv.URL), http.DefaultClient, sopts)
+	h.sender = sender
 	if opts.sleep == nil {
 		opts.sleep = func(ctx context.Context, d time.Duration) error {
 			h.mu.Lock()
@@ -237,7 +251,7 @@ func newHarness(t *testing.T, promURL string, recv *fakeReceiver, dir string, op
 			return ctx.Err()
 		}
 	}
-	h.f = New(discardLogger(), h.reg, src, policy, q, sender, opts)
+	h.f = New(discardLogger(), h.reg, src, *policy, q, sender, opts)
 	return h
 }
 
