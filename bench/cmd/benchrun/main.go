@@ -89,7 +89,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		reportOnly   = fs.Bool("report-only", false, "Only regenerate results-dir/README.md from the JSON files there.")
 		loadTimeout  = fs.Duration("load-timeout", 15*time.Minute, "Hard limit on each target's load phase.")
 		timeout      = fs.Duration("timeout", 60*time.Minute, "Hard limit on the whole run.")
-		pprofDir     = fs.String("pprof-dir", "", "If set, start the receiver with --web.enable-pprof and save a 30s CPU profile taken during the load and a heap profile after it here.")
+		label        = fs.String("label", "", "Record the run under this size label instead of --size (e.g. 200k-gogc50 for a variant).")
+		pprofDir     = fs.String("pprof-dir", "", "If set, start the receiver with --web.enable-pprof and save a 20s CPU profile taken during the load and a heap profile after it here.")
 		recvEnv      = fs.String("receiver-env", "", "Comma-separated VAR=value added to the receiver's environment (e.g. GOGC=50).")
 		recvArgs     = fs.String("receiver-args", "", "Space-separated extra receiver flags.")
 		clusterChurn = fs.Float64("cluster-churn", 0.03, "churn: fraction of clusters replaced per simulated hour.")
@@ -166,7 +167,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	rep, err := scenario.Run(ctx, scenario.Options{
 		Scenario: *scen, ClusterChurnPerHour: churnC, SeriesChurnPerHour: churnS, PprofDir: *pprofDir,
-		Size: *size, Clusters: preset.clusters, SeriesPerCluster: preset.perCluster, Rounds: preset.rounds,
+		Size: cmpOrS(*label, *size), Clusters: preset.clusters, SeriesPerCluster: preset.perCluster, Rounds: preset.rounds,
 		Concurrency: *concurrency, BatchSeries: *batch, Step: *step, Seed: *seed, Token: token,
 		Targets: tgs, Repeat: *repeat, WorkDir: absWork, LoadTimeout: *loadTimeout, Settle: 2 * time.Second, Log: stdout,
 	})
@@ -178,7 +179,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	rep.Command = "go run ./bench/cmd/benchrun " + strings.Join(args, " ")
 	if *pprofDir != "" {
-		summarizeProfiles(*pprofDir, *scen, *size, *receiverBin, stderr)
+		summarizeProfiles(*pprofDir, *scen, cmpOrS(*label, *size), *receiverBin, stderr)
 	}
 	rep.PrintTable(stdout)
 	if *noRecord {
@@ -252,4 +253,11 @@ func summarizeProfiles(dir, scen, size, bin string, stderr io.Writer) {
 			fmt.Fprintf(stderr, "benchrun: %v\n", err)
 		}
 	}
+}
+
+func cmpOrS(v, def string) string {
+	if v != "" {
+		return v
+	}
+	return def
 }
