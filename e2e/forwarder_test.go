@@ -243,7 +243,7 @@ func TestForwarderE2E(t *testing.T) {
 }
 
 // queuedSamples decodes every record of a stopped forwarder's queue directory
-// (segment format documented in forward/queue.go) and returns the samples as
+// (segment format documented in forward/queue.go, payloads in forward/record.go) and returns the samples as
 // "series@timestamp=value".
 func queuedSamples(t *testing.T, dir string) map[string]bool {
 	t.Helper()
@@ -257,12 +257,7 @@ func queuedSamples(t *testing.T, dir string) map[string]bool {
 			n := int(binary.BigEndian.Uint32(b[0:4]))
 			payload := b[16 : 16+n]
 			b = b[16+n:]
-			_, k := binary.Uvarint(payload)
-			require.Positive(t, k)
-			raw, err := snappy.Decode(nil, payload[k:])
-			require.NoError(t, err)
-			var req prompb.WriteRequest
-			require.NoError(t, req.Unmarshal(raw))
+			req := decodeQueuePayload(t, payload)
 			for _, ts := range req.Timeseries {
 				for _, s := range ts.Samples {
 					out[sampleKey(protoToLabels(ts.Labels), s.Timestamp, s.Value)] = true
