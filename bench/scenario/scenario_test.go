@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -71,4 +72,23 @@ func TestFiguresAreMediansAndREADMEKeepsHandWrittenText(t *testing.T) {
 	require.True(t, strings.HasSuffix(s, endMark+"\n\ntrailer\n"))
 	require.NotContains(t, s, "old")
 	require.Contains(t, s, "| accepted samples/s (all rounds) [samples/s] (higher is better) | 200.0 | 100.0 | 2.00× |")
+}
+
+func TestTimelineBucketsThroughputAndLatency(t *testing.T) {
+	var evs []fleet.Event
+	for i := range 100 { // 100 requests of 500 samples over 10s, 10ms each
+		evs = append(evs, fleet.Event{Start: time.Duration(i) * 100 * time.Millisecond, Latency: 10 * time.Millisecond, Accepted: 500})
+	}
+	tl := timeline(evs, 5)
+	require.NotEmpty(t, tl)
+	var total float64
+	for i, p := range tl {
+		w := 0.2 // 10s/150 is under the 200ms minimum window
+		total += p.SamplesPerSec * w
+		require.InDelta(t, 5+float64(i+1)*w, p.T, 1e-9)
+		if p.P99ms > 0 {
+			require.InDelta(t, 10, p.P99ms, 1e-9)
+		}
+	}
+	require.InDelta(t, 50000, total, 1e-6)
 }
