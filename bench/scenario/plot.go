@@ -49,6 +49,18 @@ func (r *Report) WritePNG(path string) error {
 			return xy
 		}},
 	}
+	if r.Scenario == "churn" {
+		panels = append(panels, struct {
+			title, unit string
+			xy          func(t *TargetResult) plotter.XYs
+		}{"head series (prometheus_tsdb_head_series)", "series", func(t *TargetResult) plotter.XYs {
+			xy := make(plotter.XYs, len(t.HeadSeriesOverTime))
+			for i, p := range t.HeadSeriesOverTime {
+				xy[i] = plotter.XY{X: p.T, Y: p.Series}
+			}
+			return xy
+		}})
+	}
 	var firsts []*TargetResult
 	seen := map[string]bool{}
 	for _, t := range r.Results {
@@ -98,7 +110,7 @@ func (r *Report) WritePNG(path string) error {
 		}
 		plots[i] = []*plot.Plot{p}
 	}
-	const w, h = 10 * vg.Inch, 10 * vg.Inch
+	w, h := 10*vg.Inch, vg.Length(len(panels))*10*vg.Inch/3
 	img := vgimg.New(w, h)
 	dc := draw.New(img)
 	t := draw.Tiles{Rows: len(panels), Cols: 1, PadX: vg.Millimeter, PadY: 3 * vg.Millimeter, PadTop: 2 * vg.Millimeter, PadBottom: 2 * vg.Millimeter, PadLeft: 2 * vg.Millimeter, PadRight: 2 * vg.Millimeter}

@@ -15,6 +15,12 @@ import (
 	"github.com/phonehome/phonehome/bench/fleet"
 )
 
+// SeriesPoint is a head series count at T (the RSS clock).
+type SeriesPoint struct {
+	T      float64 `json:"t_s"`
+	Series float64 `json:"series"`
+}
+
 // TimelinePoint is the load in one window: accepted samples per second
 // (by completion time) and the latency of the requests sent in it.
 type TimelinePoint struct {
@@ -112,6 +118,26 @@ func runTarget(ctx context.Context, tg Target, f *fleet.Fleet, fo fleet.Options,
 				filepath.Join(o.PprofDir, fmt.Sprintf("%s-%s-cpu.pb.gz", o.Scenario, o.Size)))
 		}()
 	}
+	var headc chan []SeriesPoint
+	if o.Scenario == "churn" {
+		headc = make(chan []SeriesPoint, 1)
+		go func() {
+			var pts []SeriesPoint
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			for {
+				if n, err := headSeries(lctx, run.srv.baseURL, ""); err == nil {
+					pts = append(pts, SeriesPoint{T: time.Since(smp.start).Seconds(), Series: n})
+				}
+				select {
+				case <-lctx.Done():
+					headc <- pts
+					return
+				case <-t.C:
+				}
+			}
+		}()
+	}
 	load, err := fleet.Run(lctx, f, fo)
 	if prof != nil {
 		if perr := <-prof; perr != nil {
@@ -123,6 +149,9 @@ func runTarget(ctx context.Context, tg Target, f *fleet.Fleet, fo fleet.Options,
 		}
 	}
 	cancel()
+	if headc != nil {
+		res.HeadSeriesOverTime = <-headc
+	}
 	cpu1, _ := cpuSeconds(pid)
 	res.Load = load
 	res.CPUSeconds = cpu1 - cpu0

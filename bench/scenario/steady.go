@@ -88,6 +88,8 @@ type TargetResult struct {
 	// Timeline is throughput and latency over time, on the same clock as
 	// RSSOverTime (seconds since the server was first measured).
 	Timeline []TimelinePoint `json:"timeline,omitempty"`
+	// HeadSeriesOverTime (churn) is prometheus_tsdb_head_series over time.
+	HeadSeriesOverTime []SeriesPoint `json:"head_series_over_time,omitempty"`
 	// Extra holds the scenario's own figures (see figureDefsFor).
 	Extra map[string]float64 `json:"extra,omitempty"`
 }
