@@ -163,7 +163,7 @@ scrape_configs:
 
 	mfs := scrapeMetrics(t, fwd.URL())
 	require.Equal(t, 2.0, metricValue(mfs, "phonehome_forward_remote_write_version", nil))
-	require.Zero(t, metricValue(mfs, "phonehome_forward_remote_write_fallbacks_total", nil))
+	require.Zero(t, fallbacksTotal(t, mfs))
 	requireNoForwarderDrops(t, fwd)
 }
 
@@ -322,15 +322,15 @@ func TestForwarderRW2FallbackTo1E2E(t *testing.T) {
 	})
 	mfs = scrapeMetrics(t, fwd3.URL())
 	require.Equal(t, 1.0, metricValue(mfs, "phonehome_forward_remote_write_version", nil))
-	require.Zero(t, metricValue(mfs, "phonehome_forward_remote_write_fallbacks_total", nil))
+	require.Zero(t, fallbacksTotal(t, mfs))
 	fwd3.Stop()
 	require.Equal(t, before, metricsValue(t, recv.URL(), "phonehome_receive_requests_total", map[string]string{"code": "415"}))
 }
 
 // Debian's Prometheus 2.42 as the --to target (it has no /authorize, so
 // --authorize=auto falls back on its 404): with --remote-write.version=1
-// everything arrives; with auto, its 400 to the 2.0 body is detected before
-// 2.0 was ever confirmed, and the same data is re-sent in 1.0.
+// everything arrives; with auto, its answer to the 2.0 body (a 2xx without
+// written counts) makes the forwarder re-send the same data in 1.0.
 func TestForwarderRW2AgainstPrometheusE2E(t *testing.T) {
 	src := startFixturePrometheus(t, fixtureExporter(t))
 	waitFederated(t, src.URL())
@@ -340,7 +340,9 @@ func TestForwarderRW2AgainstPrometheusE2E(t *testing.T) {
 		version, id, fallback string
 	}{
 		{"1", fwdClusterID, ""},
-		{"auto", "0b6c1d2e-auto-fallback-cluster", "bad_request"},
+		// Observed: 2.42 decodes a 2.0 body as an empty 1.0 request (the 2.0
+		// fields are unknown to it) and answers 204 without written counts.
+		{"auto", "0b6c1d2e-auto-fallback-cluster", "missing_written_headers"},
 	} {
 		t.Run(tc.version, func(t *testing.T) {
 			hashedID := relabel.Anonymize([]byte(fwdSalt), tc.id)
@@ -364,8 +366,7 @@ func TestForwarderRW2AgainstPrometheusE2E(t *testing.T) {
 			if tc.fallback != "" {
 				require.Equal(t, 1.0, metricValue(mfs, "phonehome_forward_remote_write_fallbacks_total", map[string]string{"reason": tc.fallback}))
 			} else {
-				require.Zero(t, metricValue(mfs, "phonehome_forward_remote_write_fallbacks_total", nil))
-				require.Zero(t, metricValue(mfs, "phonehome_forward_send_requests_total", map[string]string{"code": "400"}), "2.0 never tried")
+				require.Zero(t, fallbacksTotal(t, mfs))
 			}
 			fwd.Stop()
 
@@ -382,4 +383,16 @@ func TestForwarderRW2AgainstPrometheusE2E(t *testing.T) {
 func querySeriesNoAuth(t *testing.T, base, sel string) queryResult {
 	t.Helper()
 	return instant(t, base, "", sel, time.Now())
+}
+
+// fallbacksTotal sums phonehome_forward_remote_write_fallbacks_total over its reasons.
+func fallbacksTotal(t *testing.T, mfs map[string]*dto.MetricFamily) float64 {
+	t.Helper()
+	mf, ok := mfs["phonehome_forward_remote_write_fallbacks_total"]
+	require.True(t, ok, "fallback counter exported")
+	var n float64
+	for _, m := range mf.GetMetric() {
+		n += m.GetCounter().GetValue()
+	}
+	return n
 }
