@@ -184,7 +184,7 @@ func TestForwarderRW2MetadataE2E(t *testing.T) {
 		}
 	}
 	fed := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		format := expfmt.Negotiate(r.Header)
+		format := expfmt.NegotiateAccept(r.Header, expfmt.DefaultAcceptedFormats()...)
 		if r.URL.Path != "/federate" || format.FormatType() != expfmt.TypeProtoDelim {
 			http.Error(w, "want /federate in protobuf", http.StatusNotAcceptable)
 			return

@@ -210,13 +210,13 @@ func mustURL(t testing.TB, s string) *url.URL {
 }
 
 type harness struct {
-	f     *Forwarder
-	q     *Queue
-	reg   *prometheus.Registry
+	f      *Forwarder
+	q      *Queue
+	reg    *prometheus.Registry
 	recv   *fakeReceiver
 	sender *HTTPSender
 	sleep  []time.Duration
-	mu    sync.Mutex
+	mu     sync.Mutex
 }
 
 func newHarness(t *testing.T, promURL string, recv *fakeReceiver, dir string, opts Options, fopts FederateOptions) *harness {

@@ -154,7 +154,10 @@ func V2ToV1(req *writev2.Request) (*prompb.WriteRequest, error) {
 	out := &prompb.WriteRequest{Timeseries: make([]prompb.TimeSeries, 0, len(req.Timeseries))}
 	syms := req.Symbols
 	b := labels.NewScratchBuilder(16)
-	type metaKey struct{ t prompb.MetricMetadata_MetricType; name, help, unit string }
+	type metaKey struct {
+		t                prompb.MetricMetadata_MetricType
+		name, help, unit string
+	}
 	seen := map[metaKey]bool{}
 	for i := range req.Timeseries {
 		ts := &req.Timeseries[i]

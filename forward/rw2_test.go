@@ -193,7 +193,7 @@ func metadataExposition(t *testing.T) *httptest.Server {
 		}
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		format := expfmt.Negotiate(r.Header)
+		format := expfmt.NegotiateAccept(r.Header, expfmt.DefaultAcceptedFormats()...)
 		if format.FormatType() != expfmt.TypeProtoDelim {
 			http.Error(w, "want protobuf", http.StatusNotAcceptable)
 			return

@@ -105,7 +105,7 @@ type HTTPSenderOptions struct {
 	// ReprobeAfter is how long a fallback to 1.0 lasts before 2.0 is tried
 	// again (default 24h).
 	ReprobeAfter time.Duration
-	Logger       *slog.Logger         // nil: discard
+	Logger       *slog.Logger          // nil: discard
 	Registerer   prometheus.Registerer // nil: metrics are not registered
 
 	now func() time.Time // tests
