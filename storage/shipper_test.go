@@ -212,7 +212,7 @@ func TestShipperUploadsThanosBlocks(t *testing.T) {
 			bkt := &recordingBucket{Bucket: inner}
 			cfg := testConfig()
 			cfg.ExternalLabels = map[string]string{"replica": "r1"}
-			cfg.ShipInterval.Set("10ms")
+			require.NoError(t, cfg.ShipInterval.Set("10ms"))
 			reg := prometheus.NewRegistry()
 			dir := t.TempDir()
 			db := openTest(t, dir, cfg, bkt, reg)
@@ -304,7 +304,7 @@ func TestBlocksDeletedOnlyAfterUploadAndRetention(t *testing.T) {
 
 	bkt := &recordingBucket{Bucket: objstore.NewInMemBucket()}
 	cfg := testConfig()
-	cfg.ShipInterval.Set("1s") // also the TSDB block reload interval, where retention runs
+	require.NoError(t, cfg.ShipInterval.Set("1s")) // also the TSDB block reload interval, where retention runs
 	reg := prometheus.NewRegistry()
 	dir := t.TempDir()
 	db, err := storage.OpenWithBucket(discard, reg, dir, cfg, bkt, now)
