@@ -70,7 +70,7 @@ func fakePrometheus(t testing.TB, body []byte, proto bool) *httptest.Server {
 			_, _ = w.Write(body)
 			return
 		}
-		format := expfmt.Negotiate(r.Header)
+		format := expfmt.NegotiateAccept(r.Header, expfmt.DefaultAcceptedFormats()...)
 		if format.FormatType() != expfmt.TypeProtoDelim {
 			http.Error(w, "client did not negotiate protobuf: "+string(format), http.StatusNotAcceptable)
 			return
