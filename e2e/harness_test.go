@@ -151,13 +151,19 @@ func (p *Process) Kill() {
 func (p *Process) URL() string { return "http://" + p.Addr }
 
 // startPrometheus runs Debian's Prometheus with the given configuration on a
-// free loopback port, waits until it is ready and returns its base URL.
+// free loopback port, waits until it is ready and returns it.
 func startPrometheus(t *testing.T, config string, extraArgs ...string) *Process {
+	t.Helper()
+	return startPrometheusAt(t, freeAddr(t), config, extraArgs...)
+}
+
+// startPrometheusAt is startPrometheus on a given address, for
+// configurations that must name Prometheus' own address (self-scrape).
+func startPrometheusAt(t *testing.T, addr, config string, extraArgs ...string) *Process {
 	t.Helper()
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "prometheus.yml")
 	require.NoError(t, os.WriteFile(cfgPath, []byte(config), 0o600))
-	addr := freeAddr(t)
 	args := append([]string{
 		"--config.file=" + cfgPath,
 		"--storage.tsdb.path=" + filepath.Join(dir, "data"),

@@ -247,23 +247,3 @@ func sha256Hex(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])
 }
-
-// startPrometheusAt is startPrometheus on a given address, for
-// configurations that must name Prometheus' own address (self-scrape).
-func startPrometheusAt(t *testing.T, addr, config string, extraArgs ...string) *Process {
-	t.Helper()
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "prometheus.yml")
-	require.NoError(t, os.WriteFile(cfgPath, []byte(config), 0o600))
-	args := append([]string{
-		"--config.file=" + cfgPath,
-		"--storage.tsdb.path=" + filepath.Join(dir, "data"),
-		"--web.listen-address=" + addr,
-		"--log.format=json",
-	}, extraArgs...)
-	p := startProcess(t, "/usr/bin/prometheus", "prometheus", args, func(line string) (string, bool) {
-		return addr, strings.Contains(line, "Server is ready to receive web requests")
-	})
-	waitHTTP(t, p.URL()+"/-/ready", http.StatusOK)
-	return p
-}
