@@ -46,6 +46,17 @@ func (b *bucket) sync(now time.Time, cfg *resolved, r float64, burst int) {
 // Reserve/Cancel only restores tokens approximately once other reservations
 // intervene). The lock is per request, not per sample.
 func (l *Limiter) AllowSamples(tenant, cluster string, n int) (retryAfter time.Duration, err error) {
+	return l.samples(tenant, cluster, n, true)
+}
+
+// CheckExhausted refuses, as AllowSamples would, a request of which not even
+// one sample could pass, and takes nothing. The receiver calls it before it
+// reads and decodes a body, so a cluster over its rate costs next to nothing.
+func (l *Limiter) CheckExhausted(tenant, cluster string) (retryAfter time.Duration, err error) {
+	return l.samples(tenant, cluster, 1, false)
+}
+
+func (l *Limiter) samples(tenant, cluster string, n int, take bool) (retryAfter time.Duration, err error) {
 	cfg := l.cfg.Load()
 	lim := cfg.forTenant(tenant)
 	if n <= 0 || (lim.SamplesPerSecondPerCluster <= 0 && lim.SamplesPerSecondPerTenant <= 0) {
@@ -95,6 +106,9 @@ func (l *Limiter) AllowSamples(tenant, cluster string, n int) (retryAfter time.D
 	if limit != "" {
 		secs := math.Ceil(wait.Seconds())
 		return time.Duration(max(secs, 1)) * time.Second, l.reject(limit, value)
+	}
+	if !take {
+		return 0, nil
 	}
 	// Both hold enough, and the lock keeps it so: these cannot fail.
 	if cb != nil {

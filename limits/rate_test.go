@@ -213,3 +213,20 @@ func limitOf(t *testing.T, err error) string {
 	require.ErrorAs(t, err, &le)
 	return le.Limit
 }
+
+func TestCheckExhaustedTakesNothing(t *testing.T) {
+	clk := newClock()
+	l := New(nil, rateSpec(10, 100, 0, 0), clk.Now)
+	_, err := l.CheckExhausted("t", "c")
+	require.NoError(t, err, "a full bucket")
+	_, err = l.AllowSamples("t", "c", 100)
+	require.NoError(t, err, "the check took nothing: all 100 are still there")
+	retry, err := l.CheckExhausted("t", "c")
+	require.ErrorIs(t, err, ErrRateLimited, "an empty bucket refuses before the body is read")
+	require.Equal(t, time.Second, retry)
+	clk.Advance(time.Second)
+	_, err = l.CheckExhausted("t", "c")
+	require.NoError(t, err)
+	_, err = l.CheckExhausted("t", "")
+	require.NoError(t, err, "no cluster: only the (unlimited) tenant bucket")
+}

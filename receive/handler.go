@@ -139,6 +139,9 @@ func (h *Handler) handle(r *http.Request) (storage.Stats, error) {
 		return storage.Stats{}, err
 	}
 
+	if retry, err := h.limiter.CheckExhausted(id.Tenant, id.ClusterID); err != nil {
+		return storage.Stats{}, &rateLimitedError{retryAfter: retry, err: err} // before reading the body: cheap
+	}
 	buf := bufPool.Get().(*bytesBuffer)
 	defer bufPool.Put(buf)
 	lim := h.limiter.For(id.Tenant)
