@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -294,27 +293,7 @@ func (p *Poller) writeCache(etag string, body []byte) error {
 	if err != nil {
 		return err
 	}
-	dir := filepath.Dir(p.opts.CacheFile)
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		return err
-	}
-	f, err := os.CreateTemp(dir, ".gathering-*.tmp")
-	if err != nil {
-		return err
-	}
-	defer func() { _ = os.Remove(f.Name()) }()
-	if _, err := f.Write(b); err != nil {
-		_ = f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		_ = f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), p.opts.CacheFile)
+	return writeFileAtomic(p.opts.CacheFile, b)
 }
 
 // Run polls at once, then every Interval ± Jitter, until ctx ends.

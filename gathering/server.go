@@ -3,10 +3,13 @@ package gathering
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,28 +20,58 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/phonehome/phonehome/allowlist"
+	"github.com/phonehome/phonehome/auth"
 )
 
-// Server is the receiver's side: it loads the definition from a YAML file,
-// re-reads it when it changes (Reload, Run), keeps the last good definition
-// when a new version is invalid (logged and counted), remembers the previous
-// definition for a grace period, and serves the current one over HTTP.
-// Safe for concurrent use.
+// DefaultTenant is the value of the tenant label of the server's metrics for
+// the default definition. It is not a valid tenant name (auth.ValidTenant).
+const DefaultTenant = "*"
+
+// Files names the definition files a Server serves: Default for every
+// tenant without a file of its own in Tenants (tenant → file). Either may
+// be empty; a tenant with neither is served 404 and nothing is enforced
+// for it.
+type Files struct {
+	Default string
+	Tenants map[string]string
+}
+
+// Server is the receiver's side: it loads one definition per configured
+// tenant (and a default) from YAML files, re-reads each file when it changes
+// (Reload, Run), keeps a tenant's last good definition when a new version is
+// invalid (logged and counted), remembers each tenant's previous definition
+// for a grace period — persisted under ServerOptions.StateDir so that it
+// survives a restart — and serves the caller's tenant's definition over HTTP.
+// The set of tenants is fixed at construction. Safe for concurrent use.
+//
+// The reload, reload-timestamp and served-definition metrics carry a tenant
+// label: its values are the tenants named in the configuration (and
+// DefaultTenant), a small set chosen by the operator, not the tenants of
+// the requests.
 type Server struct {
 	logger   *slog.Logger
-	path     string
 	grace    time.Duration
 	onChange func()
 	now      func() time.Time
 
-	reloadMu sync.Mutex // serializes Reload
-	fileHash [sha256.Size]byte
-	state    atomic.Pointer[serverState]
+	def     *source            // nil without a default file
+	tenants map[string]*source // immutable after NewServer
 
 	reloads    *prometheus.CounterVec
-	lastReload prometheus.Gauge
+	lastReload *prometheus.GaugeVec
 	info       *prometheus.GaugeVec
 	requests   *prometheus.CounterVec
+}
+
+// source is one definition file and its state.
+type source struct {
+	tenant    string // the metrics' tenant label: the tenant, or DefaultTenant
+	path      string
+	statePath string // "" without ServerOptions.StateDir
+
+	reloadMu sync.Mutex // serializes reload; guards fileHash
+	fileHash [sha256.Size]byte
+	state    atomic.Pointer[serverState]
 }
 
 type serverState struct {
@@ -51,48 +84,105 @@ type ServerOptions struct {
 	// GracePeriod is how long, after a change, the previous definition's
 	// selectors are still accepted server-side (see Allowlists).
 	GracePeriod time.Duration
-	// OnChange is called after every change of the definition in force
+	// OnChange is called after every change of a definition in force
 	// (not at construction), e.g. to recompute the server-side policy.
 	OnChange func()
+	// StateDir, when set, is where each tenant's current and previous
+	// definition, and when the previous one was replaced, are persisted
+	// (written atomically on every change) and restored from at
+	// construction, so the grace period survives a restart. Created if
+	// missing.
+	StateDir string
+	// Now is the clock (default time.Now).
+	Now func() time.Time
 }
 
-// NewServer loads path, which must hold a valid definition. reg may be nil.
-func NewServer(logger *slog.Logger, reg prometheus.Registerer, path string, opts ServerOptions) (*Server, error) {
+// Allowlists is one definition's selectors as enforced server-side: the
+// definition in force and, until PrevUntil, the previous one (nil if none).
+type Allowlists struct {
+	Cur, Prev *allowlist.List
+	PrevUntil time.Time
+}
+
+// NewServer loads every file of files, each of which must hold a valid
+// definition, and restores the previous definitions from opts.StateDir.
+// reg may be nil.
+func NewServer(logger *slog.Logger, reg prometheus.Registerer, files Files, opts ServerOptions) (*Server, error) {
+	if files.Default == "" && len(files.Tenants) == 0 {
+		return nil, errors.New("no gathering definition file")
+	}
 	f := promauto.With(reg)
 	s := &Server{
-		logger: logger, path: path, grace: opts.GracePeriod, onChange: opts.OnChange, now: time.Now,
+		logger: logger, grace: opts.GracePeriod, onChange: opts.OnChange, now: opts.Now,
+		tenants: make(map[string]*source, len(files.Tenants)),
 		reloads: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_gathering_reloads_total",
-			Help: "Reloads of the gathering definition file that changed it, by result (success, failure).",
-		}, []string{"result"}),
-		lastReload: f.NewGauge(prometheus.GaugeOpts{
+			Help: "Reloads of a gathering definition file that changed it, by tenant (* for the default) and result (success, failure).",
+		}, []string{"tenant", "result"}),
+		lastReload: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "phonehome_gathering_last_reload_success_timestamp_seconds",
-			Help: "When the gathering definition in force was loaded.",
-		}),
+			Help: "When the gathering definition in force was loaded, by tenant (* for the default).",
+		}, []string{"tenant"}),
 		info: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "phonehome_gathering_served_definition_info",
-			Help: "The gathering definition served (value 1), by version and ETag.",
-		}, []string{"version", "etag"}),
+			Help: "The gathering definition served (value 1), by tenant (* for the default), version and ETag.",
+		}, []string{"tenant", "version", "etag"}),
 		requests: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_gathering_requests_total",
 			Help: "GET /api/v1/gathering requests by HTTP status code.",
 		}, []string{"code"}),
 	}
-	for _, r := range []string{"success", "failure"} {
-		s.reloads.WithLabelValues(r)
+	if s.now == nil {
+		s.now = time.Now
 	}
-	for _, c := range []string{"200", "304"} {
+	for _, c := range []string{"200", "304", "404"} {
 		s.requests.WithLabelValues(c)
 	}
-	c, sum, err := s.load()
-	if err != nil {
+	if opts.StateDir != "" {
+		if err := os.MkdirAll(opts.StateDir, 0o750); err != nil {
+			return nil, fmt.Errorf("create gathering state dir: %w", err)
+		}
+	}
+	var errs []error
+	add := func(tenant, path string) *source {
+		src := &source{tenant: tenant, path: path}
+		if opts.StateDir != "" {
+			src.statePath = statePath(opts.StateDir, tenant)
+		}
+		if err := s.open(src); err != nil {
+			errs = append(errs, err)
+		}
+		return src
+	}
+	if files.Default != "" {
+		s.def = add(DefaultTenant, files.Default)
+	}
+	for _, t := range slices.Sorted(maps.Keys(files.Tenants)) {
+		s.tenants[t] = add(t, files.Tenants[t])
+	}
+	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	s.fileHash = sum
-	s.state.Store(&serverState{cur: c})
-	s.info.WithLabelValues(c.Def.Version, c.ETag).Set(1)
-	s.lastReload.SetToCurrentTime()
 	return s, nil
+}
+
+// open loads src's file and restores its previous definition.
+func (s *Server) open(src *source) error {
+	c, sum, err := src.load()
+	if err != nil {
+		return err
+	}
+	src.fileHash = sum
+	st := &serverState{cur: c}
+	if src.statePath != "" {
+		st = s.restore(src, c)
+	}
+	src.state.Store(st)
+	s.reloads.WithLabelValues(src.tenant, "success")
+	s.reloads.WithLabelValues(src.tenant, "failure")
+	s.info.WithLabelValues(src.tenant, c.Def.Version, c.ETag).Set(1)
+	s.lastReload.WithLabelValues(src.tenant).Set(float64(s.now().UnixNano()) / 1e9)
+	return nil
 }
 
 // Load validates the definition file at path (for --check-config).
@@ -108,49 +198,76 @@ func Load(path string) (*Compiled, error) {
 	return Compile(d)
 }
 
-func (s *Server) load() (*Compiled, [sha256.Size]byte, error) {
-	b, err := os.ReadFile(s.path)
+func (src *source) load() (*Compiled, [sha256.Size]byte, error) {
+	b, err := os.ReadFile(src.path)
 	if err != nil {
 		return nil, [sha256.Size]byte{}, fmt.Errorf("read gathering definition: %w", err)
 	}
 	sum := sha256.Sum256(b)
 	d, err := DecodeYAML(b)
 	if err != nil {
-		return nil, sum, fmt.Errorf("gathering definition %s: %w", s.path, err)
+		return nil, sum, fmt.Errorf("gathering definition %s: %w", src.path, err)
 	}
 	c, err := Compile(d)
-	return c, sum, err
+	if err != nil {
+		return nil, sum, fmt.Errorf("gathering definition %s: %w", src.path, err)
+	}
+	return c, sum, nil
 }
 
-// Reload re-reads the file if its bytes changed. An invalid version is
-// logged and counted, and the definition in force stays.
+// Reload re-reads every file whose bytes changed. An invalid version is
+// logged and counted, and that tenant's definition in force stays; the
+// other tenants are not affected. OnChange is called once if any changed.
 func (s *Server) Reload() {
-	s.reloadMu.Lock()
-	defer s.reloadMu.Unlock()
-	if b, err := os.ReadFile(s.path); err == nil && sha256.Sum256(b) == s.fileHash {
-		return
+	changed := false
+	for _, src := range s.sources() {
+		changed = s.reload(src) || changed
 	}
-	c, sum, err := s.load()
-	if err != nil {
-		s.reloads.WithLabelValues("failure").Inc()
-		s.logger.Error("reload gathering definition, keeping the previous one", "file", s.path, "err", err)
-		return
-	}
-	s.fileHash = sum
-	old := s.state.Load()
-	if c.ETag == old.cur.ETag { // reformatted, same content
-		return
-	}
-	s.state.Store(&serverState{cur: c, prev: old.cur, changed: s.now()})
-	s.info.Reset()
-	s.info.WithLabelValues(c.Def.Version, c.ETag).Set(1)
-	s.reloads.WithLabelValues("success").Inc()
-	s.lastReload.SetToCurrentTime()
-	s.logger.Info("gathering definition changed", "file", s.path, "version", c.Def.Version, "previous", old.cur.Def.Version,
-		"previous_accepted_until", s.now().Add(s.grace).UTC().Format(time.RFC3339))
-	if s.onChange != nil {
+	if changed && s.onChange != nil {
 		s.onChange()
 	}
+}
+
+func (s *Server) sources() []*source {
+	out := make([]*source, 0, len(s.tenants)+1)
+	if s.def != nil {
+		out = append(out, s.def)
+	}
+	for _, t := range slices.Sorted(maps.Keys(s.tenants)) {
+		out = append(out, s.tenants[t])
+	}
+	return out
+}
+
+// reload reports whether src's definition in force changed.
+func (s *Server) reload(src *source) bool {
+	src.reloadMu.Lock()
+	defer src.reloadMu.Unlock()
+	if b, err := os.ReadFile(src.path); err == nil && sha256.Sum256(b) == src.fileHash {
+		return false
+	}
+	c, sum, err := src.load()
+	if err != nil {
+		s.reloads.WithLabelValues(src.tenant, "failure").Inc()
+		s.logger.Error("reload gathering definition, keeping the previous one", "tenant", src.tenant, "file", src.path, "err", err)
+		return false
+	}
+	src.fileHash = sum
+	old := src.state.Load()
+	if c.ETag == old.cur.ETag { // reformatted, same content
+		return false
+	}
+	now := s.now()
+	st := &serverState{cur: c, prev: old.cur, changed: now}
+	src.state.Store(st)
+	s.persist(src, st)
+	s.info.DeletePartialMatch(prometheus.Labels{"tenant": src.tenant})
+	s.info.WithLabelValues(src.tenant, c.Def.Version, c.ETag).Set(1)
+	s.reloads.WithLabelValues(src.tenant, "success").Inc()
+	s.lastReload.WithLabelValues(src.tenant).Set(float64(now.UnixNano()) / 1e9)
+	s.logger.Info("gathering definition changed", "tenant", src.tenant, "file", src.path, "version", c.Def.Version,
+		"previous", old.cur.Def.Version, "previous_accepted_until", now.Add(s.grace).UTC().Format(time.RFC3339))
+	return true
 }
 
 // Run reloads every interval and whenever hup delivers, until ctx ends.
@@ -169,28 +286,64 @@ func (s *Server) Run(ctx context.Context, interval time.Duration, hup <-chan os.
 	}
 }
 
-// Current returns the definition in force.
-func (s *Server) Current() *Compiled { return s.state.Load().cur }
+// source returns tenant's source: its own, else the default (nil if none).
+func (s *Server) source(tenant string) *source {
+	if src, ok := s.tenants[tenant]; ok {
+		return src
+	}
+	return s.def
+}
+
+// Current returns the definition in force for tenant (its own, else the
+// default), or nil if there is none.
+func (s *Server) Current(tenant string) *Compiled {
+	src := s.source(tenant)
+	if src == nil {
+		return nil
+	}
+	return src.state.Load().cur
+}
 
 // Allowlists returns the selectors the receiver accepts: those of the
-// definition in force and, until prevUntil, those of the previous one (nil
-// if there is none).
-func (s *Server) Allowlists() (cur, prev *allowlist.List, prevUntil time.Time) {
-	st := s.state.Load()
-	if st.prev == nil {
-		return st.cur.Allow, nil, time.Time{}
+// default definition (nil without one) and those of each tenant with a
+// definition of its own. The map is the caller's.
+func (s *Server) Allowlists() (def *Allowlists, tenants map[string]Allowlists) {
+	if s.def != nil {
+		a := s.allowlists(s.def)
+		def = &a
 	}
-	return st.cur.Allow, st.prev.Allow, st.changed.Add(s.grace)
+	tenants = make(map[string]Allowlists, len(s.tenants))
+	for t, src := range s.tenants {
+		tenants[t] = s.allowlists(src)
+	}
+	return def, tenants
+}
+
+func (s *Server) allowlists(src *source) Allowlists {
+	st := src.state.Load()
+	if st.prev == nil {
+		return Allowlists{Cur: st.cur.Allow}
+	}
+	return Allowlists{Cur: st.cur.Allow, Prev: st.prev.Allow, PrevUntil: st.changed.Add(s.grace)}
 }
 
 // ServeHTTP serves GET (and HEAD) /api/v1/gathering: the definition in force
-// as JSON with a strong ETag; If-None-Match with that ETag gets 304 and no
-// body. The caller must be authenticated (any credential of a tenant).
+// for the caller's tenant (from auth.FromContext) as JSON with a strong
+// ETag; If-None-Match with that ETag gets 304 and no body. A tenant with
+// neither a definition of its own nor a default gets 404. The caller must
+// be authenticated (any credential of a tenant).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	c := s.Current()
+	id, _ := auth.FromContext(r.Context())
+	c := s.Current(id.Tenant)
+	if c == nil {
+		s.requests.WithLabelValues("404").Inc()
+		http.Error(w, fmt.Sprintf("no gathering definition for tenant %q", id.Tenant), http.StatusNotFound)
+		return
+	}
 	h := w.Header()
 	h.Set("ETag", c.ETag)
 	h.Set("Cache-Control", "no-cache")
+	h.Set("Vary", "Authorization")
 	if etagMatches(r.Header.Get("If-None-Match"), c.ETag) {
 		s.requests.WithLabelValues("304").Inc()
 		w.WriteHeader(http.StatusNotModified)

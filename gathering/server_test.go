@@ -14,6 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/stretchr/testify/require"
+
+	"github.com/phonehome/phonehome/auth"
 )
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
@@ -28,14 +30,21 @@ func newTestServer(t *testing.T, yaml string, grace time.Duration) (*Server, str
 	path := filepath.Join(t.TempDir(), "gathering.yaml")
 	writeDef(t, path, yaml)
 	changes := new(int)
-	s, err := NewServer(discard(), prometheus.NewRegistry(), path, ServerOptions{GracePeriod: grace, OnChange: func() { *changes++ }})
+	s, err := NewServer(discard(), prometheus.NewRegistry(), Files{Default: path}, ServerOptions{GracePeriod: grace, OnChange: func() { *changes++ }})
 	require.NoError(t, err)
 	return s, path, changes
 }
 
 func get(t *testing.T, h http.Handler, inm string) *httptest.ResponseRecorder {
 	t.Helper()
+	return getAs(t, h, "acme", inm)
+}
+
+// getAs is get by a caller of tenant.
+func getAs(t *testing.T, h http.Handler, tenant, inm string) *httptest.ResponseRecorder {
+	t.Helper()
 	r := httptest.NewRequest(http.MethodGet, "/api/v1/gathering", nil)
+	r = r.WithContext(auth.WithIdentity(r.Context(), auth.Identity{Tenant: tenant}))
 	if inm != "" {
 		r.Header.Set("If-None-Match", inm)
 	}
@@ -69,7 +78,7 @@ func TestServerReloadKeepsLastGoodAndGrace(t *testing.T) {
 	s, path, changes := newTestServer(t, "version: v1\nselectors: [up]\n", time.Hour)
 	now := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
 	s.now = func() time.Time { return now }
-	etag1 := s.Current().ETag
+	etag1 := s.Current("acme").ETag
 
 	// Unchanged file: nothing happens.
 	s.Reload()
@@ -78,25 +87,26 @@ func TestServerReloadKeepsLastGoodAndGrace(t *testing.T) {
 	// Invalid: logged, counted, the previous one stays.
 	writeDef(t, path, "version: v2\nselectors: ['up{']\n")
 	s.Reload()
-	require.Equal(t, etag1, s.Current().ETag)
-	require.Equal(t, 1.0, testutil.ToFloat64(s.reloads.WithLabelValues("failure")))
+	require.Equal(t, etag1, s.Current("acme").ETag)
+	require.Equal(t, 1.0, testutil.ToFloat64(s.reloads.WithLabelValues(DefaultTenant, "failure")))
 	require.Zero(t, *changes)
 	writeDef(t, path, "version: v2\nselectors: [up]\nunknown: 1\n")
 	s.Reload()
-	require.Equal(t, 2.0, testutil.ToFloat64(s.reloads.WithLabelValues("failure")))
+	require.Equal(t, 2.0, testutil.ToFloat64(s.reloads.WithLabelValues(DefaultTenant, "failure")))
 
 	// Valid change: served at once, previous selectors accepted for the grace period.
 	writeDef(t, path, "version: v2\nselectors: [up, node_info]\nanonymize_labels: [node]\n")
 	s.Reload()
 	require.Equal(t, 1, *changes)
-	require.Equal(t, "v2", s.Current().Def.Version)
-	require.NotEqual(t, etag1, s.Current().ETag)
+	require.Equal(t, "v2", s.Current("acme").Def.Version)
+	require.NotEqual(t, etag1, s.Current("acme").ETag)
 	require.Equal(t, http.StatusOK, get(t, s, etag1).Code, "the old ETag no longer matches")
-	cur, prev, until := s.Allowlists()
+	def, _ := s.Allowlists()
+	cur, prev, until := def.Cur, def.Prev, def.PrevUntil
 	require.True(t, cur.Allows(labels.FromStrings("__name__", "node_info")))
 	require.NotNil(t, prev)
 	require.Equal(t, now.Add(time.Hour), until)
-	require.Equal(t, 1.0, testutil.ToFloat64(s.info.WithLabelValues("v2", s.Current().ETag)))
+	require.Equal(t, 1.0, testutil.ToFloat64(s.info.WithLabelValues(DefaultTenant, "v2", s.Current("acme").ETag)))
 
 	// Same content reformatted: no change.
 	writeDef(t, path, "# comment\nversion: v2\nselectors:\n  - up\n  - node_info\nanonymize_labels: [node]\n")
@@ -107,9 +117,9 @@ func TestServerReloadKeepsLastGoodAndGrace(t *testing.T) {
 func TestNewServerRefusesInvalid(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "g.yaml")
 	writeDef(t, path, "version: v1\nselectors: []\n")
-	_, err := NewServer(discard(), nil, path, ServerOptions{})
+	_, err := NewServer(discard(), nil, Files{Default: path}, ServerOptions{})
 	require.ErrorContains(t, err, "at least one")
-	_, err = NewServer(discard(), nil, filepath.Join(t.TempDir(), "missing.yaml"), ServerOptions{})
+	_, err = NewServer(discard(), nil, Files{Tenants: map[string]string{"a": filepath.Join(t.TempDir(), "missing.yaml")}}, ServerOptions{})
 	require.Error(t, err)
 }
 

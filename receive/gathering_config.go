@@ -3,20 +3,30 @@ package receive
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/prometheus/common/model"
+
+	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/gathering"
 )
 
 // GatheringConfig is the `gathering:` section: the gathering definition
-// file (see package gathering) served at GET /api/v1/gathering and enforced
-// server-side. Without File, neither happens.
+// files (see package gathering) served at GET /api/v1/gathering and
+// enforced server-side, per tenant. Without File nor Tenants, neither
+// happens.
 type GatheringConfig struct {
-	// File is hot-reloaded every ReloadInterval and on SIGHUP; an invalid
-	// version is logged and counted, and the previous one stays. Relative
-	// to the configuration file.
+	// File is the default definition, for every tenant not in Tenants.
+	// Each file is hot-reloaded every ReloadInterval and on SIGHUP; an
+	// invalid version is logged and counted, and that tenant's previous one
+	// stays. Paths are relative to the configuration file. The set of
+	// tenants is read at start only.
 	File string `yaml:"file"`
+	// Tenants maps a tenant to its own definition file.
+	Tenants map[string]string `yaml:"tenants"`
 	// GracePeriod: after a change, the previous definition's selectors are
 	// still accepted this long, so forwarders that have not polled yet (or
 	// deliver a backlog) are not refused (default 6h).
@@ -35,7 +45,7 @@ func (g *GatheringConfig) SetDefaults() {
 }
 
 // Validate reports every problem with its YAML path. The file itself is
-// validated when it is loaded (gathering.NewServer).
+// validated by CheckFiles.
 func (g *GatheringConfig) Validate() error {
 	var errs []error
 	if g.GracePeriod < 0 {
@@ -44,12 +54,54 @@ func (g *GatheringConfig) Validate() error {
 	if g.ReloadInterval < model.Duration(time.Second) {
 		errs = append(errs, fmt.Errorf("gathering.reload_interval: %s is shorter than 1s", g.ReloadInterval))
 	}
+	for _, t := range slices.Sorted(maps.Keys(g.Tenants)) {
+		if !auth.ValidTenant(t) {
+			errs = append(errs, fmt.Errorf("gathering.tenants[%q]: not a valid tenant name", t))
+		}
+		if g.Tenants[t] == "" {
+			errs = append(errs, fmt.Errorf("gathering.tenants[%q]: empty file name", t))
+		}
+	}
 	return errors.Join(errs...)
 }
 
-// ResolvePaths makes File absolute against the config file's directory.
+// Enabled reports whether a definition is served and enforced.
+func (g *GatheringConfig) Enabled() bool { return g.File != "" || len(g.Tenants) > 0 }
+
+// Files are the definition files to serve.
+func (g *GatheringConfig) Files() gathering.Files {
+	return gathering.Files{Default: g.File, Tenants: maps.Clone(g.Tenants)}
+}
+
+// CheckFiles loads and validates every definition file (--check-config and
+// start), reporting each problem with its YAML path. It is not part of
+// Validate, so that a bad definition never fails a config reload: each file
+// has its own reload, which keeps the previous version.
+func (g *GatheringConfig) CheckFiles() error {
+	var errs []error
+	if g.File != "" {
+		if _, err := gathering.Load(g.File); err != nil {
+			errs = append(errs, fmt.Errorf("gathering.file: %w", err))
+		}
+	}
+	for _, t := range slices.Sorted(maps.Keys(g.Tenants)) {
+		if _, err := gathering.Load(g.Tenants[t]); err != nil {
+			errs = append(errs, fmt.Errorf("gathering.tenants[%q]: %w", t, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ResolvePaths makes the files absolute against the config file's directory.
 func (g *GatheringConfig) ResolvePaths(dir string) {
-	if g.File != "" && !filepath.IsAbs(g.File) {
-		g.File = filepath.Join(dir, g.File)
+	abs := func(p string) string {
+		if p != "" && !filepath.IsAbs(p) {
+			return filepath.Join(dir, p)
+		}
+		return p
+	}
+	g.File = abs(g.File)
+	for t, f := range g.Tenants {
+		g.Tenants[t] = abs(f)
 	}
 }

@@ -197,7 +197,7 @@ func (h *Handler) writeFamilyMetadata(tenant string, md []prompb.MetricMetadata)
 	var sb labels.ScratchBuilder
 	kept := md[:0]
 	for _, m := range md {
-		if pol.allows([]prompb.Label{{Name: model.MetricNameLabel, Value: m.MetricFamilyName}}, &sb) {
+		if pol.allows(tenant, []prompb.Label{{Name: model.MetricNameLabel, Value: m.MetricFamilyName}}, &sb) {
 			kept = append(kept, m)
 		}
 	}

@@ -14,38 +14,55 @@ import (
 )
 
 // Policy is what the server keeps of each series: its allowlist (nil allows
-// everything) and the labels it elides. Immutable; swapped whole on reload.
+// everything), the labels it elides, and the gathering definitions it
+// enforces, per tenant. Immutable; swapped whole on reload.
 type Policy struct {
 	allow  *allowlist.List
 	elide  map[string]struct{}
-	gather *gatherPolicy // nil without a gathering definition
+	gather *gatherPolicy // the default definition; nil without one
+	// tenantGather holds the definitions of tenants with their own; a
+	// tenant not in it is held to gather.
+	tenantGather map[string]*gatherPolicy
 }
 
-// gatherPolicy is the served gathering definition's share of the policy.
-type gatherPolicy struct {
-	cur, prev *allowlist.List // prev may be nil
-	prevUntil time.Time
-}
+// gatherPolicy is one gathering definition's share of the policy.
+type gatherPolicy = gathering.Allowlists
 
-// WithGathering returns a copy of p that enforces a gathering definition: a
-// series is kept if the config's allowlist (when set) or the definition in
-// force (cur) selects it, or — until prevUntil, the grace period — the
-// previous definition (prev, may be nil). The forwarders' own
-// gathering.InfoMetric series is always kept.
-func (p *Policy) WithGathering(cur, prev *allowlist.List, prevUntil time.Time) *Policy {
+// WithGathering returns a copy of p that enforces gathering definitions:
+// a series of a tenant is kept if the config's allowlist (when set) or the
+// tenant's definition in force selects it, or — until its PrevUntil, the
+// grace period — the previous version of that definition. The tenant's
+// definition is its own in tenants, else def; with neither (def nil), only
+// the config's allowlist applies to it. The forwarders' own
+// gathering.InfoMetric series is always kept. tenants must not be
+// modified afterwards.
+func (p *Policy) WithGathering(def *gathering.Allowlists, tenants map[string]gathering.Allowlists) *Policy {
 	q := *p
-	q.gather = &gatherPolicy{cur: cur, prev: prev, prevUntil: prevUntil}
+	q.gather = def
+	q.tenantGather = make(map[string]*gatherPolicy, len(tenants))
+	for t, a := range tenants {
+		q.tenantGather[t] = &a
+	}
 	return &q
 }
 
-// GatheringSource is the gathering definition's selectors; *gathering.Server
-// implements it.
+// gatherFor returns the gathering definition enforced for tenant (nil if
+// none).
+func (p *Policy) gatherFor(tenant string) *gatherPolicy {
+	if g, ok := p.tenantGather[tenant]; ok {
+		return g
+	}
+	return p.gather
+}
+
+// GatheringSource is the gathering definitions' selectors, the default's
+// (nil without one) and per tenant; *gathering.Server implements it.
 type GatheringSource interface {
-	Allowlists() (cur, prev *allowlist.List, prevUntil time.Time)
+	Allowlists() (def *gathering.Allowlists, tenants map[string]gathering.Allowlists)
 }
 
 // PolicyUpdater installs into a Handler the config's policy combined with
-// the gathering definition, whenever either changes. Safe for concurrent use.
+// the gathering definitions, whenever either changes. Safe for concurrent use.
 type PolicyUpdater struct {
 	mu   sync.Mutex
 	h    *Handler
@@ -68,7 +85,7 @@ func (u *PolicyUpdater) SetBase(p *Policy) {
 	u.install()
 }
 
-// GatheringChanged recomputes the policy after the definition changed.
+// GatheringChanged recomputes the policy after a definition changed.
 func (u *PolicyUpdater) GatheringChanged() {
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -113,9 +130,11 @@ func (p *Policy) elideLabels(ls []prompb.Label) []prompb.Label {
 	return out
 }
 
-// allows reports whether the allowlist admits ls; b is scratch space.
-func (p *Policy) allows(ls []prompb.Label, b *labels.ScratchBuilder) bool {
-	if p.allow == nil && p.gather == nil {
+// allows reports whether the policy admits ls, a series of tenant; b is
+// scratch space.
+func (p *Policy) allows(tenant string, ls []prompb.Label, b *labels.ScratchBuilder) bool {
+	g := p.gatherFor(tenant)
+	if p.allow == nil && g == nil {
 		return true
 	}
 	b.Reset()
@@ -123,17 +142,16 @@ func (p *Policy) allows(ls []prompb.Label, b *labels.ScratchBuilder) bool {
 		b.Add(l.Name, l.Value)
 	}
 	lbls := b.Labels()
-	if p.gather == nil {
+	if g == nil {
 		return p.allow.Allows(lbls)
 	}
-	g := p.gather
 	switch {
 	case lbls.Get(model.MetricNameLabel) == gathering.InfoMetric,
 		p.allow != nil && p.allow.Allows(lbls),
-		g.cur.Allows(lbls):
+		g.Cur.Allows(lbls):
 		return true
 	}
-	return g.prev != nil && g.prev.Allows(lbls) && time.Now().Before(g.prevUntil)
+	return g.Prev != nil && g.Prev.Allows(lbls) && time.Now().Before(g.PrevUntil)
 }
 
 var sep = []byte{0xff}

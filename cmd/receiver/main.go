@@ -98,11 +98,9 @@ func run(args []string, stderr io.Writer) int {
 		logger.Error("invalid configuration", "file", *configFile, "err", err)
 		return 2
 	}
-	if f := cfg.Gathering.File; f != "" {
-		if _, err := gathering.Load(f); err != nil {
-			logger.Error("invalid configuration", "file", *configFile, "err", fmt.Errorf("gathering.file: %w", err))
-			return 2
-		}
+	if err := cfg.Gathering.CheckFiles(); err != nil {
+		logger.Error("invalid configuration", "file", *configFile, "err", err)
+		return 2
 	}
 	if *checkOnly {
 		fmt.Fprintln(stderr, "ok")
@@ -169,18 +167,21 @@ func run(args []string, stderr io.Writer) int {
 		OverwriteClusterID: cfg.Auth.IDMismatch == receive.IDMismatchOverwrite,
 		AcceptedMessages:   cfg.RemoteWrite.AcceptedProtobufMessages,
 	})
-	// The gathering definition, served and enforced with the config's policy.
+	// The gathering definitions (per tenant), served and enforced with the
+	// config's policy; each one's previous version is kept under the
+	// storage path, so the grace period survives a restart.
 	var (
 		policies *receive.PolicyUpdater
 		defs     *gathering.Server
 	)
-	if cfg.Gathering.File != "" {
-		defs, err = gathering.NewServer(logger.With("component", "gathering"), reg, cfg.Gathering.File, gathering.ServerOptions{
+	if cfg.Gathering.Enabled() {
+		defs, err = gathering.NewServer(logger.With("component", "gathering"), reg, cfg.Gathering.Files(), gathering.ServerOptions{
 			GracePeriod: time.Duration(cfg.Gathering.GracePeriod),
 			OnChange:    func() { policies.GatheringChanged() }, // called by defs.Run only, once policies is set
+			StateDir:    filepath.Join(*storagePath, "gathering"),
 		})
 		if err != nil {
-			logger.Error("invalid configuration", "file", *configFile, "err", fmt.Errorf("gathering.file: %w", err))
+			logger.Error("invalid configuration", "file", *configFile, "err", fmt.Errorf("gathering: %w", err))
 			return 2
 		}
 		policies = receive.NewPolicyUpdater(writes, policy, defs)
