@@ -7,6 +7,8 @@ import (
 	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/prompb"
 	writev2 "github.com/prometheus/prometheus/prompb/io/prometheus/write/v2"
+
+	"github.com/phonehome/phonehome/limits"
 )
 
 // batch is one decoded request in the shape write() admits and stores.
@@ -69,7 +71,13 @@ func decodeV2(raw []byte) (*writev2.Request, error) {
 // name (ToLabels); duplicates are left for validateSeries to refuse. The
 // batch references req's strings; samples, labels and exemplars share a few
 // per-request backing arrays.
-func convertV2(req *writev2.Request) *batch {
+//
+// Labels are checked against the tenant's label limits *before* they are
+// built: a 2.0 label is a pair of references, so a tiny request could
+// otherwise reference one large symbol thousands of times and expand to
+// gigabytes. Over the whole request, built labels may not exceed
+// labelBudgetFactor times max_decoded_bytes (errTooLarge, 413).
+func convertV2(req *writev2.Request, lim *limits.TenantLimits) (*batch, error) {
 	n := len(req.Timeseries)
 	b := &batch{
 		series:  make([]prompb.TimeSeries, n),
@@ -78,9 +86,13 @@ func convertV2(req *writev2.Request) *batch {
 	}
 	nLabels, nSamples := 0, 0
 	for i := range req.Timeseries {
-		nLabels += len(req.Timeseries[i].LabelsRefs)/2 + 1 // +1: room for an added _id
+		pairs := len(req.Timeseries[i].LabelsRefs) / 2
+		if !over(pairs, lim.MaxLabelNamesPerSeries) {
+			nLabels += pairs + 1 // +1: room for an added _id
+		}
 		nSamples += len(req.Timeseries[i].Samples)
 	}
+	budget := labelBudgetFactor * lim.MaxDecodedBytes
 	labelArena := make([]prompb.Label, 0, nLabels)
 	sampleArena := make([]prompb.Sample, 0, nSamples)
 	var sb labels.ScratchBuilder
@@ -95,6 +107,19 @@ func convertV2(req *writev2.Request) *batch {
 		if len(ts.Samples) > 0 && len(ts.Histograms) > 0 {
 			refuse("series has both samples and histograms")
 			continue
+		}
+		size, serr := checkRefs(ts.LabelsRefs, req.Symbols, lim)
+		for j := 0; serr == nil && j < len(ts.Exemplars); j++ {
+			var n int64
+			n, serr = checkRefs(ts.Exemplars[j].LabelsRefs, req.Symbols, lim)
+			size += n
+		}
+		if serr != nil {
+			b.invalid[i] = invalidSeries{serr: serr, samples: len(ts.Samples) + len(ts.Histograms)}
+			continue
+		}
+		if budget -= size; budget < 0 {
+			return nil, fmt.Errorf("labels of the request expand beyond %d bytes: %w", labelBudgetFactor*lim.MaxDecodedBytes, errTooLarge)
 		}
 		ls, err := ts.ToLabels(&sb, req.Symbols)
 		if err != nil {
@@ -140,7 +165,35 @@ func convertV2(req *writev2.Request) *batch {
 		out.Exemplars = exemplars
 		b.meta[i] = m
 	}
-	return b
+	return b, nil
+}
+
+// labelBudgetFactor bounds the labels a 2.0 request may expand to, as a
+// multiple of max_decoded_bytes.
+const labelBudgetFactor = 4
+
+// checkRefs checks the label references of a series (or exemplar) against the
+// label limits without building anything, and returns the bytes the labels
+// would take. Out-of-range references are left for ToLabels to report.
+func checkRefs(refs []uint32, symbols []string, lim *limits.TenantLimits) (int64, *seriesError) {
+	if over(len(refs)/2, lim.MaxLabelNamesPerSeries) {
+		return 0, &seriesError{reasonLabelLimits, fmt.Sprintf("series has %d labels, the limit is %d", len(refs)/2, lim.MaxLabelNamesPerSeries)}
+	}
+	var size int64
+	for j := 0; j+1 < len(refs); j += 2 {
+		if int(refs[j]) >= len(symbols) || int(refs[j+1]) >= len(symbols) {
+			continue
+		}
+		name, value := symbols[refs[j]], symbols[refs[j+1]]
+		if over(len(name), lim.MaxLabelNameLength) {
+			return 0, &seriesError{reasonLabelLimits, fmt.Sprintf("label name of %d bytes, the limit is %d", len(name), lim.MaxLabelNameLength)}
+		}
+		if over(len(value), lim.MaxLabelValueLength) {
+			return 0, &seriesError{reasonLabelLimits, fmt.Sprintf("value of label %q has %d bytes, the limit is %d", name, len(value), lim.MaxLabelValueLength)}
+		}
+		size += int64(len(name) + len(value))
+	}
+	return size, nil
 }
 
 func convertExemplars(in []writev2.Exemplar, symbols []string, sb *labels.ScratchBuilder) ([]prompb.Exemplar, error) {

@@ -162,7 +162,9 @@ func (h *Handler) handle(r *http.Request) (storage.Stats, error) {
 		if err != nil {
 			return storage.Stats{}, err
 		}
-		b = convertV2(req)
+		if b, err = convertV2(req, &lim); err != nil {
+			return storage.Stats{}, err
+		}
 	default:
 		req, err := decodeV1(raw)
 		if err != nil {
