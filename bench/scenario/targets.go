@@ -54,8 +54,16 @@ type Receiver struct {
 
 func (r *Receiver) Name() string { return "receiver" }
 
+// Version is the commit that was HEAD when the binary was built (its
+// modification time): others may commit while a long run goes on.
 func (r *Receiver) Version() string {
-	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	rev := "HEAD"
+	if fi, err := os.Stat(r.Bin); err == nil {
+		if out, err := exec.Command("git", "rev-list", "-1", "--before=@"+strconv.FormatInt(fi.ModTime().Unix(), 10), "HEAD").Output(); err == nil && len(out) > 0 {
+			rev = strings.TrimSpace(string(out))
+		}
+	}
+	out, err := exec.Command("git", "rev-parse", "--short", rev).Output()
 	if err != nil {
 		return "unknown"
 	}
