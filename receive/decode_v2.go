@@ -23,6 +23,8 @@ import (
 // used has no place for them.
 type batch struct {
 	series []prompb.TimeSeries
+	// familyMeta is the metadata of a 1.0 request (per metric family).
+	familyMeta []prompb.MetricMetadata
 	// meta is nil (1.0) or holds each series' metadata (the zero value for none).
 	meta []metadata.Metadata
 	// invalid is nil or holds, per series, why decoding refused it; such a

@@ -170,19 +170,28 @@ func (h *Handler) handle(r *http.Request) (storage.Stats, error) {
 		if err != nil {
 			return storage.Stats{}, err
 		}
-		b = &batch{series: req.Timeseries}
-		if err := h.writeFamilyMetadata(id.Tenant, req.Metadata); err != nil {
-			return storage.Stats{}, err
-		}
+		b = &batch{series: req.Timeseries, familyMeta: req.Metadata}
 	}
 	h.metrics.requestsByProto.WithLabelValues(proto).Inc()
 	n := b.samples()
+	if len(b.familyMeta) > 0 {
+		n++ // a metadata-only request is not free either
+	}
 	if retry, err := h.limiter.AllowSamples(id.Tenant, id.ClusterID, n); err != nil {
 		h.metrics.rejected.WithLabelValues(reasonRateLimit).Add(float64(n))
 		return storage.Stats{}, &rateLimitedError{retryAfter: retry, err: err}
 	}
+	if err := h.writeFamilyMetadata(id.Tenant, b.familyMeta); err != nil {
+		return storage.Stats{}, err
+	}
 	return h.write(r, id, &lim, b)
 }
+
+// Bounds of one 1.0 metadata entry; longer ones are dropped and counted.
+const (
+	maxHelpBytes = 1024
+	maxUnitBytes = 64
+)
 
 // familyMetadataWriter keeps remote-write 1.0 metadata (per metric family).
 type familyMetadataWriter interface {
@@ -199,6 +208,10 @@ func (h *Handler) writeFamilyMetadata(tenant string, md []prompb.MetricMetadata)
 	var sb labels.ScratchBuilder
 	kept := md[:0]
 	for _, m := range md {
+		if !model.LegacyValidation.IsValidMetricName(m.MetricFamilyName) || len(m.Help) > maxHelpBytes || len(m.Unit) > maxUnitBytes {
+			h.metrics.rejected.WithLabelValues(reasonInvalidMetadata).Inc()
+			continue
+		}
 		if pol.allows(tenant, []prompb.Label{{Name: model.MetricNameLabel, Value: m.MetricFamilyName}}, &sb) {
 			kept = append(kept, m)
 		}

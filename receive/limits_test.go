@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
+	"github.com/golang/snappy"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/prometheus/prompb"
 	"github.com/stretchr/testify/require"
@@ -137,4 +139,33 @@ func TestLabelLimits(t *testing.T) {
 			require.Equal(t, tc.want, rec.Code, rec.Body.String())
 		})
 	}
+}
+
+func TestV1MetadataIsRateLimitedAndValidated(t *testing.T) {
+	w := &fakeWriter{}
+	lim := newLimiter(func(s *limits.Spec) {
+		s.SamplesPerSecondPerCluster = ptr(0.001)
+		s.BurstPerCluster = ptr(1)
+	})
+	h := NewHandler(discard(), nil, w, lim, Options{})
+	id := &auth.Identity{Tenant: "acme", ClusterID: "c1"}
+	req := func(md ...prompb.MetricMetadata) []byte {
+		raw, err := (&prompb.WriteRequest{Metadata: md}).Marshal()
+		require.NoError(t, err)
+		return snappy.Encode(nil, raw)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(req(
+		prompb.MetricMetadata{MetricFamilyName: "ok_metric", Help: "fine"},
+		prompb.MetricMetadata{MetricFamilyName: "bad name", Help: "x"},
+		prompb.MetricMetadata{MetricFamilyName: "long_help", Help: strings.Repeat("h", maxHelpBytes+1)},
+	), id))
+	require.Equal(t, http.StatusNoContent, rec.Code, rec.Body.String())
+	require.Len(t, w.meta, 1, "invalid names and oversized help are dropped")
+	require.InDelta(t, 2, testutil.ToFloat64(h.metrics.rejected.WithLabelValues(reasonInvalidMetadata)), 0)
+
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(req(prompb.MetricMetadata{MetricFamilyName: "more", Help: "x"}), id))
+	require.Equal(t, http.StatusTooManyRequests, rec.Code, "metadata-only requests count against the rate")
+	require.Len(t, w.meta, 1)
 }

@@ -26,12 +26,13 @@ const (
 	reasonAllowlist       = "allowlist"
 	reasonSeriesLimit     = "series_limit"
 	reasonRateLimit       = "rate_limit"
+	reasonInvalidMetadata = "invalid_metadata"
 )
 
 var allReasons = []string{
 	reasonInvalidLabels, reasonInvalidSeries, reasonLabelLimits, reasonClusterMismatch, reasonNoSamples,
 	reasonOutOfOrder, reasonTooOld, reasonFuture, reasonDuplicate, reasonStorage,
-	reasonAllowlist, reasonSeriesLimit, reasonRateLimit,
+	reasonAllowlist, reasonSeriesLimit, reasonRateLimit, reasonInvalidMetadata,
 }
 
 // clusterLabel is the label that carries a cluster's pseudonymous id.

@@ -44,6 +44,9 @@ import (
 // oldest is dropped first.
 const maxMetadataPerMetric = 8
 
+// maxMetadataFamilies bounds the metric families a tenant's index holds.
+const maxMetadataFamilies = 100_000
+
 // metadataIndex is one tenant's metric family → distinct metadata, oldest
 // first. It is safe for concurrent use.
 type metadataIndex struct {
@@ -124,7 +127,10 @@ func (ix *metadataIndex) addFamily(fam string, m metadata.Metadata) {
 	}
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	ms := ix.byFamily[fam]
+	ms, ok := ix.byFamily[fam]
+	if !ok && len(ix.byFamily) >= maxMetadataFamilies {
+		return // bounded: a tenant with this many families is misbehaving
+	}
 	if i := slices.Index(ms, m); i >= 0 {
 		return
 	}
