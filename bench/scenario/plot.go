@@ -26,15 +26,17 @@ func (r *Report) WritePNG(path string) error {
 		xy          func(t *TargetResult) plotter.XYs
 	}{
 		{"accepted samples/s", "samples/s", func(t *TargetResult) plotter.XYs {
-			xy := make(plotter.XYs, len(t.Timeline))
-			for i, p := range t.Timeline {
+			tl := coarse(t.Timeline, 90)
+			xy := make(plotter.XYs, len(tl))
+			for i, p := range tl {
 				xy[i] = plotter.XY{X: p.T, Y: p.SamplesPerSec}
 			}
 			return xy
 		}},
 		{"write latency p99 (requests sent in the window)", "ms", func(t *TargetResult) plotter.XYs {
-			xy := make(plotter.XYs, 0, len(t.Timeline))
-			for _, p := range t.Timeline {
+			tl := coarse(t.Timeline, 90)
+			xy := make(plotter.XYs, 0, len(tl))
+			for _, p := range tl {
 				if p.P99ms > 0 {
 					xy = append(xy, plotter.XY{X: p.T, Y: p.P99ms})
 				}
@@ -127,4 +129,25 @@ func (r *Report) WritePNG(path string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// coarse merges groups of adjacent windows so that at most n remain (older
+// results kept 200ms windows): samples/s is averaged, p50 and p99 become the
+// highest of the group's (an upper bound).
+func coarse(tl []TimelinePoint, n int) []TimelinePoint {
+	if len(tl) <= n {
+		return tl
+	}
+	k := (len(tl) + n - 1) / n
+	out := make([]TimelinePoint, 0, n)
+	for i := 0; i < len(tl); i += k {
+		g := tl[i:min(i+k, len(tl))]
+		m := TimelinePoint{T: g[len(g)-1].T}
+		for _, p := range g {
+			m.SamplesPerSec += p.SamplesPerSec / float64(len(g))
+			m.P50ms, m.P99ms = max(m.P50ms, p.P50ms), max(m.P99ms, p.P99ms)
+		}
+		out = append(out, m)
+	}
+	return out
 }

@@ -30,7 +30,7 @@ type TimelinePoint struct {
 	P99ms         float64 `json:"p99_ms"`
 }
 
-// timeline buckets events into about 150 windows of at least 200ms; offset is
+// timeline buckets events into about 80 windows of at least 1s; offset is
 // when the load started on the RSS clock.
 func timeline(evs []fleet.Event, offset float64) []TimelinePoint {
 	if len(evs) == 0 {
@@ -40,7 +40,7 @@ func timeline(evs []fleet.Event, offset float64) []TimelinePoint {
 	for _, e := range evs {
 		end = max(end, e.Start+e.Latency)
 	}
-	w := max(200*time.Millisecond, end/150)
+	w := max(time.Second, end/80)
 	n := int(end/w) + 1
 	acc := make([]float64, n)
 	lats := make([][]float64, n)

@@ -83,7 +83,7 @@ func TestTimelineBucketsThroughputAndLatency(t *testing.T) {
 	require.NotEmpty(t, tl)
 	var total float64
 	for i, p := range tl {
-		w := 0.2 // 10s/150 is under the 200ms minimum window
+		w := 1.0 // 10s/80 is under the 1s minimum window
 		total += p.SamplesPerSec * w
 		require.InDelta(t, 5+float64(i+1)*w, p.T, 1e-9)
 		if p.P99ms > 0 {

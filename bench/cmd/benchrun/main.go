@@ -86,7 +86,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		workDir      = fs.String("work-dir", "bench/tmp/run", "Scratch directory for the servers' data (wiped per target).")
 		resultsDir   = fs.String("results-dir", "bench/results", "Where to write <date>-<size>.json and README.md.")
 		noRecord     = fs.Bool("no-record", false, "Print the table but write nothing to results-dir.")
-		reportOnly   = fs.Bool("report-only", false, "Only regenerate results-dir/README.md from the JSON files there.")
+		reportOnly   = fs.Bool("report-only", false, "Only regenerate results-dir/README.md and the PNGs from the JSON files there.")
 		loadTimeout  = fs.Duration("load-timeout", 15*time.Minute, "Hard limit on each target's load phase.")
 		timeout      = fs.Duration("timeout", 60*time.Minute, "Hard limit on the whole run.")
 		label        = fs.String("label", "", "Record the run under this size label instead of --size (e.g. 200k-gogc50 for a variant).")
@@ -100,7 +100,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if *reportOnly {
-		return writeREADME(*resultsDir, stderr)
+		return writeREADMEAndPlots(*resultsDir, true, stderr)
 	}
 	presets, ok := sizes[*scen]
 	if !ok {
@@ -211,7 +211,20 @@ func exitCode(rep *scenario.Report, err error) int {
 }
 
 func writeREADME(dir string, stderr io.Writer) int {
+	return writeREADMEAndPlots(dir, false, stderr)
+}
+
+// writeREADMEAndPlots regenerates README.md from the newest report per
+// scenario and size and, with plots, their PNGs.
+func writeREADMEAndPlots(dir string, plots bool, stderr io.Writer) int {
 	reps, err := scenario.LoadReports(dir)
+	if err == nil && plots {
+		for _, r := range reps {
+			if perr := r.WritePNG(filepath.Join(dir, r.BaseName()+".png")); perr != nil {
+				fmt.Fprintf(stderr, "benchrun: plot %s: %v\n", r.BaseName(), perr)
+			}
+		}
+	}
 	if err == nil {
 		err = scenario.UpdateREADME(filepath.Join(dir, "README.md"), reps)
 	}
