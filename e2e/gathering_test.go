@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -273,4 +274,108 @@ func TestGatheringForwarderFallbackE2E(t *testing.T) {
 		return nil
 	})
 	fwd.Stop()
+}
+
+// getGathering reads base's gathering definition with token, sending
+// If-None-Match when inm is set: the status, body and ETag.
+func getGathering(t *testing.T, base, token, inm string) (int, string, string) {
+	t.Helper()
+	r, err := http.NewRequest(http.MethodGet, base+"/api/v1/gathering", nil)
+	require.NoError(t, err)
+	r.Header.Set("Authorization", "Bearer "+token)
+	if inm != "" {
+		r.Header.Set("If-None-Match", inm)
+	}
+	resp, err := http.DefaultClient.Do(r)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b), resp.Header.Get("ETag")
+}
+
+// Two tenants with definitions of their own (and no default) are served
+// and held to their own; a tenant with neither gets 404. The grace period
+// of a change survives a receiver restart: the previous version's series
+// are still accepted afterwards.
+func TestGatheringPerTenantE2E(t *testing.T) {
+	dir := t.TempDir()
+	writeSigningKey(t, dir, "k1")
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "tokens.yaml"), []byte(
+		"tokens:\n"+
+			"- {token: a-fleet, tenant: a, allow: [authorize]}\n- {token: a-read, tenant: a, allow: [read]}\n"+
+			"- {token: b-fleet, tenant: b, allow: [authorize]}\n- {token: b-read, tenant: b, allow: [read]}\n"+
+			"- {token: c-read, tenant: c, allow: [read]}\n"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "a.yaml"), []byte("version: a1\nselectors: [a_metric]\n"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "b.yaml"), []byte("version: b1\nselectors: [b_metric]\n"), 0o600))
+	cfg := filepath.Join(dir, "receiver.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte("auth:\n  tokens_file: tokens.yaml\n  keys_file: keys.yaml\n  credential_ttl: 1m\n"+
+		"gathering:\n  tenants:\n    a: a.yaml\n    b: b.yaml\n  reload_interval: 1s\n  grace_period: 10m\n"), 0o600))
+	data := filepath.Join(dir, "data")
+	recv := startReceiver(t, cfg, data)
+
+	// Each tenant its own body and ETag.
+	code, bodyA, etagA := getGathering(t, recv.URL(), "a-read", "")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, bodyA, `"version":"a1"`)
+	code, bodyB, etagB := getGathering(t, recv.URL(), "b-read", "")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, bodyB, `"version":"b1"`)
+	require.NotEqual(t, etagA, etagB)
+	code, body, _ := getGathering(t, recv.URL(), "a-read", etagA)
+	require.Equal(t, http.StatusNotModified, code)
+	require.Empty(t, body)
+	code, _, _ = getGathering(t, recv.URL(), "b-read", etagA)
+	require.Equal(t, http.StatusOK, code, "a's ETag is not b's")
+	code, body, _ = getGathering(t, recv.URL(), "c-read", "")
+	require.Equal(t, http.StatusNotFound, code)
+	require.Contains(t, body, "no gathering definition")
+
+	// Each tenant held to its own definition.
+	post := func(base, cred, name string) int {
+		t.Helper()
+		code, body, err := postWrite(http.DefaultClient, base, cred, encodeWrite(t, oneSeries(name, time.Now().UnixMilli())), nil)
+		require.NoError(t, err)
+		t.Logf("write %s: %d %s", name, code, body)
+		return code
+	}
+	creds := func(base string) (string, string) {
+		t.Helper()
+		code, a := authorize(t, base, "a-fleet", "cluster-a")
+		require.Equal(t, http.StatusOK, code)
+		code, b := authorize(t, base, "b-fleet", "cluster-b")
+		require.Equal(t, http.StatusOK, code)
+		return a, b
+	}
+	credA, credB := creds(recv.URL())
+	require.Equal(t, http.StatusNoContent, post(recv.URL(), credA, "a_metric"))
+	require.Equal(t, http.StatusBadRequest, post(recv.URL(), credA, "b_metric"), "b's definition does not admit a's series")
+	require.Equal(t, http.StatusNoContent, post(recv.URL(), credB, "b_metric"))
+	require.Equal(t, http.StatusBadRequest, post(recv.URL(), credB, "a_metric"))
+
+	// a's definition changes; b's is unaffected.
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "a.yaml"), []byte("version: a2\nselectors: [a_new]\n"), 0o600))
+	eventually(t, 30*time.Second, func() error {
+		if v := metricsValue(t, recv.URL(), "phonehome_gathering_served_definition_info", map[string]string{"tenant": "a", "version": "a2"}); v != 1 {
+			return fmt.Errorf("a2 not served yet")
+		}
+		return nil
+	})
+	require.Equal(t, 1.0, metricsValue(t, recv.URL(), "phonehome_gathering_served_definition_info", map[string]string{"tenant": "b", "version": "b1"}))
+	code, _, _ = getGathering(t, recv.URL(), "b-read", etagB)
+	require.Equal(t, http.StatusNotModified, code)
+
+	// Restart inside the grace period: a1's series are still accepted.
+	recv.Stop()
+	recv = startReceiver(t, cfg, data)
+	credA, credB = creds(recv.URL())
+	code, body, _ = getGathering(t, recv.URL(), "a-read", "")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `"version":"a2"`)
+	require.Equal(t, http.StatusNoContent, post(recv.URL(), credA, "a_new"))
+	require.Equal(t, http.StatusNoContent, post(recv.URL(), credA, "a_metric"), "a1 within the grace period, across the restart")
+	require.Equal(t, http.StatusBadRequest, post(recv.URL(), credA, "secret_metric"))
+	require.Equal(t, http.StatusBadRequest, post(recv.URL(), credB, "a_metric"), "a's previous version is not b's")
+	require.Equal(t, http.StatusNoContent, post(recv.URL(), credB, "b_metric"))
+	recv.Stop()
 }
