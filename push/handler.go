@@ -83,11 +83,7 @@ func (g *Gateway) handle(r *http.Request) (int, error) {
 	if !ok || id.Tenant == "" {
 		return 0, reject(reasonUnauthenticated, errInvalid, "no identity: the push endpoint must be mounted behind authentication")
 	}
-	key := id.Tenant
-	if h := r.Header.Get("Authorization"); h != "" {
-		sum := sha256.Sum256([]byte(h))
-		key = hex.EncodeToString(sum[:16])
-	}
+	key := rateKey(id.Tenant, r.Header.Get("Authorization"))
 	if ok, wait := g.limiter.allow(key, g.now()); !ok {
 		rj := reject(reasonRateLimited, errRateLimited, "push rate limit exceeded (push.rate_limit); retry later")
 		rj.retryAfter = max(wait, time.Second)
@@ -400,6 +396,34 @@ type limiter struct {
 
 const maxLimiters = 10000
 
+// rateKey identifies the credential a push is limited by: the tenant and the
+// parsed bearer token, so reformatting the header ("bearer  x") does not buy
+// a fresh bucket.
+func rateKey(tenant, authorization string) string {
+	token := authorization
+	if f := strings.Fields(authorization); len(f) == 2 && strings.EqualFold(f[0], "Bearer") {
+		token = f[1]
+	}
+	sum := sha256.Sum256([]byte(tenant + "\x00" + token))
+	return hex.EncodeToString(sum[:16])
+}
+
+// evict makes room: buckets that have refilled are the same as new ones, so
+// dropping them changes nothing; if none has, one arbitrary bucket goes.
+func (l *limiter) evict(now time.Time) {
+	for k, lim := range l.m {
+		if lim.TokensAt(now) >= float64(l.burst) {
+			delete(l.m, k)
+		}
+	}
+	for k := range l.m {
+		if len(l.m) < maxLimiters {
+			return
+		}
+		delete(l.m, k)
+	}
+}
+
 func newLimiter(cfg RateLimit) *limiter {
 	return &limiter{r: rate.Limit(cfg.RequestsPerSecond), burst: cfg.Burst, m: map[string]*rate.Limiter{}}
 }
@@ -410,7 +434,7 @@ func (l *limiter) allow(key string, now time.Time) (bool, time.Duration) {
 	lim, ok := l.m[key]
 	if !ok {
 		if len(l.m) >= maxLimiters {
-			clear(l.m)
+			l.evict(now)
 		}
 		lim = rate.NewLimiter(l.r, l.burst)
 		l.m[key] = lim
