@@ -209,7 +209,15 @@ func (w *Writer) deliver(ctx context.Context, rec []byte, pos forward.Position) 
 			return
 		}
 		var re forward.RetryableError
-		if !errors.As(err, &re) {
+		if !errors.As(err, &re) && misconfigured(err) {
+			// 401/403/404/405 say the upstream URL or credential is wrong, not
+			// the data: keep it (these writes may already be acknowledged)
+			// and retry until an operator fixes the configuration.
+			if attempt == 0 {
+				w.logger.Error("upstream refuses our credential or URL; keeping the data and retrying", "err", err)
+			}
+			re = forward.RetryableError{}
+		} else if !errors.As(err, &re) {
 			w.m.dropped.WithLabelValues(reasonHTTP4xx).Add(float64(n))
 			w.logger.Warn("upstream refused write, dropping it", "samples", n, "err", err)
 			w.ack(pos)
@@ -300,6 +308,20 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// misconfigured reports whether err is an upstream answer that blames the
+// request's destination or credential rather than its content.
+func misconfigured(err error) bool {
+	var he *forward.HTTPError
+	if !errors.As(err, &he) {
+		return false
+	}
+	switch he.Code {
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusMethodNotAllowed:
+		return true
+	}
+	return false
 }
 
 func codeOf(err error) string {

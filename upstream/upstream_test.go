@@ -27,10 +27,11 @@ var discard = slog.New(slog.DiscardHandler)
 // fakeUpstream fails the first `fail` requests with 503, refuses bodies whose
 // first series is named "bad" with 400 and records the accepted ones.
 type fakeUpstream struct {
-	mu      sync.Mutex
-	fail    int
-	got     []string // metric names, in arrival order
-	tenants []string
+	mu       sync.Mutex
+	fail     int
+	failWith int      // status of the failures; 0 means 503
+	got      []string // metric names, in arrival order
+	tenants  []string
 }
 
 func (f *fakeUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -38,7 +39,11 @@ func (f *fakeUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer f.mu.Unlock()
 	if f.fail > 0 {
 		f.fail--
-		http.Error(w, "down", http.StatusServiceUnavailable)
+		code := http.StatusServiceUnavailable
+		if f.failWith != 0 {
+			code = f.failWith
+		}
+		http.Error(w, "refused", code)
 		return
 	}
 	b, _ := io.ReadAll(r.Body)
@@ -184,4 +189,28 @@ func counter(t *testing.T, reg *prometheus.Registry, name, label string) float64
 	}
 	t.Fatalf("no %s{%s}", name, label)
 	return 0
+}
+
+func TestMisconfiguredUpstreamKeepsTheData(t *testing.T) {
+	for _, code := range []int{http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound} {
+		t.Run(http.StatusText(code), func(t *testing.T) {
+			up := &fakeUpstream{fail: 3, failWith: code}
+			srv := httptest.NewServer(up)
+			defer srv.Close()
+			reg := prometheus.NewRegistry()
+			w, err := upstream.New(discard, reg, nil, t.TempDir(), config(srv.URL))
+			require.NoError(t, err)
+			w.NoBackoff()
+			_, err = w.Write(context.Background(), "acme", ts("a"))
+			require.NoError(t, err)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error)
+			go func() { done <- w.Run(ctx) }()
+			require.Eventually(t, func() bool { return len(up.received()) == 1 }, 10*time.Second, 10*time.Millisecond)
+			cancel()
+			require.NoError(t, <-done)
+			require.NoError(t, w.Close())
+			require.Equal(t, 0.0, counter(t, reg, "phonehome_upstream_dropped_samples_total", "http_4xx"), "acknowledged data is never dropped for a wrong credential or URL")
+		})
+	}
 }
