@@ -270,3 +270,22 @@ func TestStaticTokenDoesNotRetry401(t *testing.T) {
 	var re RetryableError
 	require.False(t, errors.As(err, &re), "a static token's 401 keeps the existing (drop) semantics")
 }
+
+// fakeCredentials counts rejections.
+type fakeCredentials struct{ rejected int }
+
+func (f *fakeCredentials) Token(context.Context) (string, error) { return "fleet-token", nil }
+func (f *fakeCredentials) Rejected(string) bool                  { f.rejected++; return true }
+
+func TestForbiddenWithExchangedCredentialsKeepsData(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "forbidden: this credential may not write", http.StatusForbidden)
+	}))
+	defer srv.Close()
+	creds := &fakeCredentials{}
+	s := NewHTTPSender(mustURL(t, srv.URL), http.DefaultClient, HTTPSenderOptions{Credentials: creds})
+	err := s.SendEncoded(context.Background(), oneWrite(t))
+	var re RetryableError
+	require.ErrorAs(t, err, &re, "a 403 with exchanged credentials keeps the batch queued: %v", err)
+	require.Equal(t, 1, creds.rejected, "and makes the authorizer probe /authorize again")
+}

@@ -365,7 +365,18 @@ func (s *HTTPSender) sendAs(ctx context.Context, r Record, proto string) (Writte
 		}
 		w, err := s.post(ctx, body, proto, tok)
 		var he *HTTPError
-		if !errors.As(err, &he) || he.Code != http.StatusUnauthorized || static {
+		if !errors.As(err, &he) || static {
+			return w, err
+		}
+		if he.Code == http.StatusForbidden {
+			// With an exchanged credential, 403 means the credential in use is
+			// the wrong kind (e.g. the fleet token used directly after a
+			// transient 404 at /authorize): probe /authorize again and keep
+			// the data queued rather than drop it.
+			s.opts.Credentials.Rejected(tok)
+			return w, RetryableError{Err: err}
+		}
+		if he.Code != http.StatusUnauthorized {
 			return w, err
 		}
 		if attempt == 0 && s.opts.Credentials.Rejected(tok) {
