@@ -19,6 +19,8 @@ const (
 	LimitSamplesPerSecondTenant  = "samples_per_second_per_tenant"
 	LimitBodyBytes               = "max_body_bytes"
 	LimitDecodedBytes            = "max_decoded_bytes"
+	LimitBurstPerCluster         = "burst_per_cluster"
+	LimitBurstPerTenant          = "burst_per_tenant"
 )
 
 // limitNames is the fixed label set of the rejected counter.
@@ -27,7 +29,7 @@ func limitNames() []string {
 		LimitSeriesPerCluster, LimitSeriesPerTenant, LimitSeriesPerMetric,
 		LimitLabelNamesPerSeries, LimitLabelNameLength, LimitLabelValueLength,
 		LimitSamplesPerSecondCluster, LimitSamplesPerSecondTenant,
-		LimitBodyBytes, LimitDecodedBytes,
+		LimitBodyBytes, LimitDecodedBytes, LimitBurstPerCluster, LimitBurstPerTenant,
 	}
 }
 
@@ -65,7 +67,7 @@ func (e *LimitError) Unwrap() error {
 		return ErrLabelLimit
 	case LimitSamplesPerSecondCluster, LimitSamplesPerSecondTenant:
 		return ErrRateLimited
-	case LimitBodyBytes, LimitDecodedBytes:
+	case LimitBodyBytes, LimitDecodedBytes, LimitBurstPerCluster, LimitBurstPerTenant:
 		return ErrTooLarge
 	}
 	return nil

@@ -38,8 +38,9 @@ func (b *bucket) sync(now time.Time, cfg *resolved, r float64, burst int) {
 // the bucket that is short longest, and retryAfter: how long until both could
 // give n, rounded up to whole seconds and at least 1s, for Retry-After.
 //
-// A request larger than a bucket's burst could never pass; it needs a full
-// bucket instead, and empties it.
+// A request larger than a bucket's burst can never be paid for and is
+// refused with a *LimitError wrapping ErrTooLarge (burst_per_cluster or
+// burst_per_tenant), so one huge request cannot exceed the configured rate.
 //
 // Both buckets are checked and taken under one per-tenant lock, so a refused
 // request consumes nothing even under concurrency (rate.Limiter's
@@ -85,6 +86,14 @@ func (l *Limiter) samples(tenant, cluster string, n int, take bool) (retryAfter 
 		tb = t.rate.lim
 	}
 
+	// A request larger than a bucket's burst could never be paid for: refuse
+	// it as too large (413) rather than let it pass on a full bucket.
+	if cb != nil && n > lim.BurstPerCluster {
+		return 0, l.reject(LimitBurstPerCluster, float64(lim.BurstPerCluster))
+	}
+	if tb != nil && n > lim.BurstPerTenant {
+		return 0, l.reject(LimitBurstPerTenant, float64(lim.BurstPerTenant))
+	}
 	var (
 		wait  time.Duration
 		limit string

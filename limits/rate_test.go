@@ -125,14 +125,14 @@ func TestRateRetryAfterIsTheLongerWait(t *testing.T) {
 	require.Equal(t, 28*time.Second, retry, "tenant needs 28 more at 1/s; the cluster only 1s")
 }
 
-func TestRateLargerThanBurstNeedsFullBucket(t *testing.T) {
+func TestRateLargerThanBurstIsTooLarge(t *testing.T) {
 	clk := newClock()
 	l := New(nil, rateSpec(10, 100, 0, 0), clk.Now)
-	_, err := l.AllowSamples("t", "c", 1000)
-	require.NoError(t, err, "a full bucket admits a request larger than the burst")
-	retry, err := l.AllowSamples("t", "c", 1000)
-	require.Error(t, err)
-	require.Equal(t, 10*time.Second, retry, "until the bucket is full again")
+	_, err := l.AllowSamples("t", "c", 101)
+	require.ErrorIs(t, err, ErrTooLarge, "more than a full bucket can never be paid for")
+	require.Equal(t, &LimitError{Limit: LimitBurstPerCluster, Value: 100}, err)
+	_, err = l.AllowSamples("t", "c", 100)
+	require.NoError(t, err, "and it took nothing")
 }
 
 func TestRateUnlimited(t *testing.T) {

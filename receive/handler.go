@@ -118,7 +118,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	var rl *rateLimitedError
 	switch {
-	case errors.As(err, &rl):
+	case errors.As(err, &rl) && code == http.StatusTooManyRequests:
 		hdr.Set("Retry-After", strconv.Itoa(int(math.Ceil(rl.retryAfter.Seconds()))))
 	case code == http.StatusServiceUnavailable:
 		hdr.Set("Retry-After", "5")

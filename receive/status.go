@@ -17,7 +17,7 @@ func statusFor(err error) int {
 		return http.StatusNoContent
 	case errors.Is(err, limits.ErrRateLimited):
 		return http.StatusTooManyRequests
-	case errors.Is(err, errTooLarge):
+	case errors.Is(err, errTooLarge), errors.Is(err, limits.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge
 	case errors.Is(err, errUnsupported):
 		return http.StatusUnsupportedMediaType
