@@ -30,13 +30,14 @@ type Permission uint8
 
 // Permissions, as named in the tokens file's `allow` list.
 const (
-	PermWrite     Permission = 1 << iota // remote-write and push
+	PermWrite     Permission = 1 << iota // remote-write
 	PermRead                             // the query API
 	PermAuthorize                        // exchange for a cluster credential at /authorize
-	PermAll       = PermWrite | PermRead | PermAuthorize
+	PermPush                             // the installer's aggregation push endpoint
+	PermAll       = PermWrite | PermRead | PermAuthorize | PermPush
 )
 
-var permNames = map[string]Permission{"write": PermWrite, "read": PermRead, "authorize": PermAuthorize}
+var permNames = map[string]Permission{"write": PermWrite, "read": PermRead, "authorize": PermAuthorize, "push": PermPush}
 
 // ErrForbidden means the credential is valid but may not do this.
 var ErrForbidden = errors.New("forbidden")
@@ -99,7 +100,7 @@ func Middleware(a Authenticator, need Permission, onReject func(r *http.Request,
 
 func (p Permission) String() string {
 	var names []string
-	for _, n := range []string{"write", "read", "authorize"} {
+	for _, n := range []string{"write", "read", "authorize", "push"} {
 		if p&permNames[n] != 0 {
 			names = append(names, n)
 		}

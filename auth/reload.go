@@ -83,3 +83,6 @@ func (f *FileTokens) Authenticate(r *http.Request) (Identity, error) {
 func (f *FileTokens) AuthorizeFleet(ctx context.Context, token, clusterID string) (string, error) {
 	return f.cur.Load().AuthorizeFleet(ctx, token, clusterID)
 }
+
+// UnboundWriters is Tokens.UnboundWriters of the tokens in force.
+func (f *FileTokens) UnboundWriters() int { return f.cur.Load().UnboundWriters() }

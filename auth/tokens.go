@@ -22,7 +22,7 @@ import (
 //	  - token: plaintext-token     # or the token itself
 //	    tenant: acme
 //	    cluster_id: 3kq...         # optional: bind writes to this _id
-//	    allow: [authorize]         # optional: write, read, authorize (default: all)
+//	    allow: [authorize]         # optional: write, read, authorize, push (default: all)
 type TokensFile struct {
 	Tokens []TokenEntry `yaml:"tokens"`
 }
@@ -87,6 +87,9 @@ func NewTokens(entries []TokenEntry) (*Tokens, error) {
 		case e.Token != "" && e.TokenSHA256 != "":
 			errs = append(errs, fmt.Errorf("%s: set token or token_sha256, not both", path))
 			continue
+		case e.Token != "" && looksLikeJWT(e.Token):
+			errs = append(errs, fmt.Errorf("%s.token: has the shape of a signed credential (two dots) and would never match", path))
+			continue
 		case e.Token != "":
 			sum = sha256.Sum256([]byte(e.Token))
 		case e.TokenSHA256 != "":
@@ -109,7 +112,7 @@ func NewTokens(entries []TokenEntry) (*Tokens, error) {
 			for k, a := range e.Allow {
 				p, ok := permNames[a]
 				if !ok {
-					errs = append(errs, fmt.Errorf("%s.allow[%d]: %q, want write, read or authorize", path, k, a))
+					errs = append(errs, fmt.Errorf("%s.allow[%d]: %q, want write, read, authorize or push", path, k, a))
 				}
 				allow |= p
 			}
@@ -149,4 +152,17 @@ func (t *Tokens) lookup(token string) (Identity, error) {
 		return Identity{}, fmt.Errorf("unknown token: %w", ErrUnauthorized)
 	}
 	return t.entries[found].id, nil
+}
+
+// UnboundWriters counts the tokens that may write (remote-write or push)
+// without being bound to a cluster: whoever holds one can write series for
+// any cluster of its tenant. Clusters should hold authorize-only fleet tokens.
+func (t *Tokens) UnboundWriters() int {
+	n := 0
+	for _, e := range t.entries {
+		if e.id.Allow&(PermWrite|PermPush) != 0 && e.id.ClusterID == "" {
+			n++
+		}
+	}
+	return n
 }

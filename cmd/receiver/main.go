@@ -106,6 +106,11 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ok")
 		return 0
 	}
+	if a.tokens != nil {
+		if n := a.tokens.UnboundWriters(); n > 0 {
+			logger.Warn("tokens may write series for any cluster of their tenant; give clusters authorize-only fleet tokens (allow: [authorize]) or bind tokens with cluster_id", "tokens", n)
+		}
+	}
 	if *noAuth {
 		logger.Warn("authentication is DISABLED (--insecure.no-auth): anyone who can reach this port can write and read", "tenant", defaultTenant)
 	}
@@ -216,7 +221,7 @@ func run(args []string, stderr io.Writer) int {
 	}
 	defer func() { _ = pushes.Close() }() // after Run has returned
 	for _, p := range push.Patterns {
-		mux.Handle(p, auth.Middleware(a.authn, auth.PermWrite, pushes.CountUnauthenticated, pushes))
+		mux.Handle(p, auth.Middleware(a.authn, auth.PermPush, pushes.CountUnauthenticated, pushes))
 	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	if *enablePprof {
