@@ -393,7 +393,7 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 		}
 		start := len(refArena)
 		ls.Range(func(l labels.Label) { refArena = append(refArena, syms.Symbolize(l.Name), syms.Symbolize(l.Value)) })
-		ts := writev2.TimeSeries{LabelsRefs: refArena[start:len(refArena):len(refArena)], Metadata: v2Metadata(syms, s.Meta)}
+		ts := writev2.TimeSeries{LabelsRefs: refArena[start:len(refArena):len(refArena)], Metadata: v2Metadata(syms, pol.Rules, s.Meta)}
 		switch {
 		case s.H != nil:
 			ts.Histograms = []writev2.Histogram{writev2.FromIntHistogram(0, s.T, s.H)}
@@ -465,12 +465,12 @@ func (f *Forwarder) addInfo(pol *Policy, st *writev2.SymbolsTable, batch *[]writ
 }
 
 // v2Metadata symbolizes m; the zero Metadata if there is nothing to say.
-func v2Metadata(st *writev2.SymbolsTable, m metadata.Metadata) writev2.Metadata {
+func v2Metadata(st *writev2.SymbolsTable, rules *relabel.Rules, m metadata.Metadata) writev2.Metadata {
 	t := writev2.FromMetadataType(m.Type)
 	if t == writev2.Metadata_METRIC_TYPE_UNSPECIFIED && m.Help == "" && m.Unit == "" {
 		return writev2.Metadata{}
 	}
-	return writev2.Metadata{Type: t, HelpRef: st.Symbolize(m.Help), UnitRef: st.Symbolize(m.Unit)}
+	return writev2.Metadata{Type: t, HelpRef: st.Symbolize(rules.ScrubText(m.Help)), UnitRef: st.Symbolize(rules.ScrubText(m.Unit))}
 }
 
 func (f *Forwarder) enqueue(records [][]byte, samples []int) error {

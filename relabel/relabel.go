@@ -156,6 +156,15 @@ func encode(h hash.Hash, v string) string {
 	return base64.RawURLEncoding.EncodeToString(d[:16])
 }
 
+// ScrubText replaces the raw id in free text (metadata help and unit) with
+// its hash, so the raw id cannot leave through anything but labels either.
+func (r *Rules) ScrubText(s string) string {
+	if r.id == "" || !strings.Contains(s, r.id) {
+		return s
+	}
+	return strings.ReplaceAll(s, r.id, r.hashedID)
+}
+
 // Apply rewrites lb in this order: metric rename, external labels, IDLabel,
 // relabel_configs, anonymization of AnonymizeLabels, IDLabel again (so no
 // relabel rule can forge or remove it), and finally scrubbing of the raw id

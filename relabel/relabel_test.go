@@ -172,3 +172,15 @@ func BenchmarkApply(b *testing.B) {
 		}
 	}
 }
+
+func TestScrubTextHidesTheRawID(t *testing.T) {
+	r, err := Parse(Config{ID: testID, Salt: []byte(testSalt)})
+	require.NoError(t, err)
+	got := r.ScrubText("Help mentioning " + testID + " twice: " + testID)
+	require.NotContains(t, got, testID)
+	require.Contains(t, got, r.HashedID())
+	require.Equal(t, "no id here", r.ScrubText("no id here"))
+	none, err := Parse(Config{})
+	require.NoError(t, err)
+	require.Equal(t, "x", none.ScrubText("x"))
+}
