@@ -62,8 +62,12 @@ func validateSeries(ts *prompb.TimeSeries, lim *limits.TenantLimits, clusterID s
 		}
 	}
 	ts.Labels = ls
-	if over(len(ls), lim.MaxLabelNamesPerSeries) {
-		return "", &seriesError{reasonLabelLimits, fmt.Sprintf("series has %d labels, the limit is %d", len(ls), lim.MaxLabelNamesPerSeries)}
+	count := len(ls)
+	if clusterID != "" && clusterOf(ls) == "" {
+		count++ // the _id added below counts too
+	}
+	if over(count, lim.MaxLabelNamesPerSeries) {
+		return "", &seriesError{reasonLabelLimits, fmt.Sprintf("series has %d labels, the limit is %d", count, lim.MaxLabelNamesPerSeries)}
 	}
 	hasID := false
 	for i, l := range ls {
