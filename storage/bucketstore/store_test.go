@@ -75,6 +75,12 @@ func readAll(t *testing.T, q promstorage.Querier) map[string][]sample {
 func TestReaderMergesReplicasAndDeduplicates(t *testing.T) {
 	bucketDir := t.TempDir()
 	now := time.Now().Add(-time.Minute).UnixMilli()
+	// The 10 minutes of samples must not straddle a 2h block boundary, or
+	// each replica cuts two blocks instead of one.
+	const blockMs = int64(2 * time.Hour / time.Millisecond)
+	if boundary := now / blockMs * blockMs; now-boundary < int64(11*time.Minute/time.Millisecond) {
+		now = boundary - int64(time.Minute/time.Millisecond)
+	}
 	var ts []int64
 	for i := range 40 {
 		ts = append(ts, now-int64(40-i)*15_000)
