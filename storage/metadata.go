@@ -12,7 +12,6 @@ import (
 	"sync"
 
 	"github.com/prometheus/common/model"
-	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/prompb"
 	"github.com/prometheus/prometheus/tsdb/chunks"
@@ -243,7 +242,7 @@ func readMetadata(logger *slog.Logger, tenantDir string) (*metadataIndex, error)
 					return fmt.Errorf("decode series record: %w", err)
 				}
 				for _, s := range series {
-					names[s.Ref] = s.Labels.Get(labels.MetricName)
+					names[s.Ref] = s.Labels.Get(model.MetricNameLabel)
 				}
 			case record.Metadata:
 				if metas, err = dec.Metadata(rec, metas[:0]); err != nil {

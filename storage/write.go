@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/common/model"
+
 	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/metadata"
@@ -140,7 +142,7 @@ func (db *DB) WriteWithMetadata(ctx context.Context, tenantName string, series [
 
 func metricName(ls []prompb.Label) string {
 	for _, l := range ls {
-		if l.Name == labels.MetricName {
+		if l.Name == model.MetricNameLabel {
 			return l.Value
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/prometheus/common/model"
+
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/prompb"
 )
@@ -112,7 +114,7 @@ func churnLabel(shape []prompb.Label) int {
 	}
 	// Otherwise the last label that is neither the name nor the cluster.
 	for i := len(shape) - 1; i >= 0; i-- {
-		if n := shape[i].Name; n != labels.MetricName && n != ClusterLabel {
+		if n := shape[i].Name; n != model.MetricNameLabel && n != ClusterLabel {
 			return i
 		}
 	}

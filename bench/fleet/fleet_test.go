@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/model"
+
 	"github.com/golang/snappy"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/prompb"
@@ -38,7 +40,7 @@ func TestLoadTemplates(t *testing.T) {
 	require.Len(t, all, 300)
 
 	for _, tp := range tmpl {
-		require.NotEmpty(t, tp.Labels.Get(labels.MetricName))
+		require.NotEmpty(t, tp.Labels.Get(model.MetricNameLabel))
 		require.Equal(t, "5f6c2a9e-3b1d-4c7e-9a0f-2d8e4b6c1a73", tp.Labels.Get(ClusterLabel))
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"io"
 	"strings"
 
+	"github.com/prometheus/common/model"
+
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/textparse"
 	"github.com/prometheus/prometheus/promql/parser"
@@ -90,7 +92,7 @@ func LoadTemplates(exposition []byte, selectors [][]*labels.Matcher) ([]Template
 		t := Template{
 			Labels:  ls,
 			Value:   v,
-			Counter: strings.HasSuffix(ls.Get(labels.MetricName), "_total"),
+			Counter: strings.HasSuffix(ls.Get(model.MetricNameLabel), "_total"),
 		}
 		if ts != nil {
 			t.OffsetMs = *ts % 1000

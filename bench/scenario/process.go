@@ -90,7 +90,7 @@ func startServer(ctx context.Context, name, path string, args []string, logPath,
 		select {
 		case addr = <-addrc:
 		case <-s.done:
-			return nil, fmt.Errorf("%s exited before listening (%v); see %s", name, s.waitErr, logPath)
+			return nil, fmt.Errorf("%s exited before listening (%w); see %s", name, s.waitErr, logPath)
 		case <-time.After(10 * time.Minute): // a WAL replay comes first
 			s.kill()
 			return nil, fmt.Errorf("%s did not log a listen address; see %s", name, logPath)
@@ -122,7 +122,7 @@ func (s *server) waitReady(ctx context.Context, timeout time.Duration) error {
 		}
 		select {
 		case <-s.done:
-			return fmt.Errorf("%s exited while waiting for readiness: %v", s.name, s.waitErr)
+			return fmt.Errorf("%s exited while waiting for readiness: %w", s.name, s.waitErr)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
