@@ -18,8 +18,8 @@ demo: build ## Run the system on its embedded default: receiver (filesystem buck
 	./scripts/demo.sh
 
 .PHONY: test
-test: ## Run every test, e2e included (needs prometheus, alertmanager, versitygw: see .ci/run).
-	$(GO) test -race -timeout 40m ./...
+test: ## Run every test, e2e included (needs prometheus, alertmanager, pushgateway, versitygw: see .ci/run). -count=1: the e2e tests run binaries the test cache cannot see.
+	$(GO) test -race -count=1 -timeout 40m ./...
 
 .PHONY: test-short
 test-short: ## Unit tests only (no e2e).
@@ -27,7 +27,7 @@ test-short: ## Unit tests only (no e2e).
 
 .PHONY: e2e
 e2e: ## Only the end-to-end tests.
-	$(GO) test -race -timeout 30m ./e2e/...
+	$(GO) test -race -count=1 -timeout 30m ./e2e/...
 
 .PHONY: bench
 bench: ## Micro-benchmarks, 10 runs each, into bench/latest.txt.
