@@ -185,22 +185,38 @@ func (r *Rules) Apply(lb *labels.Builder) bool {
 		h := r.pool.Get().(hash.Hash)
 		for _, n := range r.anonymize {
 			if v := lb.Get(n); v != "" {
-				lb.Set(n, encode(h, v))
+				hashed := encode(h, v)
+				lb.Set(n, hashed)
+				scrub(lb, v, hashed) // the same raw value inside another label
 			}
 		}
 		r.pool.Put(h)
 	}
 	if r.id != "" {
 		lb.Set(IDLabel, r.hashedID)
-		var leaks []labels.Label
-		lb.Range(func(l labels.Label) {
-			if strings.Contains(l.Value, r.id) {
-				leaks = append(leaks, l)
-			}
-		})
-		for _, l := range leaks {
-			lb.Set(l.Name, strings.ReplaceAll(l.Value, r.id, r.hashedID))
-		}
+		scrub(lb, r.id, r.hashedID)
 	}
 	return lb.Get(model.MetricNameLabel) != ""
+}
+
+// minScrubLen keeps scrubbing from rewriting unrelated values: a raw value
+// this short (e.g. "1") is too common to be an identity worth hiding inside
+// other labels, while its own label is still hashed.
+const minScrubLen = 4
+
+// scrub replaces raw inside every label value of lb with hashed
+// (defence in depth: e.g. instance="host-a:9100" when host is anonymized).
+func scrub(lb *labels.Builder, raw, hashed string) {
+	if len(raw) < minScrubLen {
+		return
+	}
+	var leaks []labels.Label
+	lb.Range(func(l labels.Label) {
+		if strings.Contains(l.Value, raw) {
+			leaks = append(leaks, l)
+		}
+	})
+	for _, l := range leaks {
+		lb.Set(l.Name, strings.ReplaceAll(l.Value, raw, hashed))
+	}
 }

@@ -184,3 +184,14 @@ func TestScrubTextHidesTheRawID(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "x", none.ScrubText("x"))
 }
+
+func TestAnonymizedValueIsScrubbedFromOtherLabels(t *testing.T) {
+	r, err := Parse(Config{Salt: []byte(testSalt), AnonymizeLabels: []string{"host"}})
+	require.NoError(t, err)
+	lb := labels.NewBuilder(labels.FromStrings("__name__", "up", "host", "node-a.corp", "instance", "node-a.corp:9100", "short", "x"))
+	require.True(t, r.Apply(lb))
+	ls := lb.Labels()
+	require.Equal(t, r.Hash("node-a.corp"), ls.Get("host"))
+	require.Equal(t, r.Hash("node-a.corp")+":9100", ls.Get("instance"), "the raw value does not leave inside another label")
+	require.NotContains(t, ls.String(), "node-a.corp")
+}
