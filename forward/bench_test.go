@@ -5,10 +5,14 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"sort"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 )
 
@@ -53,13 +57,14 @@ func maxRSSMiB() float64 {
 // Prometheus serving the body; maxrss-MiB is the process peak so far (run one
 // size per process for a clean figure).
 func BenchmarkCycle(b *testing.B) {
-	// Text only: the fake server converts to protobuf per request, which
-	// would dominate a protobuf figure.
-	for _, format := range []string{"text"} {
+	// proto: the delimited protobuf exposition the forwarder negotiates first
+	// (as Prometheus' /federate serves it), encoded once so the fake server
+	// only writes bytes.
+	for _, format := range []string{"text", "proto"} {
 		for _, n := range []int{1_000, 10_000, 100_000} {
 			b.Run(fmt.Sprintf("format=%s/series=%d", format, n), func(b *testing.B) {
 				body := syntheticFederate(b, n)
-				prom := fakePrometheus(b, body, format == "proto")
+				prom := fakeStaticPrometheus(b, body, format == "proto")
 				q, err := OpenQueue(b.TempDir(), discardLogger(), nil, QueueOptions{MaxBytes: 1 << 30})
 				require.NoError(b, err)
 				defer q.Close()
@@ -134,4 +139,34 @@ func BenchmarkQueue(b *testing.B) {
 			require.NoError(b, q.Ack(pos))
 		}
 	})
+}
+
+// fakeStaticPrometheus serves body at /federate, as text or, when proto is
+// set, converted once to the delimited protobuf exposition.
+func fakeStaticPrometheus(b *testing.B, body []byte, proto bool) *httptest.Server {
+	b.Helper()
+	ct := "text/plain; version=0.0.4"
+	if proto {
+		tp := expfmt.NewTextParser(model.UTF8Validation)
+		fams, err := tp.TextToMetricFamilies(bytes.NewReader(body))
+		require.NoError(b, err)
+		format := expfmt.NewFormat(expfmt.TypeProtoDelim)
+		var buf bytes.Buffer
+		enc := expfmt.NewEncoder(&buf, format)
+		names := make([]string, 0, len(fams))
+		for n := range fams {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			require.NoError(b, enc.Encode(fams[n]))
+		}
+		body, ct = buf.Bytes(), string(format)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", ct)
+		_, _ = w.Write(body)
+	}))
+	b.Cleanup(srv.Close)
+	return srv
 }
