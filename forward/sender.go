@@ -21,6 +21,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/prometheus/prompb"
+
+	"github.com/phonehome/phonehome/atomicfile"
 )
 
 // Sender delivers one remote-write request.
@@ -230,12 +232,7 @@ func (s *HTTPSender) saveState(st *protoState) {
 		return
 	}
 	b, _ := json.Marshal(st)
-	tmp := s.opts.StateFile + ".tmp"
-	err := os.WriteFile(tmp, b, 0o600)
-	if err == nil {
-		err = os.Rename(tmp, s.opts.StateFile)
-	}
-	if err != nil {
+	if err := atomicfile.Write(s.opts.StateFile, b, 0o600); err != nil {
 		s.logger.Warn("persist remote-write state", "file", s.opts.StateFile, "err", err)
 	}
 }

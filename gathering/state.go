@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/phonehome/phonehome/atomicfile"
 )
 
 // persistedState is a tenant's state file: the definition in force, the
@@ -103,31 +105,11 @@ func (s *Server) persist(src *source, st *serverState) {
 	}
 }
 
-// writeFileAtomic replaces path with b: a temporary file in the same
-// directory (created if missing), fsync, rename.
+// writeFileAtomic replaces path with b (see atomicfile.Write), creating its
+// directory first: state lives in directories made on first use.
 func writeFileAtomic(path string, b []byte) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		return fmt.Errorf("create %s: %w", dir, err)
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return fmt.Errorf("create %s: %w", filepath.Dir(path), err)
 	}
-	f, err := os.CreateTemp(dir, ".gathering-*.tmp")
-	if err != nil {
-		return fmt.Errorf("create temporary file: %w", err)
-	}
-	defer func() { _ = os.Remove(f.Name()) }() // after a successful rename, a no-op
-	if _, err := f.Write(b); err != nil {
-		_ = f.Close()
-		return fmt.Errorf("write %s: %w", f.Name(), err)
-	}
-	if err := f.Sync(); err != nil {
-		_ = f.Close()
-		return fmt.Errorf("sync %s: %w", f.Name(), err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", f.Name(), err)
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return fmt.Errorf("rename to %s: %w", path, err)
-	}
-	return nil
+	return atomicfile.Write(path, b, 0o640)
 }

@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 
 	"github.com/prometheus/prometheus/model/labels"
+
+	"github.com/phonehome/phonehome/atomicfile"
 )
 
 // The durable state lives in dir as two files:
@@ -284,7 +286,7 @@ func (l *durableLog) compact(state map[string]*tenantState, seq uint64) error {
 	if err != nil {
 		return fmt.Errorf("encode push snapshot: %w", err)
 	}
-	if err := writeFileAtomic(filepath.Join(l.dir, snapshotFile), b); err != nil {
+	if err := atomicfile.Write(filepath.Join(l.dir, snapshotFile), b, 0o640); err != nil {
 		return err
 	}
 	// The snapshot holds every record now; a crash before the truncation
@@ -303,34 +305,3 @@ func (l *durableLog) compact(state map[string]*tenantState, seq uint64) error {
 }
 
 func (l *durableLog) close() error { return l.f.Close() }
-
-func writeFileAtomic(path string, b []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
-	if err != nil {
-		return fmt.Errorf("create %s: %w", tmp, err)
-	}
-	if _, err := f.Write(b); err != nil {
-		_ = f.Close()
-		return fmt.Errorf("write %s: %w", tmp, err)
-	}
-	if err := f.Sync(); err != nil {
-		_ = f.Close()
-		return fmt.Errorf("sync %s: %w", tmp, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("rename %s: %w", tmp, err)
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return fmt.Errorf("open dir of %s: %w", path, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync dir of %s: %w", path, err)
-	}
-	return nil
-}

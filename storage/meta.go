@@ -12,6 +12,8 @@ import (
 
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/prometheus/tsdb"
+
+	"github.com/phonehome/phonehome/atomicfile"
 )
 
 // thanosMeta is meta.json as Thanos reads it (pkg/block/metadata.Meta): the
@@ -124,29 +126,8 @@ func writeShipped(dir string, uploaded map[ulid.ULID]struct{}) error {
 	if err != nil {
 		return fmt.Errorf("encode shipper state: %w", err)
 	}
-	if err := writeFileAtomic(filepath.Join(dir, shipperFile), b); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, shipperFile), b, 0o640); err != nil {
 		return fmt.Errorf("write shipper state: %w", err)
 	}
 	return nil
-}
-
-// writeFileAtomic writes b to path through a synced temporary file and a
-// rename, so a crash leaves either the old or the new content.
-func writeFileAtomic(path string, b []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }

@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/prometheus/tsdb/chunks"
 	"github.com/prometheus/prometheus/tsdb/record"
 	"github.com/prometheus/prometheus/tsdb/wlog"
+
+	"github.com/phonehome/phonehome/atomicfile"
 )
 
 // Metric metadata (type, help, unit) of remote-write 2.0.
@@ -97,7 +99,7 @@ func (ix *metadataIndex) save(dir string) error {
 	if err != nil {
 		return fmt.Errorf("encode metadata: %w", err)
 	}
-	if err := writeFileAtomic(filepath.Join(dir, metadataFile), b); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, metadataFile), b, 0o640); err != nil {
 		return fmt.Errorf("write metadata: %w", err)
 	}
 	ix.dirty = false
