@@ -363,7 +363,7 @@ func (a *Authorizer) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		wait = backoff(attempt, a.opts.MinBackoff, a.opts.MaxBackoff)
+		wait = Backoff(attempt, a.opts.MinBackoff, a.opts.MaxBackoff)
 		var ra *retryAfterError
 		if errors.As(err, &ra) && ra.after > 0 {
 			wait = min(ra.after, a.opts.MaxBackoff)
@@ -377,8 +377,10 @@ func (a *Authorizer) Run(ctx context.Context) error {
 	}
 }
 
-// backoff is capped exponential with "equal jitter": half fixed, half random.
-func backoff(attempt int, minD, maxD time.Duration) time.Duration {
+// Backoff is the wait before retry attempt (0-based): capped exponential
+// from minD to maxD with "equal jitter" (half fixed, half random). Shared by
+// every retry loop of the forwarder and the receiver's upstream mode.
+func Backoff(attempt int, minD, maxD time.Duration) time.Duration {
 	d := maxD
 	if attempt < 30 {
 		d = min(minD<<attempt, maxD)

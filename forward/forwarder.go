@@ -108,11 +108,12 @@ func (o *Options) defaults() {
 		o.FlushTimeout = 10 * time.Second
 	}
 	if o.sleep == nil {
-		o.sleep = sleepCtx
+		o.sleep = Sleep
 	}
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) error {
+// Sleep waits d, or returns ctx's error as soon as ctx is done.
+func Sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -618,7 +619,7 @@ func (f *Forwarder) ack(pos Position) {
 
 // backoff is capped exponential with "equal jitter": half fixed, half random.
 func (f *Forwarder) backoff(attempt int) time.Duration {
-	return backoff(attempt, f.opts.MinBackoff, f.opts.MaxBackoff)
+	return Backoff(attempt, f.opts.MinBackoff, f.opts.MaxBackoff)
 }
 
 func codeOf(err error) string {

@@ -515,7 +515,7 @@ func TestOutageAndRestartDeliversBacklog(t *testing.T) {
 func TestRunCollectsAndFlushesOnShutdown(t *testing.T) {
 	prom := fakePrometheus(t, readFixture(t, "federate-sample.prom"), false)
 	recv := newFakeReceiver(t)
-	h := newHarness(t, prom.URL, recv, t.TempDir(), Options{Interval: 20 * time.Millisecond, sleep: sleepCtx}, FederateOptions{})
+	h := newHarness(t, prom.URL, recv, t.TempDir(), Options{Interval: 20 * time.Millisecond, sleep: Sleep}, FederateOptions{})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- h.f.Run(ctx) }()
@@ -532,7 +532,7 @@ func TestRunFlushIsBounded(t *testing.T) {
 	recv := newFakeReceiver(t, 503, 503, 503, 503, 503, 503, 503, 503, 503, 503, 503, 503, 503, 503, 503, 503)
 	h := newHarness(t, prom.URL, recv, t.TempDir(), Options{
 		Interval: time.Hour, Jitter: 0.0001, FlushTimeout: 50 * time.Millisecond,
-		MinBackoff: 10 * time.Millisecond, MaxBackoff: 10 * time.Millisecond, sleep: sleepCtx,
+		MinBackoff: 10 * time.Millisecond, MaxBackoff: 10 * time.Millisecond, sleep: Sleep,
 	}, FederateOptions{})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)

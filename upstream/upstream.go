@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"os"
 	"strconv"
@@ -80,7 +79,7 @@ func New(logger *slog.Logger, reg prometheus.Registerer, local storage.Writer, q
 	w := &Writer{
 		logger: logger, local: local, q: q, cfg: cfg,
 		client: &http.Client{Timeout: time.Duration(cfg.Timeout)},
-		sleep:  sleepCtx,
+		sleep:  forward.Sleep,
 	}
 	w.m = newMetrics(reg, q)
 	return w, nil
@@ -224,7 +223,7 @@ func (w *Writer) deliver(ctx context.Context, rec []byte, pos forward.Position) 
 			return
 		}
 		w.m.retries.Inc()
-		d := backoff(time.Duration(w.cfg.Queue.MinBackoff), time.Duration(w.cfg.Queue.MaxBackoff), attempt)
+		d := forward.Backoff(attempt, time.Duration(w.cfg.Queue.MinBackoff), time.Duration(w.cfg.Queue.MaxBackoff))
 		if re.RetryAfter > 0 {
 			d = min(re.RetryAfter, time.Duration(w.cfg.Queue.MaxBackoff))
 		}
@@ -289,26 +288,6 @@ func (w *Writer) send(ctx context.Context, tenant string, body []byte) error {
 
 // Close closes the queue. Call it after Run has returned.
 func (w *Writer) Close() error { return w.q.Close() }
-
-// backoff is capped exponential with equal jitter.
-func backoff(lo, hi time.Duration, attempt int) time.Duration {
-	d := hi
-	if attempt < 30 {
-		d = min(lo<<attempt, hi)
-	}
-	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
 
 // misconfigured reports whether err is an upstream answer that blames the
 // request's destination or credential rather than its content.
