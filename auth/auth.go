@@ -63,13 +63,19 @@ func FromContext(ctx context.Context) (Identity, bool) {
 
 // bearerToken extracts the token of an `Authorization: Bearer <token>` header.
 func bearerToken(r *http.Request) (string, bool) {
-	h := r.Header.Get("Authorization")
-	scheme, token, ok := strings.Cut(h, " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
+	return ParseBearer(r.Header.Get("Authorization"))
+}
+
+// ParseBearer returns the token of an Authorization header value of the form
+// "Bearer <token>" (scheme case-insensitive, any whitespace around). It is
+// the one parser of bearer tokens, so every component that keys anything by
+// a token sees the same token for the same header.
+func ParseBearer(header string) (string, bool) {
+	f := strings.Fields(header)
+	if len(f) != 2 || !strings.EqualFold(f[0], "Bearer") {
 		return "", false
 	}
-	token = strings.TrimSpace(token)
-	return token, token != ""
+	return f[1], true
 }
 
 // Middleware authenticates every request before next sees it and requires

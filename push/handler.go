@@ -400,9 +400,9 @@ const maxLimiters = 10000
 // parsed bearer token, so reformatting the header ("bearer  x") does not buy
 // a fresh bucket.
 func rateKey(tenant, authorization string) string {
-	token := authorization
-	if f := strings.Fields(authorization); len(f) == 2 && strings.EqualFold(f[0], "Bearer") {
-		token = f[1]
+	token, ok := auth.ParseBearer(authorization)
+	if !ok {
+		token = authorization
 	}
 	sum := sha256.Sum256([]byte(tenant + "\x00" + token))
 	return hex.EncodeToString(sum[:16])
