@@ -117,18 +117,14 @@ func (db *DB) Tenants() []string {
 }
 
 // Querier reads one tenant's local data (head and local blocks) in [mint, maxt].
-// An unknown tenant yields an empty querier. Bucket blocks are not read yet:
-// that will be merged in here.
+// An unknown tenant yields an empty querier. Bucket blocks are merged in by
+// storage/bucketstore.Reader.
 func (db *DB) Querier(tenant string, mint, maxt int64) (promstorage.Querier, error) {
-	if err := validTenant(tenant); err != nil {
+	t, release, err := db.readTenant(tenant)
+	if err != nil {
 		return nil, err
 	}
-	db.lifecycle.RLock()
-	defer db.lifecycle.RUnlock()
-	if db.closed {
-		return nil, ErrNotReady
-	}
-	t := db.tenant(tenant)
+	defer release()
 	if t == nil {
 		return promstorage.NoopQuerier(), nil
 	}
@@ -137,6 +133,20 @@ func (db *DB) Querier(tenant string, mint, maxt int64) (promstorage.Querier, err
 		return nil, fmt.Errorf("tenant %s querier: %w", tenant, err)
 	}
 	return q, nil
+}
+
+// readTenant returns the named tenant (nil if it has no data yet) for a read,
+// holding the DB open until release is called.
+func (db *DB) readTenant(name string) (t *tenant, release func(), err error) {
+	if err := validTenant(name); err != nil {
+		return nil, nil, err
+	}
+	db.lifecycle.RLock()
+	if db.closed {
+		db.lifecycle.RUnlock()
+		return nil, nil, ErrNotReady
+	}
+	return db.tenant(name), db.lifecycle.RUnlock, nil
 }
 
 func (db *DB) tenant(name string) *tenant {

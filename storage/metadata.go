@@ -194,15 +194,11 @@ func familyName(name string, t model.MetricType) string {
 // metric's when metric is not empty, and at most limit families when limit
 // is not negative. An unknown tenant has none. The result is the caller's.
 func (db *DB) Metadata(tenant, metric string, limit int) (map[string][]metadata.Metadata, error) {
-	if err := validTenant(tenant); err != nil {
+	t, release, err := db.readTenant(tenant)
+	if err != nil {
 		return nil, err
 	}
-	db.lifecycle.RLock()
-	defer db.lifecycle.RUnlock()
-	if db.closed {
-		return nil, ErrNotReady
-	}
-	t := db.tenant(tenant)
+	defer release()
 	if t == nil {
 		return map[string][]metadata.Metadata{}, nil
 	}
