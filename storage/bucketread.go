@@ -28,12 +28,11 @@ func OpenBucketReader(logger *slog.Logger, cfg BucketConfig, storageDir string) 
 // reader of the bucket can skip the copies it already has. Unknown tenants
 // (and a closed DB) have none.
 func (db *DB) LocalBlocks(tenant string) []ulid.ULID {
-	db.lifecycle.RLock()
-	defer db.lifecycle.RUnlock()
-	if db.closed {
+	t, release, err := db.readTenant(tenant)
+	if err != nil {
 		return nil
 	}
-	t := db.tenant(tenant)
+	defer release()
 	if t == nil {
 		return nil
 	}
