@@ -12,7 +12,7 @@ import (
 
 func fixtureSelectors(t testing.TB) []string {
 	t.Helper()
-	f, err := os.Open("testdata/telemetry-allowlist.txt")
+	f, err := os.Open("../bench/testdata/telemetry-allowlist.txt") // one copy of the fixtures, in bench/testdata
 	require.NoError(t, err)
 	defer f.Close()
 	sel, err := ReadSelectors(f)
@@ -23,7 +23,7 @@ func fixtureSelectors(t testing.TB) []string {
 // fixtureSeries parses the federate fixture with Prometheus' own text parser.
 func fixtureSeries(t testing.TB) []labels.Labels {
 	t.Helper()
-	b, err := os.ReadFile("testdata/federate-sample.prom")
+	b, err := os.ReadFile("../bench/testdata/federate-sample.prom")
 	require.NoError(t, err)
 	p, err := textparse.New(b, "text/plain; version=0.0.4", labels.NewSymbolTable(), textparse.ParserOptions{})
 	require.NoError(t, err)

@@ -35,7 +35,7 @@ const (
 	fwdClusterID = "5f6c2a9e-3b1d-4c7e-9a0f-2d8e4b6c1a73" // the raw _id in the fixture
 	fwdSalt      = "e2e-salt-0123456789abcdef"
 	fwdToken     = "fwd-e2e-token"
-	fwdFixtures  = "../forward/testdata"
+	fwdFixtures  = "../bench/testdata"
 )
 
 // fixtureExporter serves federate-sample.prom as the text format.

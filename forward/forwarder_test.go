@@ -37,14 +37,14 @@ const (
 
 func readFixture(t testing.TB, name string) []byte {
 	t.Helper()
-	b, err := os.ReadFile("testdata/" + name)
+	b, err := os.ReadFile("../bench/testdata/" + name) // the one copy of the fixtures
 	require.NoError(t, err)
 	return b
 }
 
 func fixturePolicy(t testing.TB) Policy {
 	t.Helper()
-	f, err := os.Open("testdata/telemetry-allowlist.txt")
+	f, err := os.Open("../bench/testdata/telemetry-allowlist.txt")
 	require.NoError(t, err)
 	defer f.Close()
 	al, err := allowlist.ParseReader(f)

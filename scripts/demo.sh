@@ -79,7 +79,7 @@ go run ./bench/cmd/fixtureserver --listen="$FIXTURE_ADDR" 2>"$DIR/fixture.log" &
 wait_ready "http://$PROM_ADDR/-/ready" prometheus
 
 "$BIN/forwarder" --from="http://$PROM_ADDR" --to="http://$RECEIVER_ADDR" --to-token-file="$DIR/write-token" \
-  --id=demo-cluster-5f6c2a9e --anonymize-salt-file="$DIR/salt" --match-file=allowlist/testdata/telemetry-allowlist.txt \
+  --id=demo-cluster-5f6c2a9e --anonymize-salt-file="$DIR/salt" --match-file=bench/testdata/telemetry-allowlist.txt \
   --interval="$INTERVAL" --listen="$FORWARDER_ADDR" --queue.dir="$DIR/queue" --log.format=logfmt 2>"$DIR/forwarder.log" & pids+=($!)
 wait_ready "http://$FORWARDER_ADDR/readyz" forwarder
 

@@ -84,7 +84,7 @@ func TestCheckConfig(t *testing.T) {
 	var stderr bytes.Buffer
 	code := run([]string{
 		"--to=http://127.0.0.1:1", "--from=http://127.0.0.1:2", "--id=abc",
-		"--match-file=testdata/telemetry-allowlist.txt", "--anonymize-salt-file=" + salt,
+		"--match-file=../../bench/testdata/telemetry-allowlist.txt", "--anonymize-salt-file=" + salt,
 		"--label=region=eu", "--config.file=" + cfg, "--check-config",
 	}, &stderr)
 	require.Equal(t, 0, code, stderr.String())
@@ -192,7 +192,7 @@ func TestDisabledServesHealthAndSendsNothing(t *testing.T) {
 }
 
 func TestForwardsFixtureAndStopsCleanly(t *testing.T) {
-	fixture, err := os.ReadFile("testdata/federate-sample.prom")
+	fixture, err := os.ReadFile("../../bench/testdata/federate-sample.prom")
 	require.NoError(t, err)
 	prom := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer from-token" {
@@ -241,7 +241,7 @@ func TestForwardsFixtureAndStopsCleanly(t *testing.T) {
 		"--from="+prom.URL, "--from-token-file="+writeFile(t, "ft", "from-token\n"),
 		"--to="+recv.URL, "--to-token-file="+writeFile(t, "tt", "to-token\n"),
 		"--id=5f6c2a9e-3b1d-4c7e-9a0f-2d8e4b6c1a73", "--anonymize-salt-file="+writeFile(t, "salt", "0123456789abcdef-salt\n"),
-		"--match-file=testdata/telemetry-allowlist.txt", "--interval=1h",
+		"--match-file=../../bench/testdata/telemetry-allowlist.txt", "--interval=1h",
 		"--queue.dir="+filepath.Join(dir, "queue"),
 	)
 	eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return series >= 224 }, "224 series")
