@@ -12,6 +12,11 @@ import (
 type bucket struct {
 	lim *rate.Limiter
 	cfg *resolved
+	// owed is the size of the last request this (cluster) bucket could not
+	// pay for, 0 once a request has been paid for. CheckExhausted refuses
+	// the cluster until the bucket holds that much again: that is when the
+	// Retry-After it was given runs out.
+	owed int
 }
 
 // sync applies a reloaded rate or burst, keeping the current fill level.
@@ -50,17 +55,26 @@ func (l *Limiter) AllowSamples(tenant, cluster string, n int) (retryAfter time.D
 	return l.samples(tenant, cluster, n, true)
 }
 
-// CheckExhausted refuses, as AllowSamples would, a request of which not even
-// one sample could pass, and takes nothing. The receiver calls it before it
-// reads and decodes a body, so a cluster over its rate costs next to nothing.
+// CheckExhausted refuses, as AllowSamples would, a request that cannot pass
+// whatever its size, and takes nothing. The receiver calls it before it reads
+// and decodes a body, so a cluster over its rate costs next to nothing.
+//
+// A request cannot pass if the tenant's or the cluster's bucket is empty, or
+// if the cluster's last request was refused by AllowSamples and its bucket
+// does not yet hold what that request needed: the cluster was told to retry
+// after that (Retry-After) and is refused until then. Without that second
+// rule a client that ignores Retry-After gets every request decoded, since a
+// bucket refilling continuously is almost never quite empty.
 func (l *Limiter) CheckExhausted(tenant, cluster string) (retryAfter time.Duration, err error) {
-	return l.samples(tenant, cluster, 1, false)
+	return l.samples(tenant, cluster, 0, false)
 }
 
+// samples is AllowSamples (take) and CheckExhausted (!take, n == 0: the
+// request's size is not known yet).
 func (l *Limiter) samples(tenant, cluster string, n int, take bool) (retryAfter time.Duration, err error) {
 	cfg := l.cfg.Load()
 	lim := cfg.forTenant(tenant)
-	if n <= 0 || (lim.SamplesPerSecondPerCluster <= 0 && lim.SamplesPerSecondPerTenant <= 0) {
+	if (take && n <= 0) || (lim.SamplesPerSecondPerCluster <= 0 && lim.SamplesPerSecondPerTenant <= 0) {
 		return 0, nil
 	}
 	now := l.now()
@@ -68,15 +82,18 @@ func (l *Limiter) samples(tenant, cluster string, n int, take bool) (retryAfter 
 	t.rateMu.Lock()
 	defer t.rateMu.Unlock()
 
-	var cb, tb *rate.Limiter
+	var (
+		cb, tb *rate.Limiter
+		cbk    *bucket
+	)
 	if lim.SamplesPerSecondPerCluster > 0 && cluster != "" { // "": no cluster, tenant bucket only
-		b := t.clusterRates[cluster]
-		if b == nil {
-			b = &bucket{lim: rate.NewLimiter(rate.Limit(lim.SamplesPerSecondPerCluster), lim.BurstPerCluster), cfg: cfg}
-			t.clusterRates[strings.Clone(cluster)] = b
+		cbk = t.clusterRates[cluster]
+		if cbk == nil {
+			cbk = &bucket{lim: rate.NewLimiter(rate.Limit(lim.SamplesPerSecondPerCluster), lim.BurstPerCluster), cfg: cfg}
+			t.clusterRates[strings.Clone(cluster)] = cbk
 		}
-		b.sync(now, cfg, lim.SamplesPerSecondPerCluster, lim.BurstPerCluster)
-		cb = b.lim
+		cbk.sync(now, cfg, lim.SamplesPerSecondPerCluster, lim.BurstPerCluster)
+		cb = cbk.lim
 	}
 	if lim.SamplesPerSecondPerTenant > 0 {
 		if t.rate == nil {
@@ -99,20 +116,27 @@ func (l *Limiter) samples(tenant, cluster string, n int, take bool) (retryAfter 
 		limit string
 		value float64
 	)
-	short := func(b *rate.Limiter, name string, r float64, burst int) {
+	short := func(b *rate.Limiter, name string, r float64, burst int, n int) {
 		if b == nil {
 			return
 		}
-		need := float64(min(n, burst))
+		need := float64(min(max(n, 1), burst))
 		if have := b.TokensAt(now); have < need {
 			if d := time.Duration((need - have) / r * float64(time.Second)); limit == "" || d > wait {
 				wait, limit, value = d, name, r
 			}
 		}
 	}
-	short(cb, LimitSamplesPerSecondCluster, lim.SamplesPerSecondPerCluster, lim.BurstPerCluster)
-	short(tb, LimitSamplesPerSecondTenant, lim.SamplesPerSecondPerTenant, lim.BurstPerTenant)
+	cn := n
+	if !take && cbk != nil {
+		cn = cbk.owed // what the cluster was last refused, if anything
+	}
+	short(cb, LimitSamplesPerSecondCluster, lim.SamplesPerSecondPerCluster, lim.BurstPerCluster, cn)
+	short(tb, LimitSamplesPerSecondTenant, lim.SamplesPerSecondPerTenant, lim.BurstPerTenant, n)
 	if limit != "" {
+		if take && cbk != nil && cb.TokensAt(now) < float64(n) {
+			cbk.owed = n // n <= burst, checked above
+		}
 		secs := math.Ceil(wait.Seconds())
 		return time.Duration(max(secs, 1)) * time.Second, l.reject(limit, value)
 	}
@@ -122,6 +146,7 @@ func (l *Limiter) samples(tenant, cluster string, n int, take bool) (retryAfter 
 	// Both hold enough, and the lock keeps it so: these cannot fail.
 	if cb != nil {
 		cb.AllowN(now, min(n, lim.BurstPerCluster))
+		cbk.owed = 0
 	}
 	if tb != nil {
 		tb.AllowN(now, min(n, lim.BurstPerTenant))

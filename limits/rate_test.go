@@ -230,3 +230,64 @@ func TestCheckExhaustedTakesNothing(t *testing.T) {
 	_, err = l.CheckExhausted("t", "")
 	require.NoError(t, err, "no cluster: only the (unlimited) tenant bucket")
 }
+
+func TestCheckExhaustedUntilRefusedRequestFits(t *testing.T) {
+	clk := newClock()
+	l := New(nil, rateSpec(10, 100, 0, 0), clk.Now)
+	_, err := l.AllowSamples("t", "c", 50)
+	require.NoError(t, err)
+	retry, err := l.AllowSamples("t", "c", 80)
+	require.ErrorIs(t, err, ErrRateLimited, "50 left, 80 asked")
+	require.Equal(t, 3*time.Second, retry)
+
+	for _, tc := range []struct {
+		advance time.Duration
+		ok      bool
+		why     string
+	}{
+		{0, false, "under: 50 of the 80 owed, though not empty"},
+		{2*time.Second + 900*time.Millisecond, false, "just under: 79 of 80"},
+		{100 * time.Millisecond, true, "at: the 80 the refused request needed"},
+	} {
+		clk.Advance(tc.advance)
+		_, err := l.CheckExhausted("t", "c")
+		if tc.ok {
+			require.NoError(t, err, tc.why)
+		} else {
+			require.ErrorIs(t, err, ErrRateLimited, tc.why)
+		}
+	}
+	_, err = l.CheckExhausted("t", "other")
+	require.NoError(t, err, "another cluster of the tenant owes nothing")
+
+	_, err = l.AllowSamples("t", "c", 80)
+	require.NoError(t, err, "paid: nothing owed any more")
+	clk.Advance(100 * time.Millisecond) // 1 token
+	_, err = l.CheckExhausted("t", "c")
+	require.NoError(t, err, "after a paid request only an empty bucket refuses")
+}
+
+func TestCheckExhaustedOwedCappedByReloadedBurst(t *testing.T) {
+	clk := newClock()
+	l := New(nil, rateSpec(10, 100, 0, 0), clk.Now)
+	_, err := l.AllowSamples("t", "c", 100)
+	require.NoError(t, err)
+	_, err = l.AllowSamples("t", "c", 90)
+	require.ErrorIs(t, err, ErrRateLimited)
+	l.Reload(rateSpec(10, 20, 0, 0)) // 90 could never fit again
+	clk.Advance(2 * time.Second)
+	_, err = l.CheckExhausted("t", "c")
+	require.NoError(t, err, "owed is capped at the new burst (20), which the bucket holds")
+}
+
+func TestCheckExhaustedTenantShortageOwesNothing(t *testing.T) {
+	clk := newClock()
+	l := New(nil, rateSpec(10, 100, 10, 60), clk.Now)
+	_, err := l.AllowSamples("t", "a", 50)
+	require.NoError(t, err)
+	_, err = l.AllowSamples("t", "b", 20)
+	require.ErrorIs(t, err, ErrRateLimited, "the tenant bucket holds 10")
+	require.Equal(t, LimitSamplesPerSecondTenant, limitOf(t, err))
+	_, err = l.CheckExhausted("t", "b")
+	require.NoError(t, err, "b's own bucket held enough: only an empty tenant bucket refuses it early")
+}
