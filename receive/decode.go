@@ -12,7 +12,6 @@ import (
 	"sync"
 
 	"github.com/golang/snappy"
-	"github.com/prometheus/prometheus/prompb"
 )
 
 // Error classes, mapped to HTTP status codes by statusFor alone.
@@ -32,10 +31,12 @@ const (
 // similar small requests, so reuse removes most per-request garbage.
 var bufPool = sync.Pool{New: func() any { return new(bytesBuffer) }}
 
-// bytesBuffer holds the two buffers one request needs.
+// bytesBuffer holds the buffers one request needs: the body, its snappy
+// decoding, and the 1.0 request decoded from it (whose strings alias decoded).
 type bytesBuffer struct {
 	body    bytes.Buffer
 	decoded []byte
+	v1      v1Request
 }
 
 // negotiate checks the Content-Type and Content-Encoding of a remote-write
@@ -100,11 +101,4 @@ func readBody(r *http.Request, maxBody, maxDecoded int64, buf *bytes.Buffer, dst
 	return out, nil
 }
 
-// decodeV1 unmarshals a remote-write 1.0 request.
-func decodeV1(raw []byte) (*prompb.WriteRequest, error) {
-	var req prompb.WriteRequest
-	if err := req.Unmarshal(raw); err != nil {
-		return nil, fmt.Errorf("protobuf decode: %w: %w", errBadRequest, err)
-	}
-	return &req, nil
-}
+func putBuffer(b *bytesBuffer) { bufPool.Put(b) }

@@ -70,12 +70,15 @@ type Handler struct {
 	policy  atomic.Pointer[Policy]
 	opts    Options
 	metrics *metrics
+	// release returns a request's buffers once it is answered; tests
+	// replace it to prove nothing kept a string aliasing them.
+	release func(*bytesBuffer)
 }
 
 // NewHandler returns a remote-write handler that admits writes through lim
 // and stores them in w. reg may be nil.
 func NewHandler(logger *slog.Logger, reg prometheus.Registerer, w storage.Writer, lim *limits.Limiter, opts Options) *Handler {
-	h := &Handler{logger: logger, writer: w, limiter: lim, opts: opts, metrics: newMetrics(reg)}
+	h := &Handler{logger: logger, writer: w, limiter: lim, opts: opts, metrics: newMetrics(reg), release: putBuffer}
 	h.metaW, _ = w.(metadataWriter)
 	h.famW, _ = w.(familyMetadataWriter)
 	if opts.Policy == nil {
@@ -143,7 +146,7 @@ func (h *Handler) handle(r *http.Request) (storage.Stats, error) {
 		return storage.Stats{}, &rateLimitedError{retryAfter: retry, err: err} // before reading the body: cheap
 	}
 	buf := bufPool.Get().(*bytesBuffer)
-	defer bufPool.Put(buf)
+	defer h.release(buf)
 	lim := h.limiter.For(id.Tenant)
 	raw, err := readBody(r, lim.MaxBodyBytes, lim.MaxDecodedBytes, &buf.body, buf.decoded)
 	if raw != nil {
@@ -166,11 +169,10 @@ func (h *Handler) handle(r *http.Request) (storage.Stats, error) {
 			return storage.Stats{}, err
 		}
 	default:
-		req, err := decodeV1(raw)
-		if err != nil {
+		if err := decodeV1(raw, &buf.v1); err != nil {
 			return storage.Stats{}, err
 		}
-		b = &batch{series: req.Timeseries, familyMeta: req.Metadata}
+		b = &batch{series: buf.v1.req.Timeseries, familyMeta: buf.v1.req.Metadata}
 	}
 	h.metrics.requestsByProto.WithLabelValues(proto).Inc()
 	n := b.samples()

@@ -54,7 +54,11 @@ func (f *fakeWriter) Write(_ context.Context, tenant string, series []prompb.Tim
 	var st storage.Stats
 	rejected := 0
 	for _, ts := range series {
-		cp := prompb.TimeSeries{Labels: append([]prompb.Label(nil), ts.Labels...)}
+		// Deep copy: the strings of series alias the request's buffer.
+		cp := prompb.TimeSeries{}
+		for _, l := range ts.Labels {
+			cp.Labels = append(cp.Labels, prompb.Label{Name: strings.Clone(l.Name), Value: strings.Clone(l.Value)})
+		}
 		for _, s := range ts.Samples {
 			if s.Value == 13 {
 				rejected++

@@ -27,7 +27,8 @@ type Stats struct {
 // Writer persists remote-write series for one tenant.
 //
 // Write is safe for concurrent use. It must not retain series or any of their
-// labels after it returns. Labels are expected to be valid and sorted (the
+// labels or label strings after it returns: those alias the request buffer
+// the receiver reuses for the next request. Labels are expected to be valid and sorted (the
 // caller validates them). Write appends every sample it can, commits them to
 // the WAL before it returns, and reports what it committed in Stats. Samples
 // the TSDB refuses (out of order beyond the window, too old, a different value

@@ -1,0 +1,99 @@
+package fleet
+
+import (
+	"bytes"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/limits"
+	"github.com/phonehome/phonehome/receive"
+	"github.com/phonehome/phonehome/storage"
+)
+
+// BenchmarkIngest measures the receiver's whole write path in one process,
+// without HTTP transport: snappy, decode, validation, limits, and the TSDB
+// append and WAL commit, for fleet-shaped remote-write 1.0 requests (one
+// cluster's 500 series per request, as the forwarder sends them). The first
+// round creates the series outside the timer; every measured request appends
+// one point to existing series, the steady state of a fleet. It is the
+// in-process counterpart of `make bench-fleet SCENARIO=steady`, for
+// profiling: go test -run '^$' -bench Ingest -cpuprofile cpu.out ./bench/fleet/
+func BenchmarkIngest(b *testing.B) {
+	const (
+		clusters = 200
+		series   = 500
+		stepMs   = 30_000
+	)
+	f, err := New(templates(b), clusters, series, 1)
+	require.NoError(b, err)
+	inf, big := math.Inf(1), math.MaxInt32
+	var lc limits.Config
+	lc.Defaults.SamplesPerSecondPerCluster, lc.Defaults.SamplesPerSecondPerTenant = &inf, &inf
+	lc.Defaults.BurstPerCluster, lc.Defaults.BurstPerTenant = &big, &big
+	lc.SetDefaults()
+	lim := limits.New(nil, lc, nil)
+
+	dir := b.TempDir()
+	off := false
+	db, err := storage.Open(slog.New(slog.DiscardHandler), nil, dir, storage.Config{UploadOnShutdown: &off, FlushOnShutdown: &off})
+	require.NoError(b, err)
+	defer func() { require.NoError(b, db.Close()) }()
+	h := receive.NewHandler(slog.New(slog.DiscardHandler), nil, db, lim, receive.Options{})
+
+	// Rounds of bodies, encoded up front so the encoding is not measured.
+	const rounds = 8
+	t0 := time.Now().Add(-time.Hour).UnixMilli()
+	bodies := make([][][]byte, rounds)
+	var fb Batch
+	for r := range rounds {
+		bodies[r] = make([][]byte, clusters)
+		for c := range clusters {
+			f.Fill(&fb, c, 0, series, r, t0, stepMs)
+			bodies[r][c] = encodeV1(b, fb.Series)
+		}
+	}
+	send := func(body []byte, c int) {
+		r := httptest.NewRequest(http.MethodPost, "/api/v1/write", bytes.NewReader(body))
+		r.Header.Set("Content-Type", "application/x-protobuf;proto=prometheus.WriteRequest")
+		r.Header.Set("Content-Encoding", "snappy")
+		r = r.WithContext(auth.WithIdentity(r.Context(), auth.Identity{Tenant: "fleet", ClusterID: f.ClusterID(c)}))
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		if rec.Code != http.StatusNoContent {
+			b.Fatalf("%d: %s", rec.Code, rec.Body)
+		}
+	}
+	for c := range clusters {
+		send(bodies[0][c], c) // creates the series
+	}
+	b.ReportAllocs()
+	n := 0
+	for b.Loop() {
+		r, c := 1+(n/clusters)%(rounds-1), n%clusters
+		if r == 1 && c == 0 && n > 0 {
+			// Out of fresh points: move to a new time range by shifting
+			// rounds, which the TSDB accepts as in-order appends.
+			b.StopTimer()
+			t0 += rounds * stepMs
+			for r := range rounds {
+				for c := range clusters {
+					f.Fill(&fb, c, 0, series, r, t0, stepMs)
+					bodies[r][c] = encodeV1(b, fb.Series)
+				}
+			}
+			b.StartTimer()
+		}
+		send(bodies[r][c], c)
+		n++
+	}
+	samples := float64(n * series)
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/samples, "ns/sample")
+	b.ReportMetric(samples/b.Elapsed().Seconds(), "samples/s")
+}
