@@ -31,6 +31,7 @@ type tenant struct {
 	dir  string
 	db   *tsdb.DB
 	meta *metadataIndex
+	refs *seriesRefs
 
 	mtx      sync.Mutex
 	uploaded map[ulid.ULID]struct{} // blocks in the bucket; persisted in shipperFile
@@ -61,7 +62,7 @@ func (t *tenant) markUploaded(id ulid.ULID, local []ulid.ULID) error {
 // openTenant opens (creating if needed) the TSDB in dir/tenants/<name>.
 // WAL replay happens here.
 func openTenant(logger *slog.Logger, reg prometheus.Registerer, dir, name string, cfg Config, now func() time.Time) (*tenant, error) {
-	t := &tenant{name: name, dir: filepath.Join(dir, "tenants", name)}
+	t := &tenant{name: name, dir: filepath.Join(dir, "tenants", name), refs: newSeriesRefs()}
 	uploaded, err := readShipped(t.dir)
 	if err != nil {
 		return nil, err

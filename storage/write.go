@@ -64,23 +64,22 @@ func (db *DB) WriteWithMetadata(ctx context.Context, tenantName string, series [
 		// committed are the indexes of series whose metadata is appended.
 		committed []int
 	)
+	t.refs.sync(t.db.Head().MinTime())
 	for i := range series {
 		ts := &series[i]
-		ls := ts.ToLabels(&lb, nil)
-		var ref promstorage.SeriesRef
+		sa := seriesAppender{app: app, refs: t.refs, ts: ts, lb: &lb}
+		sa.lookup()
 		for _, s := range ts.Samples {
 			if s.Timestamp > maxT {
 				rej.add(reasonFuture, fmt.Errorf("sample at %d is more than %s in the future: %w", s.Timestamp, db.cfg.MaxFuture, promstorage.ErrOutOfBounds))
 				continue
 			}
-			r, err := app.Append(ref, ls, s.Timestamp, s.Value)
-			if err != nil {
+			if err := sa.appendFloat(s); err != nil {
 				if rej.refused(err) {
 					continue
 				}
 				return Stats{}, errors.Join(fmt.Errorf("append: %w", err), app.Rollback())
 			}
-			ref = r
 			st.Samples++
 		}
 		for _, h := range ts.Histograms {
@@ -88,25 +87,18 @@ func (db *DB) WriteWithMetadata(ctx context.Context, tenantName string, series [
 				rej.add(reasonFuture, fmt.Errorf("histogram at %d is more than %s in the future: %w", h.Timestamp, db.cfg.MaxFuture, promstorage.ErrOutOfBounds))
 				continue
 			}
-			var r promstorage.SeriesRef
-			if h.IsFloatHistogram() {
-				r, err = app.AppendHistogram(ref, ls, h.Timestamp, nil, h.ToFloatHistogram())
-			} else {
-				r, err = app.AppendHistogram(ref, ls, h.Timestamp, h.ToIntHistogram(), nil)
-			}
-			if err != nil {
+			if err := sa.appendHistogram(h); err != nil {
 				if rej.refused(err) {
 					continue
 				}
 				return Stats{}, errors.Join(fmt.Errorf("append histogram: %w", err), app.Rollback())
 			}
-			ref = r
 			st.Histograms++
 		}
 		if meta != nil && !isZeroMetadata(meta[i]) {
 			// ref 0 (every sample refused) makes TSDB look the series up by
 			// labels; a series that does not exist is not an error here.
-			if _, err := app.UpdateMetadata(ref, ls, meta[i]); err == nil {
+			if _, err := app.UpdateMetadata(sa.ref, sa.labelsUnlessRef(), meta[i]); err == nil {
 				committed = append(committed, i)
 			}
 		}
@@ -115,7 +107,7 @@ func (db *DB) WriteWithMetadata(ctx context.Context, tenantName string, series [
 			continue
 		}
 		for _, e := range ts.Exemplars {
-			_, err := app.AppendExemplar(ref, ls, e.ToExemplar(&lb, nil))
+			_, err := app.AppendExemplar(sa.ref, sa.labelsUnlessRef(), e.ToExemplar(&lb, nil))
 			switch {
 			case err == nil, errors.Is(err, promstorage.ErrDuplicateExemplar):
 				st.Exemplars++ // a resent exemplar is already stored
@@ -138,6 +130,80 @@ func (db *DB) WriteWithMetadata(ctx context.Context, tenantName string, series [
 		db.m.rejected.WithLabelValues(reason).Add(float64(n))
 	}
 	return st, rej.err()
+}
+
+// seriesAppender appends one series' samples, by the head reference cached
+// in seriesRefs when there is one, building the series' labels only when
+// TSDB needs them: for a new series, or one the head no longer has.
+type seriesAppender struct {
+	app     promstorage.Appender
+	refs    *seriesRefs
+	ts      *prompb.TimeSeries
+	lb      *labels.ScratchBuilder
+	key     seriesKey
+	ref     promstorage.SeriesRef
+	ls      labels.Labels
+	built   bool // ls holds the series' labels
+	trusted bool // ref came from the cache and no append has confirmed it yet
+}
+
+func (a *seriesAppender) lookup() {
+	a.key = a.refs.key(a.ts.Labels)
+	a.ref = a.refs.get(a.key)
+	a.trusted = a.ref != 0
+}
+
+// labels builds the series' labels once.
+func (a *seriesAppender) labels() labels.Labels {
+	if !a.built {
+		a.ls, a.built = a.ts.ToLabels(a.lb, nil), true
+	}
+	return a.ls
+}
+
+// labelsUnlessRef returns what TSDB needs besides a.ref to find the series:
+// nothing when the reference is set.
+func (a *seriesAppender) labelsUnlessRef() labels.Labels {
+	if a.ref != 0 {
+		return labels.EmptyLabels()
+	}
+	return a.labels()
+}
+
+func (a *seriesAppender) appendFloat(s prompb.Sample) error {
+	return a.append(func(ref promstorage.SeriesRef, ls labels.Labels) (promstorage.SeriesRef, error) {
+		return a.app.Append(ref, ls, s.Timestamp, s.Value)
+	})
+}
+
+func (a *seriesAppender) appendHistogram(h prompb.Histogram) error {
+	return a.append(func(ref promstorage.SeriesRef, ls labels.Labels) (promstorage.SeriesRef, error) {
+		if h.IsFloatHistogram() {
+			return a.app.AppendHistogram(ref, ls, h.Timestamp, nil, h.ToFloatHistogram())
+		}
+		return a.app.AppendHistogram(ref, ls, h.Timestamp, h.ToIntHistogram(), nil)
+	})
+}
+
+// append runs one append. A cached reference is passed without labels, so
+// if the head has dropped that series TSDB refuses it as an empty label set
+// (ErrInvalidSample); the series is then looked up by its labels, and the
+// cache corrected.
+func (a *seriesAppender) append(do func(promstorage.SeriesRef, labels.Labels) (promstorage.SeriesRef, error)) error {
+	ref, err := do(a.ref, a.labelsUnlessRef())
+	if err != nil && a.trusted && errors.Is(err, tsdb.ErrInvalidSample) {
+		a.ref = 0
+		ref, err = do(0, a.labels())
+	}
+	if err != nil {
+		return err
+	}
+	a.trusted = false
+	if ref != a.ref {
+		a.ref = ref
+		a.refs.put(a.key, ref)
+	}
+	return nil
 }
 
 func metricName(ls []prompb.Label) string {

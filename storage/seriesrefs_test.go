@@ -1,0 +1,76 @@
+package storage
+
+import (
+	"context"
+	"log/slog"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/prompb"
+	"github.com/stretchr/testify/require"
+	"github.com/thanos-io/objstore"
+)
+
+// TestSeriesRefCache covers the reference cache's three states: a cached
+// reference reused, an entry the head no longer knows, and the head
+// truncated under it. Every sample must land on the right series in all.
+func TestSeriesRefCache(t *testing.T) {
+	var cfg Config
+	cfg.SetDefaults()
+	db, err := openWithBucket(slog.New(slog.DiscardHandler), nil, t.TempDir(), cfg, objstore.NewInMemBucket(), time.Now)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, db.Close()) }()
+
+	lsA := []prompb.Label{{Name: "__name__", Value: "csv_succeeded"}, {Name: "name", Value: "a"}}
+	lsB := []prompb.Label{{Name: "__name__", Value: "csv_succeeded"}, {Name: "name", Value: "b"}}
+	t0 := time.Now().Add(-time.Hour).UnixMilli()
+	write := func(ts int64) {
+		t.Helper()
+		st, err := db.Write(context.Background(), "t", []prompb.TimeSeries{
+			{Labels: lsA, Samples: []prompb.Sample{{Value: 1, Timestamp: ts}}},
+			{Labels: lsB, Samples: []prompb.Sample{{Value: 2, Timestamp: ts}}},
+		})
+		require.NoError(t, err)
+		require.Equal(t, 2, st.Samples)
+	}
+	write(t0)
+	write(t0 + 1)
+	tn := db.tenant("t")
+	require.Equal(t, 2, tn.refs.len())
+	keyA := tn.refs.key(lsA)
+	refA := tn.refs.get(keyA)
+	require.NotZero(t, refA)
+	write(t0 + 2)
+	require.Equal(t, refA, tn.refs.get(keyA), "an existing series keeps its reference")
+
+	// An entry the head does not know (as after the head dropped the series).
+	tn.refs.put(keyA, refA+1_000_000)
+	write(t0 + 3)
+	require.Equal(t, refA, tn.refs.get(keyA), "the stale entry is corrected")
+
+	// The head is compacted and truncated: its series are dropped and the
+	// entries with them.
+	tn.refs.put(seriesKey{1, 2}, 99) // a series that left
+	require.Equal(t, 3, tn.refs.len())
+	require.NoError(t, flushHead(tn.db, time.Duration(cfg.BlockDuration).Milliseconds()))
+	write(t0 + 4)
+	require.Equal(t, 2, tn.refs.len(), "the entry of the series that left is gone")
+
+	q, err := db.Querier("t", math.MinInt64, math.MaxInt64)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, q.Close()) }()
+	set := q.Select(context.Background(), true, nil, labels.MustNewMatcher(labels.MatchEqual, "__name__", "csv_succeeded"))
+	got := map[string][]float64{}
+	for set.Next() {
+		it := set.At().Iterator(nil)
+		for it.Next() != 0 {
+			_, v := it.At()
+			got[set.At().Labels().Get("name")] = append(got[set.At().Labels().Get("name")], v)
+		}
+		require.NoError(t, it.Err())
+	}
+	require.NoError(t, set.Err())
+	require.Equal(t, map[string][]float64{"a": {1, 1, 1, 1, 1}, "b": {2, 2, 2, 2, 2}}, got)
+}
