@@ -14,6 +14,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/common/model"
@@ -35,6 +36,35 @@ type Sample struct {
 	// (# TYPE, # HELP, # UNIT, or the protobuf MetricFamily); the zero value
 	// if there was none. Type is model.MetricTypeUnknown for untyped.
 	Meta metadata.Metadata
+
+	// key, when set, identifies the series within the Federator's responses:
+	// samples with equal keys have equal Labels. It is the parser's raw
+	// series bytes (as Prometheus' scrape cache keys series), prefixed with
+	// the format and the family's type, on which the text parser's label
+	// values depend (le, quantile normalization).
+	key []byte
+	// lazy, when set, means Labels and Meta are not filled in yet: the
+	// consumer calls loadLabels if it needs them (see lazySource).
+	lazy *streamer
+}
+
+// loadLabels fills in Labels and Meta if the Source deferred them.
+func (smp *Sample) loadLabels() {
+	if smp.lazy == nil {
+		return
+	}
+	smp.lazy.p.Labels(&smp.Labels)
+	smp.Meta = smp.lazy.metaFor(smp.Labels.Get(model.MetricNameLabel))
+	smp.lazy = nil
+}
+
+// metaFor returns Meta for a sample of the series named name, without
+// loading deferred labels.
+func (smp *Sample) metaFor(name string) metadata.Metadata {
+	if smp.lazy == nil {
+		return smp.Meta
+	}
+	return smp.lazy.metaFor(name)
 }
 
 // FetchStats describes one fetch.
@@ -66,6 +96,13 @@ type FederateOptions struct {
 	UserAgent string
 }
 
+// lazySource is a MatchingSource that can defer parsing the labels of a
+// sample until the consumer asks (Sample.loadLabels), and identifies series
+// by Sample.key. The Federator is one.
+type lazySource interface {
+	fetchLazy(ctx context.Context, matches []string, fn func(*Sample) error) (FetchStats, error)
+}
+
 // acceptHeader negotiates like Prometheus' scraper: delimited protobuf first,
 // then the text format. (Prometheus' /federate serves only these two.)
 const acceptHeader = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.7,text/plain;version=0.0.4;q=0.3,*/*;q=0.1"
@@ -73,6 +110,9 @@ const acceptHeader = "application/vnd.google.protobuf;proto=io.prometheus.client
 const (
 	chunkBytes    = 256 << 10 // parse granularity
 	maxEntryBytes = 16 << 20  // longest accepted text line / protobuf family
+	// maxKeptChunk is the largest parse buffer kept for the next fetch: a
+	// chunk grows beyond chunkBytes to hold a whole protobuf family.
+	maxKeptChunk = 8 << 20
 )
 
 var errEntryTooLarge = errors.New("exposition entry too large")
@@ -86,6 +126,16 @@ type Federator struct {
 	client *http.Client
 	opts   FederateOptions
 	now    func() time.Time
+	// spare holds the buffers of the last fetch for the next one (a
+	// sync.Pool would lose them to the GC between cycles minutes apart).
+	mu    sync.Mutex
+	spare *streamBufs
+}
+
+// streamBufs are a streamer's buffers, reused across fetches.
+type streamBufs struct {
+	r          *bufio.Reader
+	chunk, key []byte
 }
 
 // NewFederator returns a Federator for the Prometheus at base (e.g.
@@ -99,6 +149,9 @@ func NewFederator(base *url.URL, client *http.Client, opts FederateOptions) *Fed
 }
 
 func (f *Federator) urlFor(matches []string) string {
+	if f.url != "" && slices.Equal(matches, f.opts.Matches) {
+		return f.url
+	}
 	u := f.base
 	q := u.Query()
 	for _, m := range matches {
@@ -110,15 +163,20 @@ func (f *Federator) urlFor(matches []string) string {
 
 // Fetch implements Source with FederateOptions.Matches.
 func (f *Federator) Fetch(ctx context.Context, fn func(*Sample) error) (FetchStats, error) {
-	return f.fetch(ctx, f.url, fn)
+	return f.fetch(ctx, f.url, fn, false)
 }
 
 // FetchMatching implements MatchingSource: Fetch with other match[] selectors.
 func (f *Federator) FetchMatching(ctx context.Context, matches []string, fn func(*Sample) error) (FetchStats, error) {
-	return f.fetch(ctx, f.urlFor(matches), fn)
+	return f.fetch(ctx, f.urlFor(matches), fn, false)
 }
 
-func (f *Federator) fetch(ctx context.Context, target string, fn func(*Sample) error) (FetchStats, error) {
+// fetchLazy implements lazySource.
+func (f *Federator) fetchLazy(ctx context.Context, matches []string, fn func(*Sample) error) (FetchStats, error) {
+	return f.fetch(ctx, f.urlFor(matches), fn, true)
+}
+
+func (f *Federator) fetch(ctx context.Context, target string, fn func(*Sample) error, lazy bool) (FetchStats, error) {
 	var st FetchStats
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
 	if err != nil {
@@ -144,15 +202,33 @@ func (f *Federator) fetch(ctx context.Context, target string, fn func(*Sample) e
 		return st, fmt.Errorf("federate: HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(msg))
 	}
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	f.mu.Lock()
+	bufs := f.spare
+	f.spare = nil
+	f.mu.Unlock()
+	if bufs == nil {
+		bufs = &streamBufs{r: bufio.NewReaderSize(nil, 64<<10)}
+	}
+	bufs.r.Reset(resp.Body)
 	s := &streamer{
 		proto:    mt == "application/vnd.google.protobuf",
+		lazy:     lazy,
 		maxBytes: f.opts.MaxBytes,
 		fn:       fn,
 		st:       labels.NewSymbolTable(),
 		defTS:    f.now().UnixMilli(),
+		chunk:    bufs.chunk[:0],
+		key:      bufs.key[:0],
 	}
-	err = s.run(bufio.NewReaderSize(resp.Body, 64<<10))
+	err = s.run(bufs.r)
 	st.Bytes, st.OverBytes = s.read, s.over
+	bufs.r.Reset(nil)
+	if cap(s.chunk) <= maxKeptChunk { // not one huge family's
+		bufs.chunk, bufs.key = s.chunk[:0], s.key[:0]
+		f.mu.Lock()
+		f.spare = bufs
+		f.mu.Unlock()
+	}
 	return st, err
 }
 
@@ -173,6 +249,7 @@ func setBearer(req *http.Request, tokenFile string) error {
 // textparse parsers.
 type streamer struct {
 	proto    bool
+	lazy     bool // defer the labels of samples (Sample.lazy)
 	maxBytes int64
 	fn       func(*Sample) error
 	st       *labels.SymbolTable
@@ -182,6 +259,8 @@ type streamer struct {
 	kept  int64 // bytes of entries passed to the kept region
 	over  int   // samples beyond maxBytes
 	chunk []byte
+	key   []byte // the current sample's key
+	p     textparse.Parser
 	// overflow is set once an entry does not fit maxBytes; from then on
 	// samples are counted, not passed on.
 	overflow bool
@@ -218,91 +297,101 @@ func (s *streamer) metaFor(name string) metadata.Metadata {
 
 func (s *streamer) run(r *bufio.Reader) error {
 	for {
-		entry, err := s.next(r)
-		if len(entry) > 0 {
-			if !s.overflow && s.maxBytes > 0 && s.kept+int64(len(entry)) > s.maxBytes {
-				if err := s.flush(); err != nil {
+		start := len(s.chunk)
+		n, err := s.next(r)
+		if n > 0 {
+			if !s.overflow && s.maxBytes > 0 && s.kept+int64(n) > s.maxBytes {
+				if err := s.flush(start); err != nil { // what fits
 					return err
 				}
 				s.overflow = true
 			}
 			if !s.overflow {
-				s.kept += int64(len(entry))
+				s.kept += int64(n)
 			}
-			s.chunk = append(s.chunk, entry...)
 			if len(s.chunk) >= chunkBytes {
-				if err := s.flush(); err != nil {
+				if err := s.flush(len(s.chunk)); err != nil {
 					return err
 				}
 			}
 		}
 		if errors.Is(err, io.EOF) {
-			return s.flush()
+			return s.flush(len(s.chunk))
 		}
 		if err != nil {
-			_ = s.flush()
+			_ = s.flush(len(s.chunk))
 			return err
 		}
 	}
 }
 
-// next returns the next complete entry. It may alias r's buffer until the
-// next call.
-func (s *streamer) next(r *bufio.Reader) ([]byte, error) {
+// next appends the next complete entry to s.chunk and returns its length.
+// On an error other than io.EOF nothing is appended.
+func (s *streamer) next(r *bufio.Reader) (int, error) {
+	start := len(s.chunk)
 	if s.proto {
 		n, err := binary.ReadUvarint(r)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
-				return nil, io.EOF
+				return 0, io.EOF
 			}
-			return nil, fmt.Errorf("read protobuf length: %w", err)
+			return 0, fmt.Errorf("read protobuf length: %w", err)
 		}
 		if n > maxEntryBytes {
-			return nil, fmt.Errorf("metric family of %d bytes: %w", n, errEntryTooLarge)
+			return 0, fmt.Errorf("metric family of %d bytes: %w", n, errEntryTooLarge)
 		}
-		buf := binary.AppendUvarint(make([]byte, 0, int(n)+binary.MaxVarintLen64), n)
-		hdr := len(buf)
-		buf = buf[:hdr+int(n)]
-		if _, err := io.ReadFull(r, buf[hdr:]); err != nil {
-			return nil, fmt.Errorf("read protobuf family: %w", err)
+		s.chunk = binary.AppendUvarint(s.chunk, n)
+		hdr := len(s.chunk)
+		s.chunk = slices.Grow(s.chunk, int(n))[:hdr+int(n)]
+		if _, err := io.ReadFull(r, s.chunk[hdr:]); err != nil {
+			s.chunk = s.chunk[:start]
+			return 0, fmt.Errorf("read protobuf family: %w", err)
 		}
-		s.read += int64(len(buf))
-		return buf, nil
+		s.read += int64(len(s.chunk) - start)
+		return len(s.chunk) - start, nil
 	}
 	line, err := r.ReadSlice('\n')
-	if errors.Is(err, bufio.ErrBufferFull) {
-		long := append([]byte(nil), line...)
-		for errors.Is(err, bufio.ErrBufferFull) {
-			if len(long) > maxEntryBytes {
-				return nil, fmt.Errorf("line longer than %d bytes: %w", maxEntryBytes, errEntryTooLarge)
-			}
-			line, err = r.ReadSlice('\n')
-			long = append(long, line...)
+	s.chunk = append(s.chunk, line...)
+	for errors.Is(err, bufio.ErrBufferFull) {
+		if len(s.chunk)-start > maxEntryBytes {
+			s.chunk = s.chunk[:start]
+			return 0, fmt.Errorf("line longer than %d bytes: %w", maxEntryBytes, errEntryTooLarge)
 		}
-		line = long
+		line, err = r.ReadSlice('\n')
+		s.chunk = append(s.chunk, line...)
 	}
-	s.read += int64(len(line))
-	if errors.Is(err, io.EOF) && len(line) > 0 && line[len(line)-1] != '\n' {
-		line = append(line, '\n') // last line without newline
-	}
+	n := len(s.chunk) - start
+	s.read += int64(n)
 	if err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("read federate body: %w", err)
+		s.chunk = s.chunk[:start]
+		return 0, fmt.Errorf("read federate body: %w", err)
 	}
-	return line, err
+	if errors.Is(err, io.EOF) && n > 0 && s.chunk[len(s.chunk)-1] != '\n' {
+		s.chunk = append(s.chunk, '\n') // last line without newline
+		n++
+	}
+	return n, err
 }
 
-// flush parses the buffered chunk.
-func (s *streamer) flush() error {
-	if len(s.chunk) == 0 {
+// flush parses s.chunk[:end] and keeps the rest at the front of s.chunk.
+func (s *streamer) flush(end int) error {
+	if end == 0 {
 		return nil
 	}
-	defer func() { s.chunk = s.chunk[:0] }()
-	var p textparse.Parser
+	defer func() { s.chunk = s.chunk[:copy(s.chunk, s.chunk[end:])] }()
+	var (
+		p   textparse.Parser
+		tag byte // in keys: which parser's raw series bytes follow
+	)
 	if s.proto {
-		p = textparse.NewProtobufParser(s.chunk, false, false, false, false, s.st)
+		p, tag = textparse.NewProtobufParser(s.chunk[:end], false, false, false, false, s.st), 'p'
 	} else {
-		p = textparse.NewPromParser(s.chunk, s.st, false)
+		p, tag = textparse.NewPromParser(s.chunk[:end], s.st, false), 't'
 	}
+	s.p = p
+	// mtype mirrors the text parser's notion of the current type (the last
+	// # TYPE of this parser, which its Labels use); it goes into keys.
+	var mtype model.MetricType
 	for {
 		e, err := p.Next()
 		if errors.Is(err, io.EOF) {
@@ -311,12 +400,16 @@ func (s *streamer) flush() error {
 		if err != nil {
 			return fmt.Errorf("parse federate response: %w", err)
 		}
-		var ts *int64
+		var (
+			ts     *int64
+			series []byte
+		)
 		smp := &s.sample
 		*smp = Sample{Labels: smp.Labels}
 		switch e {
 		case textparse.EntryType:
 			name, t := p.Type()
+			mtype = t
 			s.setFamily(name)
 			if t == "untyped" {
 				t = model.MetricTypeUnknown
@@ -334,9 +427,9 @@ func (s *streamer) flush() error {
 			s.meta.Unit = string(unit)
 			continue
 		case textparse.EntrySeries:
-			_, ts, smp.V = p.Series()
+			series, ts, smp.V = p.Series()
 		case textparse.EntryHistogram:
-			_, ts, smp.H, smp.FH = p.Histogram()
+			series, ts, smp.H, smp.FH = p.Histogram()
 		default:
 			continue
 		}
@@ -348,8 +441,13 @@ func (s *streamer) flush() error {
 		if ts != nil {
 			smp.T = *ts
 		}
-		p.Labels(&smp.Labels)
-		smp.Meta = s.metaFor(smp.Labels.Get(model.MetricNameLabel))
+		if s.lazy {
+			s.key = append(append(append(s.key[:0], tag, byte(len(mtype))), mtype...), series...)
+			smp.Labels, smp.key, smp.lazy = labels.EmptyLabels(), s.key, s
+		} else {
+			p.Labels(&smp.Labels)
+			smp.Meta = s.metaFor(smp.Labels.Get(model.MetricNameLabel))
+		}
 		if err := s.fn(smp); err != nil {
 			return err
 		}

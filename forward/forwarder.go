@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,6 +82,11 @@ type Options struct {
 	MaxRetryAfter time.Duration
 	// FlushTimeout bounds the last delivery attempt after Run's context ends (default 10s).
 	FlushTimeout time.Duration
+	// SeriesCacheSize caps the federated series whose policy decisions and
+	// relabeled labels are remembered from one cycle to the next (default
+	// 100000; negative: no cache). See seriesCache; memory is roughly the
+	// series' exposition text plus 100 bytes per series.
+	SeriesCacheSize int
 
 	sleep func(ctx context.Context, d time.Duration) error // tests
 }
@@ -107,6 +113,10 @@ func (o *Options) defaults() {
 	if o.FlushTimeout <= 0 {
 		o.FlushTimeout = 10 * time.Second
 	}
+	if o.SeriesCacheSize == 0 {
+		o.SeriesCacheSize = 100_000
+	}
+	o.SeriesCacheSize = max(o.SeriesCacheSize, 0)
 	if o.sleep == nil {
 		o.sleep = Sleep
 	}
@@ -210,7 +220,7 @@ type Forwarder struct {
 // scratch holds Collect's buffers across cycles.
 type scratch struct {
 	lb              *labels.Builder
-	symbols         writev2.SymbolsTable
+	cache           *seriesCache
 	batch           []writev2.TimeSeries
 	refs            []uint32
 	samples         []writev2.Sample
@@ -314,13 +324,14 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 	sc := &f.scratch
 	if sc.lb == nil {
 		sc.lb = labels.NewBuilder(labels.EmptyLabels())
-		sc.symbols = writev2.NewSymbolTable()
+		sc.cache = newSeriesCache(f.opts.SeriesCacheSize)
 		sc.batch = make([]writev2.TimeSeries, 0, f.opts.MaxSamplesPerRequest)
 		sc.samples = make([]writev2.Sample, 0, f.opts.MaxSamplesPerRequest)
 		sc.refs = make([]uint32, 0, 32*f.opts.MaxSamplesPerRequest)
 	}
+	cache := sc.cache
+	cache.begin(pol)
 	var (
-		lb                  = sc.lb
 		batch               = sc.batch[:0]
 		records             [][]byte
 		recordSamples       []int
@@ -333,15 +344,17 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 		// samples of a request instead of two per series; reset after each flush.
 		refArena    = sc.refs[:0]
 		sampleArena = sc.samples[:0]
-		syms        = &sc.symbols
+		syms        = cache.syms
+		meta        metaSymbols
 	)
-	defer func() { sc.refs = refArena[:0]; syms.Reset() }()
+	syms.startRequest()
+	defer func() { sc.refs = refArena[:0]; syms.startRequest() }()
 	// Requests are built and queued in the remote-write 2.0 form (see Record).
 	flush := func() {
 		if len(batch) == 0 {
 			return
 		}
-		req := writev2.Request{Symbols: syms.Symbols(), Timeseries: batch}
+		req := writev2.Request{Symbols: syms.reqSyms, Timeseries: batch}
 		raw, err := req.OptimizedMarshal(sc.raw[:0])
 		if err != nil {
 			invalid += len(batch)
@@ -358,11 +371,22 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 		batch = batch[:0]
 		refArena = refArena[:0]
 		sampleArena = sampleArena[:0]
-		syms.Reset()
+		syms.startRequest()
 	}
 	add := func(s *Sample) error {
 		federated++
-		if !pol.Allow.Allows(s.Labels) {
+		var e *cachedSeries
+		if s.key != nil {
+			e = cache.get(s.key)
+		}
+		if e == nil {
+			s.loadLabels()
+			e = evaluate(pol, sc.lb, syms, s.Labels)
+			if s.key != nil {
+				cache.put(s.key, e)
+			}
+		}
+		if e.drop == ReasonAllowlist {
 			allowOut++
 			return nil
 		}
@@ -370,31 +394,32 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 			overSeries++
 			return nil
 		}
-		for i, c := range pol.Caps {
-			if c.Allow.Allows(s.Labels) && capCounts[i] >= c.Max {
+		for _, i := range e.caps {
+			if capCounts[i] >= pol.Caps[i].Max {
 				overCap++
 				return nil
 			}
 		}
-		lb.Reset(s.Labels)
-		if !pol.Rules.Apply(lb) {
+		if e.drop == ReasonRelabel {
 			relabOut++
 			return nil
 		}
-		for i, c := range pol.Caps {
-			if c.Allow.Allows(s.Labels) {
-				capCounts[i]++
-			}
+		for _, i := range e.caps {
+			capCounts[i]++
 		}
 		kept++
-		ls := lb.Labels()
-		if len(refArena)+2*ls.Len() > cap(refArena) {
+		if len(refArena)+len(e.refs) > cap(refArena) {
 			// Earlier series of this batch keep the old backing array.
-			refArena = make([]uint32, 0, max(2*cap(refArena), 128*ls.Len()))
+			refArena = make([]uint32, 0, max(2*cap(refArena), 64*len(e.refs)))
 		}
 		start := len(refArena)
-		ls.Range(func(l labels.Label) { refArena = append(refArena, syms.Symbolize(l.Name), syms.Symbolize(l.Value)) })
-		ts := writev2.TimeSeries{LabelsRefs: refArena[start:len(refArena):len(refArena)], Metadata: v2Metadata(syms, pol.Rules, s.Meta)}
+		for _, id := range e.refs {
+			refArena = append(refArena, syms.ref(id))
+		}
+		ts := writev2.TimeSeries{
+			LabelsRefs: refArena[start:len(refArena):len(refArena)],
+			Metadata:   meta.of(syms, pol.Rules, s.metaFor(e.name)),
+		}
 		switch {
 		case s.H != nil:
 			ts.Histograms = []writev2.Histogram{writev2.FromIntHistogram(0, s.T, s.H)}
@@ -417,11 +442,15 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 		st   FetchStats
 		ferr error
 	)
-	if ms, ok := f.src.(MatchingSource); ok {
-		st, ferr = ms.FetchMatching(ctx, pol.Allow.Selectors(), add)
-	} else {
+	switch src := f.src.(type) {
+	case lazySource:
+		st, ferr = src.fetchLazy(ctx, pol.Allow.Selectors(), add)
+	case MatchingSource:
+		st, ferr = src.FetchMatching(ctx, pol.Allow.Selectors(), add)
+	default:
 		st, ferr = f.src.Fetch(ctx, add)
 	}
+	cache.end(ferr == nil && ctx.Err() == nil)
 	if pol.DefinitionVersion != "" && ctx.Err() == nil {
 		f.addInfo(pol, syms, &batch)
 	}
@@ -453,25 +482,67 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 // addInfo appends gathering.InfoMetric{version=...} 1 at the current time,
 // relabeled like every series (so it carries _id and the external labels).
 // It passes neither the allowlist nor the caps: it describes the forwarder.
-func (f *Forwarder) addInfo(pol *Policy, st *writev2.SymbolsTable, batch *[]writev2.TimeSeries) {
+func (f *Forwarder) addInfo(pol *Policy, syms *symbols, batch *[]writev2.TimeSeries) {
 	lb := labels.NewBuilder(labels.FromStrings(model.MetricNameLabel, gathering.InfoMetric, "version", pol.DefinitionVersion))
 	if !pol.Rules.Apply(lb) {
 		return
 	}
+	refs := syms.internLabels(lb.Labels(), nil)
+	for i, id := range refs {
+		refs[i] = syms.ref(id)
+	}
 	*batch = append(*batch, writev2.TimeSeries{
-		LabelsRefs: st.SymbolizeLabels(lb.Labels(), nil),
+		LabelsRefs: refs,
 		Samples:    []writev2.Sample{{Value: 1, Timestamp: time.Now().UnixMilli()}},
 		Metadata:   writev2.Metadata{Type: writev2.Metadata_METRIC_TYPE_GAUGE},
 	})
 }
 
-// v2Metadata symbolizes m; the zero Metadata if there is nothing to say.
-func v2Metadata(st *writev2.SymbolsTable, rules *relabel.Rules, m metadata.Metadata) writev2.Metadata {
-	t := writev2.FromMetadataType(m.Type)
-	if t == writev2.Metadata_METRIC_TYPE_UNSPECIFIED && m.Help == "" && m.Unit == "" {
+// evaluate decides what pol makes of a federated series with labels ls (see
+// cachedSeries); lb is scratch.
+func evaluate(pol *Policy, lb *labels.Builder, syms *symbols, ls labels.Labels) *cachedSeries {
+	e := &cachedSeries{name: strings.Clone(ls.Get(model.MetricNameLabel))}
+	if !pol.Allow.Allows(ls) {
+		e.drop = ReasonAllowlist
+		return e
+	}
+	for i, c := range pol.Caps {
+		if c.Allow.Allows(ls) {
+			e.caps = append(e.caps, i)
+		}
+	}
+	lb.Reset(ls)
+	if !pol.Rules.Apply(lb) {
+		e.drop = ReasonRelabel
+		return e
+	}
+	out := lb.Labels()
+	e.refs = syms.internLabels(out, make([]uint32, 0, 2*out.Len()))
+	return e
+}
+
+// metaSymbols converts a family's metadata to its remote-write 2.0 form,
+// remembering the last one: consecutive series share their family's.
+type metaSymbols struct {
+	last       metadata.Metadata
+	ok         bool
+	typ        writev2.Metadata_MetricType
+	help, unit uint32 // interned
+}
+
+// of returns m with its help and unit (the raw id scrubbed) as references of
+// the current request; the zero Metadata if there is nothing to say.
+func (ms *metaSymbols) of(syms *symbols, rules *relabel.Rules, m metadata.Metadata) writev2.Metadata {
+	if !ms.ok || m != ms.last {
+		ms.last, ms.ok = m, true
+		ms.typ = writev2.FromMetadataType(m.Type)
+		ms.help = syms.intern(rules.ScrubText(m.Help))
+		ms.unit = syms.intern(rules.ScrubText(m.Unit))
+	}
+	if ms.typ == writev2.Metadata_METRIC_TYPE_UNSPECIFIED && ms.help == 0 && ms.unit == 0 {
 		return writev2.Metadata{}
 	}
-	return writev2.Metadata{Type: t, HelpRef: st.Symbolize(rules.ScrubText(m.Help)), UnitRef: st.Symbolize(rules.ScrubText(m.Unit))}
+	return writev2.Metadata{Type: ms.typ, HelpRef: syms.ref(ms.help), UnitRef: syms.ref(ms.unit)}
 }
 
 func (f *Forwarder) enqueue(records [][]byte, samples []int) error {
