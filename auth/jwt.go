@@ -1,10 +1,12 @@
 package auth
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -27,10 +29,15 @@ type Claims struct {
 
 // Issuer signs and verifies short-lived cluster credentials.
 type Issuer struct {
-	keys *KeySet
-	ttl  time.Duration
-	now  func() time.Time
+	keys     *KeySet
+	ttl      time.Duration
+	now      func() time.Time
+	verified verifiedCache
 }
+
+// verifiedCacheSize bounds the credentials an Issuer remembers as verified:
+// a few MB, and more than the clusters one receiver replica serves at once.
+const verifiedCacheSize = 16384
 
 // NewIssuer returns an Issuer signing with the newest key of keys.
 // now may be nil (time.Now).
@@ -38,7 +45,7 @@ func NewIssuer(keys *KeySet, ttl time.Duration, now func() time.Time) *Issuer {
 	if now == nil {
 		now = time.Now
 	}
-	return &Issuer{keys: keys, ttl: ttl, now: now}
+	return &Issuer{keys: keys, ttl: ttl, now: now, verified: verifiedCache{max: verifiedCacheSize}}
 }
 
 // Issue signs a credential binding tenant and clusterID, valid for the TTL.
@@ -66,7 +73,34 @@ func (i *Issuer) Issue(tenant, clusterID string) (string, time.Time, error) {
 }
 
 // Verify checks a credential and returns the identity it binds.
+//
+// A credential that verified is remembered (by its SHA-256, with the
+// identity it binds) until its expiry, so a cluster that writes often pays
+// for one signature check per credential rather than one per request, and a
+// cluster hammering the receiver is refused by the limits for next to
+// nothing. Only successes are remembered: a token that differs from a
+// verified one in any byte, signature included, is checked in full. The
+// cache never outlives the Issuer, whose keys are immutable; an expired
+// entry is not served (the full check then applies its 30s leeway as
+// before). Credentials cannot be revoked before they expire, with or
+// without the cache: revoking a fleet token takes effect at the cluster's
+// next /authorize.
 func (i *Issuer) Verify(token string) (Identity, error) {
+	now := i.now()
+	sum := sha256.Sum256([]byte(token))
+	if id, ok := i.verified.get(sum, now); ok {
+		return id, nil
+	}
+	id, exp, err := i.verify(token)
+	if err != nil {
+		return Identity{}, err
+	}
+	i.verified.put(sum, id, exp, now)
+	return id, nil
+}
+
+// verify is Verify without the cache; it also returns the credential's expiry.
+func (i *Issuer) verify(token string) (Identity, time.Time, error) {
 	var c Claims
 	_, err := jwt.ParseWithClaims(token, &c, func(t *jwt.Token) (any, error) {
 		kid, _ := t.Header["kid"].(string)
@@ -85,12 +119,70 @@ func (i *Issuer) Verify(token string) (Identity, error) {
 		jwt.WithStrictDecoding(),
 	)
 	if err != nil {
-		return Identity{}, fmt.Errorf("credential: %w: %w", ErrUnauthorized, err)
+		return Identity{}, time.Time{}, fmt.Errorf("credential: %w: %w", ErrUnauthorized, err)
 	}
 	if !ValidTenant(c.Tenant) || c.Subject == "" {
-		return Identity{}, fmt.Errorf("credential without tenant or cluster: %w", ErrUnauthorized)
+		return Identity{}, time.Time{}, fmt.Errorf("credential without tenant or cluster: %w", ErrUnauthorized)
 	}
-	return Identity{Tenant: c.Tenant, ClusterID: c.Subject, Allow: PermWrite}, nil
+	return Identity{Tenant: c.Tenant, ClusterID: c.Subject, Allow: PermWrite}, c.ExpiresAt.Time, nil
+}
+
+// verifiedCache maps the SHA-256 of credentials that verified to the
+// identity they bind, until they expire. It holds at most max entries; when
+// full, an eighth of them, picked at random, make room. Safe for concurrent use.
+type verifiedCache struct {
+	mu  sync.Mutex
+	m   map[[sha256.Size]byte]verifiedEntry
+	max int
+}
+
+type verifiedEntry struct {
+	id  Identity
+	exp time.Time
+}
+
+// get returns the identity of a credential verified before and not expired at now.
+func (c *verifiedCache) get(sum [sha256.Size]byte, now time.Time) (Identity, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[sum]
+	if !ok {
+		return Identity{}, false
+	}
+	if !now.Before(e.exp) {
+		delete(c.m, sum)
+		return Identity{}, false
+	}
+	return e.id, true
+}
+
+// put remembers a verified credential until exp.
+func (c *verifiedCache) put(sum [sha256.Size]byte, id Identity, exp, now time.Time) {
+	if c.max <= 0 || !now.Before(exp) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = make(map[[sha256.Size]byte]verifiedEntry)
+	}
+	if len(c.m) >= c.max {
+		evict := max(c.max/8, 1)
+		for k := range c.m { // map order is random enough
+			delete(c.m, k)
+			if evict--; evict == 0 {
+				break
+			}
+		}
+	}
+	c.m[sum] = verifiedEntry{id: id, exp: exp}
+}
+
+// len is the number of entries, expired ones included (tests).
+func (c *verifiedCache) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.m)
 }
 
 // looksLikeJWT tells a credential apart from a static token: three

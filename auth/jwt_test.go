@@ -7,12 +7,14 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -108,8 +110,126 @@ func TestIssuerRefusesSpoofs(t *testing.T) {
 		"garbage":               "a.b.c",
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := iss.Verify(token)
-			require.ErrorIs(t, err, ErrUnauthorized)
+			// The valid credential is in the verified cache: nothing that
+			// differs from it may be served from there.
+			_, err := iss.Verify(valid)
+			require.NoError(t, err)
+			before := iss.verified.len()
+			for range 2 {
+				_, err = iss.Verify(token)
+				require.ErrorIs(t, err, ErrUnauthorized)
+			}
+			require.Equal(t, before, iss.verified.len(), "failures are not remembered")
+		})
+	}
+}
+
+func TestIssuerVerifiedCache(t *testing.T) {
+	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	iss := NewIssuer(NewKeySet(map[string]ed25519.PrivateKey{"k": newKey(t)}, "k"), time.Hour, clock)
+	tok, exp, err := iss.Issue("acme", "c1")
+	require.NoError(t, err)
+	want := Identity{Tenant: "acme", ClusterID: "c1", Allow: PermWrite}
+
+	id, err := iss.Verify(tok)
+	require.NoError(t, err)
+	require.Equal(t, want, id)
+	require.Equal(t, 1, iss.verified.len())
+
+	// Served from the cache: the full check would now fail (no keys).
+	keys := iss.keys
+	iss.keys = &KeySet{}
+	id, err = iss.Verify(tok)
+	require.NoError(t, err, "a verified credential is served from the cache")
+	require.Equal(t, want, id)
+	_, err = iss.Verify(tok + "x")
+	require.ErrorIs(t, err, ErrUnauthorized, "one byte more is not the cached credential")
+	iss.keys = keys
+
+	t.Run("expiry", func(t *testing.T) {
+		now = exp.Add(-time.Second)
+		_, err := iss.Verify(tok)
+		require.NoError(t, err, "just before exp: cached")
+		now = exp
+		iss.keys = &KeySet{}
+		_, err = iss.Verify(tok)
+		require.ErrorIs(t, err, ErrUnauthorized, "at exp the cache no longer answers")
+		iss.keys = keys
+		require.Equal(t, 0, iss.verified.len(), "the expired entry is gone")
+		now = exp.Add(10 * time.Second)
+		_, err = iss.Verify(tok)
+		require.NoError(t, err, "the full check keeps its 30s leeway")
+		require.Equal(t, 0, iss.verified.len(), "but an expired credential is not remembered")
+		now = exp.Add(31 * time.Second)
+		_, err = iss.Verify(tok)
+		require.ErrorIs(t, err, ErrUnauthorized, "past the leeway: refused")
+	})
+
+	t.Run("bound", func(t *testing.T) {
+		now = time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+		iss := NewIssuer(keys, time.Hour, clock)
+		iss.verified.max = 8
+		for i := range 50 {
+			tok, _, err := iss.Issue("acme", fmt.Sprint("c", i))
+			require.NoError(t, err)
+			id, err := iss.Verify(tok)
+			require.NoError(t, err)
+			require.Equal(t, fmt.Sprint("c", i), id.ClusterID)
+			require.LessOrEqual(t, iss.verified.len(), 8)
+		}
+		require.Positive(t, iss.verified.len())
+	})
+
+	t.Run("concurrent", func(t *testing.T) {
+		now = time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+		iss := NewIssuer(keys, time.Hour, clock)
+		iss.verified.max = 4
+		toks := make([]string, 8)
+		for i := range toks {
+			toks[i], _, err = iss.Issue("acme", fmt.Sprint("c", i))
+			require.NoError(t, err)
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, 4*100)
+		for w := range 4 {
+			wg.Go(func() {
+				for i := range 100 {
+					k := (w + i) % len(toks)
+					id, err := iss.Verify(toks[k])
+					if err == nil && id.ClusterID != fmt.Sprint("c", k) {
+						err = fmt.Errorf("token %d verified as %q", k, id.ClusterID)
+					}
+					if err != nil {
+						errs <- err
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+	})
+}
+
+func BenchmarkIssuerVerify(b *testing.B) {
+	iss := NewIssuer(NewKeySet(map[string]ed25519.PrivateKey{"k": newKey(b)}, "k"), time.Hour, nil)
+	tok, _, err := iss.Issue("acme", "c1")
+	require.NoError(b, err)
+	for _, cached := range []bool{false, true} {
+		b.Run(fmt.Sprintf("cached=%v", cached), func(b *testing.B) {
+			iss.verified = verifiedCache{max: verifiedCacheSize}
+			if !cached {
+				iss.verified.max = 0 // remembers nothing
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := iss.Verify(tok); err != nil {
+					b.Fatal(err)
+				}
+			}
 		})
 	}
 }
