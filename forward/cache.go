@@ -1,6 +1,7 @@
 package forward
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/prometheus/prometheus/model/labels"
@@ -143,15 +144,22 @@ func (c *seriesCache) get(key []byte) *cachedSeries {
 	return e
 }
 
-// put stores e under key if there is room; it reports whether it did.
-func (c *seriesCache) put(key []byte, e *cachedSeries) bool {
+// put stores a copy of e, a series named name, under key if there is room,
+// and returns the copy (nil if there was no room).
+func (c *seriesCache) put(key []byte, e *cachedSeries, name string) *cachedSeries {
 	if len(c.entries) >= c.max {
-		return false
+		return nil
 	}
-	e.seen = c.cycle
+	cp := &cachedSeries{name: strings.Clone(name), drop: e.drop, seen: c.cycle}
+	if len(e.caps) > 0 {
+		cp.caps = slices.Clone(e.caps)
+	}
+	if len(e.refs) > 0 {
+		cp.refs = slices.Clone(e.refs)
+	}
 	c.seen++
-	c.entries[string(key)] = e
-	return true
+	c.entries[string(key)] = cp
+	return cp
 }
 
 // end finishes a cycle; a complete one evicts the series it did not see.

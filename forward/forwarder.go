@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -221,6 +220,7 @@ type Forwarder struct {
 type scratch struct {
 	lb              *labels.Builder
 	cache           *seriesCache
+	miss            cachedSeries // a series evaluated afresh
 	batch           []writev2.TimeSeries
 	refs            []uint32
 	samples         []writev2.Sample
@@ -381,9 +381,12 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 		}
 		if e == nil {
 			s.loadLabels()
-			e = evaluate(pol, sc.lb, syms, s.Labels)
+			e = &sc.miss
+			evaluate(pol, sc.lb, syms, s.Labels, e)
 			if s.key != nil {
-				cache.put(s.key, e)
+				if c := cache.put(s.key, e, s.Labels.Get(model.MetricNameLabel)); c != nil {
+					e = c
+				}
 			}
 		}
 		if e.drop == ReasonAllowlist {
@@ -498,13 +501,13 @@ func (f *Forwarder) addInfo(pol *Policy, syms *symbols, batch *[]writev2.TimeSer
 	})
 }
 
-// evaluate decides what pol makes of a federated series with labels ls (see
-// cachedSeries); lb is scratch.
-func evaluate(pol *Policy, lb *labels.Builder, syms *symbols, ls labels.Labels) *cachedSeries {
-	e := &cachedSeries{name: strings.Clone(ls.Get(model.MetricNameLabel))}
+// evaluate decides what pol makes of a federated series with labels ls and
+// stores it in e (see cachedSeries), reusing e's slices; lb is scratch.
+func evaluate(pol *Policy, lb *labels.Builder, syms *symbols, ls labels.Labels, e *cachedSeries) {
+	*e = cachedSeries{caps: e.caps[:0], refs: e.refs[:0]}
 	if !pol.Allow.Allows(ls) {
 		e.drop = ReasonAllowlist
-		return e
+		return
 	}
 	for i, c := range pol.Caps {
 		if c.Allow.Allows(ls) {
@@ -514,11 +517,9 @@ func evaluate(pol *Policy, lb *labels.Builder, syms *symbols, ls labels.Labels) 
 	lb.Reset(ls)
 	if !pol.Rules.Apply(lb) {
 		e.drop = ReasonRelabel
-		return e
+		return
 	}
-	out := lb.Labels()
-	e.refs = syms.internLabels(out, make([]uint32, 0, 2*out.Len()))
-	return e
+	e.refs = syms.internLabels(lb.Labels(), e.refs)
 }
 
 // metaSymbols converts a family's metadata to its remote-write 2.0 form,
