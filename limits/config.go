@@ -41,19 +41,20 @@ type Config struct {
 // Config.Defaults it takes the built-in default, in a tenant override it
 // inherits Config.Defaults. See TenantLimits for the meaning of each key.
 type Spec struct {
-	MaxSeriesPerCluster        *int              `yaml:"max_series_per_cluster,omitempty"`
-	MaxSeriesPerTenant         *int              `yaml:"max_series_per_tenant,omitempty"`
-	MaxSeriesPerMetric         *int              `yaml:"max_series_per_metric,omitempty"`
-	MaxLabelNamesPerSeries     *int              `yaml:"max_label_names_per_series,omitempty"`
-	MaxLabelNameLength         *int              `yaml:"max_label_name_length,omitempty"`
-	MaxLabelValueLength        *int              `yaml:"max_label_value_length,omitempty"`
-	SamplesPerSecondPerCluster *float64          `yaml:"samples_per_second_per_cluster,omitempty"`
-	BurstPerCluster            *int              `yaml:"burst_per_cluster,omitempty"`
-	SamplesPerSecondPerTenant  *float64          `yaml:"samples_per_second_per_tenant,omitempty"`
-	BurstPerTenant             *int              `yaml:"burst_per_tenant,omitempty"`
-	SeriesIdleTimeout          *model.Duration   `yaml:"series_idle_timeout,omitempty"`
-	MaxBodyBytes               *units.Base2Bytes `yaml:"max_body_bytes,omitempty"`
-	MaxDecodedBytes            *units.Base2Bytes `yaml:"max_decoded_bytes,omitempty"`
+	MaxSeriesPerCluster           *int              `yaml:"max_series_per_cluster,omitempty"`
+	MaxSeriesPerTenant            *int              `yaml:"max_series_per_tenant,omitempty"`
+	MaxSeriesPerMetric            *int              `yaml:"max_series_per_metric,omitempty"`
+	MaxLabelNamesPerSeries        *int              `yaml:"max_label_names_per_series,omitempty"`
+	MaxLabelNameLength            *int              `yaml:"max_label_name_length,omitempty"`
+	MaxLabelValueLength           *int              `yaml:"max_label_value_length,omitempty"`
+	SamplesPerSecondPerCluster    *float64          `yaml:"samples_per_second_per_cluster,omitempty"`
+	BurstPerCluster               *int              `yaml:"burst_per_cluster,omitempty"`
+	SamplesPerSecondPerTenant     *float64          `yaml:"samples_per_second_per_tenant,omitempty"`
+	BurstPerTenant                *int              `yaml:"burst_per_tenant,omitempty"`
+	SeriesIdleTimeout             *model.Duration   `yaml:"series_idle_timeout,omitempty"`
+	MaxBodyBytes                  *units.Base2Bytes `yaml:"max_body_bytes,omitempty"`
+	MaxDecodedBytes               *units.Base2Bytes `yaml:"max_decoded_bytes,omitempty"`
+	MaxInflightRequestsPerCluster *int              `yaml:"max_inflight_requests_per_cluster,omitempty"`
 }
 
 // TenantLimits are the effective limits of one tenant, with every inheritance
@@ -93,6 +94,10 @@ type TenantLimits struct {
 	MaxBodyBytes int64
 	// MaxDecodedBytes caps the decompressed request body.
 	MaxDecodedBytes int64
+	// MaxInflightRequestsPerCluster caps the write requests of one cluster
+	// being served at the same time; more are refused (429) before their
+	// body is read. A forwarder sends one at a time. 0 = unlimited.
+	MaxInflightRequestsPerCluster int
 }
 
 // DefaultTenantLimits returns the built-in defaults. They are sized for
@@ -114,6 +119,10 @@ func DefaultTenantLimits() TenantLimits {
 		SeriesIdleTimeout:          30 * time.Minute,
 		MaxBodyBytes:               8 << 20,
 		MaxDecodedBytes:            32 << 20,
+		// A forwarder has one request in flight at a time. A Prometheus
+		// remote-writing directly shards (up to max_shards, 50 by
+		// default): give its tenant an override, or it is slowed by 429s.
+		MaxInflightRequestsPerCluster: 8,
 	}
 }
 
@@ -157,6 +166,7 @@ func (c *Config) SetDefaults() {
 	}
 	setBytes(&s.MaxBodyBytes, d.MaxBodyBytes)
 	setBytes(&s.MaxDecodedBytes, d.MaxDecodedBytes)
+	setInt(&s.MaxInflightRequestsPerCluster, d.MaxInflightRequestsPerCluster)
 }
 
 // apply returns base with every field set in s overriding it.
@@ -200,6 +210,9 @@ func (s *Spec) apply(base TenantLimits) TenantLimits {
 	}
 	if s.MaxDecodedBytes != nil {
 		r.MaxDecodedBytes = int64(*s.MaxDecodedBytes)
+	}
+	if s.MaxInflightRequestsPerCluster != nil {
+		r.MaxInflightRequestsPerCluster = *s.MaxInflightRequestsPerCluster
 	}
 	return r
 }
@@ -265,6 +278,7 @@ func validateSpec(path string, s *Spec, eff TenantLimits) []error {
 	nonNeg("max_label_names_per_series", s.MaxLabelNamesPerSeries)
 	nonNeg("max_label_name_length", s.MaxLabelNameLength)
 	nonNeg("max_label_value_length", s.MaxLabelValueLength)
+	nonNeg("max_inflight_requests_per_cluster", s.MaxInflightRequestsPerCluster)
 	rateOK := func(key string, p *float64) {
 		if p != nil && (*p < 0 || math.IsNaN(*p) || math.IsInf(*p, 0)) {
 			errs = append(errs, fmt.Errorf("%s.%s: must be a finite number >= 0 (0 = unlimited), got %v", path, key, *p))

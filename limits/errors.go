@@ -21,6 +21,9 @@ const (
 	LimitDecodedBytes            = "max_decoded_bytes"
 	LimitBurstPerCluster         = "burst_per_cluster"
 	LimitBurstPerTenant          = "burst_per_tenant"
+	// LimitInflightRequestsPerCluster refuses a request (429) while its
+	// cluster has that many write requests in flight.
+	LimitInflightRequestsPerCluster = "max_inflight_requests_per_cluster"
 )
 
 // limitNames is the fixed label set of the rejected counter.
@@ -30,6 +33,7 @@ func limitNames() []string {
 		LimitLabelNamesPerSeries, LimitLabelNameLength, LimitLabelValueLength,
 		LimitSamplesPerSecondCluster, LimitSamplesPerSecondTenant,
 		LimitBodyBytes, LimitDecodedBytes, LimitBurstPerCluster, LimitBurstPerTenant,
+		LimitInflightRequestsPerCluster,
 	}
 }
 
@@ -65,7 +69,7 @@ func (e *LimitError) Unwrap() error {
 		return ErrSeriesLimit
 	case LimitLabelNamesPerSeries, LimitLabelNameLength, LimitLabelValueLength:
 		return ErrLabelLimit
-	case LimitSamplesPerSecondCluster, LimitSamplesPerSecondTenant:
+	case LimitSamplesPerSecondCluster, LimitSamplesPerSecondTenant, LimitInflightRequestsPerCluster:
 		return ErrRateLimited
 	case LimitBodyBytes, LimitDecodedBytes, LimitBurstPerCluster, LimitBurstPerTenant:
 		return ErrTooLarge

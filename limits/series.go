@@ -118,6 +118,9 @@ type tenant struct {
 	rateMu       sync.Mutex
 	rate         *bucket
 	clusterRates map[string]*bucket
+
+	inflightMu sync.Mutex
+	inflight   map[string]int // cluster → write requests in flight; no zero entries
 }
 
 func newTenant(name string) *tenant {
@@ -126,6 +129,7 @@ func newTenant(name string) *tenant {
 		clusters:     interner{ids: map[string]uint32{}},
 		metrics:      interner{ids: map[string]uint32{}},
 		clusterRates: map[string]*bucket{},
+		inflight:     map[string]int{},
 	}
 	for i := range t.shards {
 		t.shards[i].m = map[uint64]entry{}

@@ -145,6 +145,11 @@ func (h *Handler) handle(r *http.Request) (storage.Stats, error) {
 	if retry, err := h.limiter.CheckExhausted(id.Tenant, id.ClusterID); err != nil {
 		return storage.Stats{}, &rateLimitedError{retryAfter: retry, err: err} // before reading the body: cheap
 	}
+	inflight, err := h.limiter.StartRequest(id.Tenant, id.ClusterID) // also before the body: one cluster cannot hold every handler
+	if err != nil {
+		return storage.Stats{}, &rateLimitedError{retryAfter: limits.InFlightRetryAfter, err: err}
+	}
+	defer inflight.Done()
 	buf := bufPool.Get().(*bytesBuffer)
 	defer h.release(buf)
 	lim := h.limiter.For(id.Tenant)
