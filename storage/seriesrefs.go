@@ -2,6 +2,7 @@ package storage
 
 import (
 	"hash/maphash"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 
@@ -44,21 +45,24 @@ func newSeriesRefs() *seriesRefs {
 	return r
 }
 
-// key hashes sorted labels; the 0xff separators cannot occur in valid UTF-8.
+// key hashes sorted labels: each name and value on its own (no copying),
+// chained so that order and boundaries count.
 func (r *seriesRefs) key(ls []prompb.Label) seriesKey {
 	var k seriesKey
-	var h maphash.Hash
 	for i := range k {
-		h.SetSeed(r.seeds[i])
+		h := uint64(len(ls))
 		for _, l := range ls {
-			_, _ = h.WriteString(l.Name)
-			_ = h.WriteByte(0xff)
-			_, _ = h.WriteString(l.Value)
-			_ = h.WriteByte(0xff)
+			h = chain(h, maphash.String(r.seeds[i], l.Name))
+			h = chain(h, maphash.String(r.seeds[i], l.Value))
 		}
-		k[i] = h.Sum64()
+		k[i] = h
 	}
 	return k
+}
+
+// chain mixes x into h (a multiply-rotate step, as in wyhash/xxhash rounds).
+func chain(h, x uint64) uint64 {
+	return bits.RotateLeft64((h^x)*0x9e3779b97f4a7c15, 31) * 0xc2b2ae3d27d4eb4f
 }
 
 func (r *seriesRefs) shard(k seriesKey) *refShard { return &r.shards[k[0]%refShards] }
