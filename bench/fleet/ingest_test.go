@@ -97,3 +97,46 @@ func BenchmarkIngest(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/samples, "ns/sample")
 	b.ReportMetric(samples/b.Elapsed().Seconds(), "samples/s")
 }
+
+// BenchmarkIngestNewSeries is BenchmarkIngest for the first request of each
+// cluster, which creates its 500 series: the cost of a fleet coming back
+// (catch-up) or of churn.
+func BenchmarkIngestNewSeries(b *testing.B) {
+	const series = 500
+	clusters := b.N
+	f, err := New(templates(b), clusters, series, 1)
+	require.NoError(b, err)
+	inf, big := math.Inf(1), math.MaxInt32
+	var lc limits.Config
+	lc.Defaults.SamplesPerSecondPerCluster, lc.Defaults.SamplesPerSecondPerTenant = &inf, &inf
+	lc.Defaults.BurstPerCluster, lc.Defaults.BurstPerTenant = &big, &big
+	lc.Defaults.MaxSeriesPerTenant = &big
+	lc.SetDefaults()
+	lim := limits.New(nil, lc, nil)
+	off := false
+	db, err := storage.Open(slog.New(slog.DiscardHandler), nil, b.TempDir(), storage.Config{UploadOnShutdown: &off, FlushOnShutdown: &off})
+	require.NoError(b, err)
+	defer func() { require.NoError(b, db.Close()) }()
+	h := receive.NewHandler(slog.New(slog.DiscardHandler), nil, db, lim, receive.Options{})
+	bodies := make([][]byte, clusters)
+	var fb Batch
+	for c := range clusters {
+		f.Fill(&fb, c, 0, series, 0, time.Now().Add(-time.Hour).UnixMilli(), 30_000)
+		bodies[c] = encodeV1(b, fb.Series)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for c := range clusters {
+		r := httptest.NewRequest(http.MethodPost, "/api/v1/write", bytes.NewReader(bodies[c]))
+		r.Header.Set("Content-Type", "application/x-protobuf;proto=prometheus.WriteRequest")
+		r.Header.Set("Content-Encoding", "snappy")
+		r = r.WithContext(auth.WithIdentity(r.Context(), auth.Identity{Tenant: "fleet", ClusterID: f.ClusterID(c)}))
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		if rec.Code != http.StatusNoContent {
+			b.Fatalf("%d: %s", rec.Code, rec.Body)
+		}
+	}
+	samples := float64(clusters * series)
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/samples, "ns/sample")
+}
