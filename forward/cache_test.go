@@ -208,6 +208,7 @@ func TestSeriesCacheEvictsUnseenSeries(t *testing.T) {
 	body.Store(&some)
 	require.NoError(t, f.Collect(context.Background()))
 	require.Len(t, f.scratch.cache.entries, 1)
+	require.Equal(t, 1.0, testutil.ToFloat64(f.m.cachedSeries))
 	got, _ := queuedSeries(t, q)
 	require.Len(t, got, 4)
 	require.Contains(t, got, fmt.Sprintf("__name__=%q,_id=%q,job=%q, 2@1767268860000", "up", hashedID, "b"))

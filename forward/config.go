@@ -27,6 +27,9 @@ import (
 //	  max_series: 50000         # per cycle, after the allowlist; 0 = no cap
 //	  max_bytes: 64MiB          # response bytes kept per cycle; 0 = no cap
 //	  timeout: 1m
+//	  cache_series: 100000      # series whose filtering and relabeling are remembered
+//	                            # across cycles (memory: about their exposition text
+//	                            # plus 100 bytes each); 0 = no cache
 //	send:
 //	  max_samples_per_request: 2000
 //	  timeout: 30s
@@ -77,9 +80,18 @@ type GatheringConfig struct {
 
 // FederateConfig bounds one federation.
 type FederateConfig struct {
-	MaxSeries int              `yaml:"max_series"`
-	MaxBytes  units.Base2Bytes `yaml:"max_bytes"`
-	Timeout   model.Duration   `yaml:"timeout"`
+	MaxSeries   int              `yaml:"max_series"`
+	MaxBytes    units.Base2Bytes `yaml:"max_bytes"`
+	Timeout     model.Duration   `yaml:"timeout"`
+	CacheSeries int              `yaml:"cache_series"`
+}
+
+// SeriesCacheSize is Options.SeriesCacheSize for c.CacheSeries.
+func (c FederateConfig) SeriesCacheSize() int {
+	if c.CacheSeries == 0 {
+		return -1 // off
+	}
+	return c.CacheSeries
 }
 
 // SendConfig tunes delivery.
@@ -100,7 +112,7 @@ type QueueConfig struct {
 // DefaultFileConfig is applied before decoding.
 func DefaultFileConfig() FileConfig {
 	return FileConfig{
-		Federate: FederateConfig{Timeout: model.Duration(time.Minute)},
+		Federate: FederateConfig{Timeout: model.Duration(time.Minute), CacheSeries: defaultSeriesCacheSize},
 		Send: SendConfig{
 			MaxSamplesPerRequest: 2000,
 			Timeout:              model.Duration(30 * time.Second),
@@ -154,6 +166,9 @@ func (c *FileConfig) Validate() error {
 	var errs []error
 	if c.Federate.MaxSeries < 0 {
 		errs = append(errs, errors.New("federate.max_series: must not be negative"))
+	}
+	if c.Federate.CacheSeries < 0 {
+		errs = append(errs, errors.New("federate.cache_series: must not be negative"))
 	}
 	if c.Federate.MaxBytes < 0 {
 		errs = append(errs, errors.New("federate.max_bytes: must not be negative"))

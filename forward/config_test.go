@@ -32,6 +32,11 @@ queue:
 	require.Equal(t, model.Duration(2*time.Minute), c.Send.MaxBackoff)
 	require.Equal(t, model.Duration(time.Second), c.Send.MinBackoff, "defaults kept")
 	require.Equal(t, units.GiB, c.Queue.MaxBytes)
+	require.Equal(t, defaultSeriesCacheSize, c.Federate.SeriesCacheSize(), "cache on by default")
+
+	off, err := ParseFileConfig([]byte("federate: {cache_series: 0}\n"))
+	require.NoError(t, err)
+	require.Negative(t, off.Federate.SeriesCacheSize(), "0 turns the cache off")
 
 	empty, err := ParseFileConfig(nil)
 	require.NoError(t, err)
@@ -46,12 +51,12 @@ func TestParseFileConfigErrors(t *testing.T) {
 	require.ErrorContains(t, err, "regexp", "strictness reaches into relabel configs")
 
 	_, err = ParseFileConfig([]byte(`
-federate: {max_series: -1, timeout: 0s}
+federate: {max_series: -1, timeout: 0s, cache_series: -1}
 send: {max_samples_per_request: 0, min_backoff: 2m, max_backoff: 1m}
 queue: {max_bytes: 1KiB}
 `))
 	require.Error(t, err)
-	for _, want := range []string{"federate.max_series", "federate.timeout", "send.max_samples_per_request", "send.max_backoff", "queue.max_bytes"} {
+	for _, want := range []string{"federate.max_series", "federate.timeout", "federate.cache_series", "send.max_samples_per_request", "send.max_backoff", "queue.max_bytes"} {
 		require.ErrorContains(t, err, want)
 	}
 }

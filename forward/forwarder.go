@@ -113,13 +113,15 @@ func (o *Options) defaults() {
 		o.FlushTimeout = 10 * time.Second
 	}
 	if o.SeriesCacheSize == 0 {
-		o.SeriesCacheSize = 100_000
+		o.SeriesCacheSize = defaultSeriesCacheSize
 	}
 	o.SeriesCacheSize = max(o.SeriesCacheSize, 0)
 	if o.sleep == nil {
 		o.sleep = Sleep
 	}
 }
+
+const defaultSeriesCacheSize = 100_000
 
 // Sleep waits d, or returns ctx's error as soon as ctx is done.
 func Sleep(ctx context.Context, d time.Duration) error {
@@ -146,6 +148,7 @@ type metrics struct {
 	requests      *prometheus.CounterVec
 	sendDuration  prometheus.Histogram
 	retries       prometheus.Counter
+	cachedSeries  prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -188,6 +191,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		retries: f.NewCounter(prometheus.CounterOpts{
 			Name: "phonehome_forward_send_retries_total", Help: "Remote-write attempts that will be retried.",
+		}),
+		cachedSeries: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_forward_cached_series", Help: "Federated series whose filtering and relabeling are remembered across cycles.",
 		}),
 	}
 	for _, r := range []string{"success", "error"} {
@@ -454,6 +460,7 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 		st, ferr = f.src.Fetch(ctx, add)
 	}
 	cache.end(ferr == nil && ctx.Err() == nil)
+	f.m.cachedSeries.Set(float64(len(cache.entries)))
 	if pol.DefinitionVersion != "" && ctx.Err() == nil {
 		f.addInfo(pol, syms, &batch)
 	}

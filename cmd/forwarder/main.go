@@ -374,6 +374,7 @@ func run(args []string, stderr io.Writer) int {
 		fwd = forward.New(logger.With("component", "forward"), reg, src, initial, q, sender, forward.Options{
 			Interval:             f.interval,
 			MaxSeries:            s.file.Federate.MaxSeries,
+			SeriesCacheSize:      s.file.Federate.SeriesCacheSize(),
 			MaxSamplesPerRequest: s.file.Send.MaxSamplesPerRequest,
 			MinBackoff:           time.Duration(s.file.Send.MinBackoff),
 			MaxBackoff:           time.Duration(s.file.Send.MaxBackoff),
