@@ -122,26 +122,31 @@ func (l *List) Selectors() []string {
 func (l *List) Len() int { return len(l.Selectors()) }
 
 // Allows reports whether ls matches any selector.
-func (l *List) Allows(ls labels.Labels) bool {
+func (l *List) Allows(ls labels.Labels) bool { return l.AllowsFunc(ls.Get) }
+
+// AllowsFunc is Allows for a series whose label values get returns ("" for
+// a label it does not have), so callers holding labels in another form need
+// not build a labels.Labels.
+func (l *List) AllowsFunc(get func(name string) string) bool {
 	if l == nil {
 		return false
 	}
-	for _, sel := range l.byName[ls.Get(model.MetricNameLabel)] {
-		if matchesAll(sel, ls) {
+	for _, sel := range l.byName[get(model.MetricNameLabel)] {
+		if matchesAll(sel, get) {
 			return true
 		}
 	}
 	for _, sel := range l.other {
-		if matchesAll(sel, ls) {
+		if matchesAll(sel, get) {
 			return true
 		}
 	}
 	return false
 }
 
-func matchesAll(sel []*labels.Matcher, ls labels.Labels) bool {
+func matchesAll(sel []*labels.Matcher, get func(string) string) bool {
 	for _, m := range sel {
-		if !m.Matches(ls.Get(m.Name)) {
+		if !m.Matches(get(m.Name)) {
 			return false
 		}
 	}

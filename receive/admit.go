@@ -1,7 +1,6 @@
 package receive
 
 import (
-	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/prompb"
 
 	"github.com/phonehome/phonehome/auth"
@@ -11,13 +10,13 @@ import (
 // admit decides whether one series may be stored: it must be valid, bound to
 // the caller's cluster, inside the server-side allowlist (and its tenant's gathering definition), and fit the series
 // limits. It rewrites ts in place (empty and elided labels removed, _id added).
-func (h *Handler) admit(ts *prompb.TimeSeries, id auth.Identity, lim *limits.TenantLimits, pol *Policy, sb *labels.ScratchBuilder, sess *sessions) *seriesError {
+func (h *Handler) admit(ts *prompb.TimeSeries, id auth.Identity, lim *limits.TenantLimits, pol *Policy, sess *sessions) *seriesError {
 	name, serr := validateSeries(ts, lim, id.ClusterID, h.opts.OverwriteClusterID)
 	if serr != nil {
 		return serr
 	}
 	ts.Labels = pol.elideLabels(ts.Labels)
-	if !pol.allows(id.Tenant, ts.Labels, sb) {
+	if !pol.allows(id.Tenant, ts.Labels) {
 		return &seriesError{reasonAllowlist, "series is not in the server-side allowlist"}
 	}
 	if err := sess.get(h.limiter, id.Tenant, clusterOf(ts.Labels)).Admit(name, hashLabels(ts.Labels)); err != nil {

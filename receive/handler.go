@@ -18,7 +18,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
-	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/prompb"
 
@@ -212,14 +211,13 @@ func (h *Handler) writeFamilyMetadata(tenant string, md []prompb.MetricMetadata)
 		return nil
 	}
 	pol := h.policy.Load()
-	var sb labels.ScratchBuilder
 	kept := md[:0]
 	for _, m := range md {
 		if !model.LegacyValidation.IsValidMetricName(m.MetricFamilyName) || len(m.Help) > maxHelpBytes || len(m.Unit) > maxUnitBytes {
 			h.metrics.rejected.WithLabelValues(reasonInvalidMetadata).Inc()
 			continue
 		}
-		if pol.allows(tenant, []prompb.Label{{Name: model.MetricNameLabel, Value: m.MetricFamilyName}}, &sb) {
+		if pol.allows(tenant, []prompb.Label{{Name: model.MetricNameLabel, Value: m.MetricFamilyName}}) {
 			kept = append(kept, m)
 		}
 	}
@@ -250,7 +248,6 @@ func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLim
 	var problems []string
 	rejected := 0
 	pol := h.policy.Load()
-	var sb labels.ScratchBuilder
 	var sess sessions
 	for i := range series {
 		ts := &series[i]
@@ -259,7 +256,7 @@ func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLim
 		if b.invalid != nil && b.invalid[i].serr != nil {
 			serr, n = b.invalid[i].serr, b.invalid[i].samples
 		} else {
-			serr = h.admit(ts, id, lim, pol, &sb, &sess)
+			serr = h.admit(ts, id, lim, pol, &sess)
 		}
 		if serr != nil {
 			rejected += n

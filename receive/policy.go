@@ -6,7 +6,6 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/prometheus/common/model"
-	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/prompb"
 
 	"github.com/phonehome/phonehome/allowlist"
@@ -130,28 +129,33 @@ func (p *Policy) elideLabels(ls []prompb.Label) []prompb.Label {
 	return out
 }
 
-// allows reports whether the policy admits ls, a series of tenant; b is
-// scratch space.
-func (p *Policy) allows(tenant string, ls []prompb.Label, b *labels.ScratchBuilder) bool {
+// allows reports whether the policy admits ls, a series of tenant.
+func (p *Policy) allows(tenant string, ls []prompb.Label) bool {
 	g := p.gatherFor(tenant)
 	if p.allow == nil && g == nil {
 		return true
 	}
-	b.Reset()
-	for _, l := range ls {
-		b.Add(l.Name, l.Value)
-	}
-	lbls := b.Labels()
+	get := func(name string) string { return labelValue(ls, name) }
 	if g == nil {
-		return p.allow.Allows(lbls)
+		return p.allow.AllowsFunc(get)
 	}
 	switch {
-	case lbls.Get(model.MetricNameLabel) == gathering.InfoMetric,
-		p.allow != nil && p.allow.Allows(lbls),
-		g.Cur.Allows(lbls):
+	case get(model.MetricNameLabel) == gathering.InfoMetric,
+		p.allow != nil && p.allow.AllowsFunc(get),
+		g.Cur.AllowsFunc(get):
 		return true
 	}
-	return g.Prev != nil && g.Prev.Allows(lbls) && time.Now().Before(g.PrevUntil)
+	return g.Prev != nil && g.Prev.AllowsFunc(get) && time.Now().Before(g.PrevUntil)
+}
+
+// labelValue returns the value of the label name in ls, or "".
+func labelValue(ls []prompb.Label, name string) string {
+	for _, l := range ls {
+		if l.Name == name {
+			return l.Value
+		}
+	}
+	return ""
 }
 
 var sep = []byte{0xff}

@@ -121,14 +121,7 @@ func validateSeries(ts *prompb.TimeSeries, lim *limits.TenantLimits, clusterID s
 func over(n, limit int) bool { return limit > 0 && n > limit }
 
 // clusterOf returns the series' _id, or "".
-func clusterOf(ls []prompb.Label) string {
-	for _, l := range ls {
-		if l.Name == clusterLabel {
-			return l.Value
-		}
-	}
-	return ""
-}
+func clusterOf(ls []prompb.Label) string { return labelValue(ls, clusterLabel) }
 
 // insertLabel adds l to the sorted ls, keeping it sorted.
 func insertLabel(ls []prompb.Label, l prompb.Label) []prompb.Label {

@@ -11,7 +11,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/phonehome/phonehome/allowlist"
 	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/bench"
 	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/receive"
 	"github.com/phonehome/phonehome/storage"
@@ -26,6 +28,16 @@ import (
 // in-process counterpart of `make bench-fleet SCENARIO=steady`, for
 // profiling: go test -run '^$' -bench Ingest -cpuprofile cpu.out ./bench/fleet/
 func BenchmarkIngest(b *testing.B) {
+	b.Run("policy=none", func(b *testing.B) { benchmarkIngest(b, nil) })
+	// The server-side allowlist a fleet runs with: every series is matched.
+	sel, err := allowlist.ReadSelectors(bytes.NewReader(bench.TelemetryAllowlist))
+	require.NoError(b, err)
+	pol, err := receive.NewPolicy(&receive.Config{Allowlist: append(sel, `{__name__=~".+",shard!=""}`)})
+	require.NoError(b, err)
+	b.Run("policy=telemetry-allowlist", func(b *testing.B) { benchmarkIngest(b, pol) })
+}
+
+func benchmarkIngest(b *testing.B, pol *receive.Policy) {
 	const (
 		clusters = 200
 		series   = 500
@@ -45,7 +57,7 @@ func BenchmarkIngest(b *testing.B) {
 	db, err := storage.Open(slog.New(slog.DiscardHandler), nil, dir, storage.Config{UploadOnShutdown: &off, FlushOnShutdown: &off})
 	require.NoError(b, err)
 	defer func() { require.NoError(b, db.Close()) }()
-	h := receive.NewHandler(slog.New(slog.DiscardHandler), nil, db, lim, receive.Options{})
+	h := receive.NewHandler(slog.New(slog.DiscardHandler), nil, db, lim, receive.Options{Policy: pol})
 
 	// Rounds of bodies, encoded up front so the encoding is not measured.
 	const rounds = 8
