@@ -1,15 +1,16 @@
 package receive
 
 import (
+	"hash/maphash"
 	"sync"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/prompb"
 
 	"github.com/phonehome/phonehome/allowlist"
 	"github.com/phonehome/phonehome/gathering"
+	"github.com/phonehome/phonehome/labelhash"
 )
 
 // Policy is what the server keeps of each series: its allowlist (nil allows
@@ -158,17 +159,9 @@ func labelValue(ls []prompb.Label, name string) string {
 	return ""
 }
 
-var sep = []byte{0xff}
+// seriesSeed seeds the limiter's series hashes (in memory only).
+var seriesSeed = maphash.MakeSeed()
 
 // hashLabels identifies a series for the limiter without building
 // labels.Labels. ls must be sorted; every label counts, _id included.
-func hashLabels(ls []prompb.Label) uint64 {
-	d := xxhash.New()
-	for _, l := range ls {
-		_, _ = d.WriteString(l.Name)
-		_, _ = d.Write(sep)
-		_, _ = d.WriteString(l.Value)
-		_, _ = d.Write(sep)
-	}
-	return d.Sum64()
-}
+func hashLabels(ls []prompb.Label) uint64 { return labelhash.Seeded(seriesSeed, ls) }

@@ -2,12 +2,13 @@ package storage
 
 import (
 	"hash/maphash"
-	"math/bits"
 	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/prometheus/prompb"
 	promstorage "github.com/prometheus/prometheus/storage"
+
+	"github.com/phonehome/phonehome/labelhash"
 )
 
 // seriesRefs maps a hash of a series' labels to its TSDB head reference. A
@@ -16,14 +17,14 @@ import (
 // head's own lookup (labels hash, map, label comparison): about a third of
 // the write path's CPU.
 //
-// The key is 128 bits (two independently seeded hashes), so two series
+// The key is 128 bits (two independent hashes, one seeded), so two series
 // sharing a key is not a practical concern (~n²/2¹²⁹). An entry can go stale
 // when the head drops its series after a compaction: TSDB then refuses the
 // reference, the writer looks the series up by its labels instead and
 // corrects the entry, and the whole map is dropped each time the head is
 // truncated, so series that left do not pile up.
 type seriesRefs struct {
-	seeds   [2]maphash.Seed
+	seed    maphash.Seed
 	headMin atomic.Int64 // the head's min time when the entries were added
 	shards  [refShards]refShard
 }
@@ -38,31 +39,17 @@ type refShard struct {
 type seriesKey [2]uint64
 
 func newSeriesRefs() *seriesRefs {
-	r := &seriesRefs{seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}}
+	r := &seriesRefs{seed: maphash.MakeSeed()}
 	for i := range r.shards {
 		r.shards[i].m = map[seriesKey]promstorage.SeriesRef{}
 	}
 	return r
 }
 
-// key hashes sorted labels: each name and value on its own (no copying),
-// chained so that order and boundaries count.
+// key is 128 bits of two independent hashes of ls: the seeded one keeps
+// anyone from crafting a collision, the unseeded one is the cheaper half.
 func (r *seriesRefs) key(ls []prompb.Label) seriesKey {
-	var k seriesKey
-	for i := range k {
-		h := uint64(len(ls))
-		for _, l := range ls {
-			h = chain(h, maphash.String(r.seeds[i], l.Name))
-			h = chain(h, maphash.String(r.seeds[i], l.Value))
-		}
-		k[i] = h
-	}
-	return k
-}
-
-// chain mixes x into h (a multiply-rotate step, as in wyhash/xxhash rounds).
-func chain(h, x uint64) uint64 {
-	return bits.RotateLeft64((h^x)*0x9e3779b97f4a7c15, 31) * 0xc2b2ae3d27d4eb4f
+	return seriesKey{labelhash.Unseeded(ls), labelhash.Seeded(r.seed, ls)}
 }
 
 func (r *seriesRefs) shard(k seriesKey) *refShard { return &r.shards[k[0]%refShards] }
