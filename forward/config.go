@@ -28,8 +28,8 @@ import (
 //	  max_bytes: 64MiB          # response bytes kept per cycle; 0 = no cap
 //	  timeout: 1m
 //	  cache_series: 100000      # series whose filtering and relabeling are remembered
-//	                            # across cycles (memory: about their exposition text
-//	                            # plus 100 bytes each); 0 = no cache
+//	                            # across cycles (a few hundred bytes of heap each,
+//	                            # ~0.6 KiB of RSS at 100k); 0 = no cache
 //	send:
 //	  max_samples_per_request: 2000
 //	  timeout: 30s

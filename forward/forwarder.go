@@ -83,8 +83,8 @@ type Options struct {
 	FlushTimeout time.Duration
 	// SeriesCacheSize caps the federated series whose policy decisions and
 	// relabeled labels are remembered from one cycle to the next (default
-	// 100000; negative: no cache). See seriesCache; memory is roughly the
-	// series' exposition text plus 100 bytes per series.
+	// 100000; negative: no cache). See seriesCache; each costs a few hundred
+	// bytes of heap (BenchmarkCycle: ~0.6 KiB of RSS per series at 100k).
 	SeriesCacheSize int
 
 	sleep func(ctx context.Context, d time.Duration) error // tests
