@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -263,4 +264,37 @@ func parseRelabelConfigs(t *testing.T, doc string) []*promrelabel.Config {
 	var cs []*promrelabel.Config
 	require.NoError(t, yaml.Unmarshal([]byte(doc), &cs))
 	return cs
+}
+
+// Series that come, go and change order between cycles are processed as
+// without a cache.
+func TestSeriesCacheChurnMatchesUncached(t *testing.T) {
+	var lines []string
+	for _, l := range strings.Split(string(readFixture(t, "federate-sample.prom")), "\n") {
+		if l != "" && !strings.HasPrefix(l, "#") {
+			lines = append(lines, l)
+		}
+	}
+	reversed := slices.Clone(lines[100:])
+	slices.Reverse(reversed)
+	shifted := make([]string, 0, len(lines))
+	for _, l := range lines[:150] {
+		shifted = append(shifted, strings.Replace(l, "{", `{churn="1",`, 1))
+	}
+	var body atomic.Pointer[[]byte]
+	prom := switchablePrometheus(t, &body)
+	pol := cachePolicy(t, fixtureSalt)
+	cached, cq := newCacheTestForwarder(t, prom.URL, pol, Options{SeriesCacheSize: 250})
+	plain, pq := newCacheTestForwarder(t, prom.URL, pol, Options{SeriesCacheSize: -1})
+	for i, set := range [][]string{lines, reversed, append(shifted, lines[200:]...), lines} {
+		b := []byte(strings.Join(set, "\n") + "\n")
+		body.Store(&b)
+		require.NoError(t, cached.Collect(context.Background()))
+		require.NoError(t, plain.Collect(context.Background()))
+		got, _ := queuedSeries(t, cq)
+		want, _ := queuedSeries(t, pq)
+		require.NotEmpty(t, want)
+		require.Equal(t, want, got, "cycle %d", i)
+		require.LessOrEqual(t, len(cached.scratch.cache.entries), 250)
+	}
 }
