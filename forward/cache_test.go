@@ -298,3 +298,47 @@ func TestSeriesCacheChurnMatchesUncached(t *testing.T) {
 		require.LessOrEqual(t, len(cached.scratch.cache.entries), 250)
 	}
 }
+
+// Classic histograms and summaries: every bucket, quantile, _sum and _count
+// is its own series, in both formats.
+func TestSeriesCacheHistogramsAndSummaries(t *testing.T) {
+	body := []byte(`# HELP h_seconds A histogram.
+# TYPE h_seconds histogram
+h_seconds_bucket{job="a",le="0.5"} 1 1767268800000
+h_seconds_bucket{job="a",le="1"} 2 1767268800000
+h_seconds_bucket{job="a",le="+Inf"} 3 1767268800000
+h_seconds_sum{job="a"} 2.5 1767268800000
+h_seconds_count{job="a"} 3 1767268800000
+h_seconds_bucket{job="b",le="0.5"} 4 1767268800000
+h_seconds_bucket{job="b",le="1"} 5 1767268800000
+h_seconds_bucket{job="b",le="+Inf"} 6 1767268800000
+h_seconds_sum{job="b"} 7.5 1767268800000
+h_seconds_count{job="b"} 6 1767268800000
+# HELP s_seconds A summary.
+# TYPE s_seconds summary
+s_seconds{job="a",quantile="0.5"} 0.1 1767268800000
+s_seconds{job="a",quantile="0.99"} 0.9 1767268800000
+s_seconds_sum{job="a"} 10 1767268800000
+s_seconds_count{job="a"} 20 1767268800000
+`)
+	al, err := allowlist.Parse([]string{`{__name__=~"h_.*|s_.*"}`})
+	require.NoError(t, err)
+	pol := cachePolicy(t, fixtureSalt)
+	pol.Allow, pol.Caps = al, nil
+	for _, proto := range []bool{false, true} {
+		t.Run(fmt.Sprintf("protobuf=%v", proto), func(t *testing.T) {
+			prom := fakePrometheus(t, body, proto)
+			cached, cq := newCacheTestForwarder(t, prom.URL, pol, Options{})
+			plain, pq := newCacheTestForwarder(t, prom.URL, pol, Options{SeriesCacheSize: -1})
+			for range 2 {
+				require.NoError(t, cached.Collect(context.Background()))
+				require.NoError(t, plain.Collect(context.Background()))
+				got, _ := queuedSeries(t, cq)
+				want, _ := queuedSeries(t, pq)
+				require.Equal(t, want, got)
+				require.Len(t, got, 14+2, "14 series and the metadata of 2 families")
+			}
+			require.Len(t, cached.scratch.cache.entries, 14)
+		})
+	}
+}
