@@ -146,9 +146,9 @@ func (c *seriesCache) reset() {
 	c.syms = newSymbols()
 }
 
-// get returns the entry of key, marking it seen in this cycle.
-func (c *seriesCache) get(key []byte) *cachedSeries {
-	e := c.entries[c.hash(key)]
+// get returns the entry of k, marking it seen in this cycle.
+func (c *seriesCache) get(k seriesKey) *cachedSeries {
+	e := c.entries[k]
 	if e != nil && e.seen != c.cycle {
 		e.seen = c.cycle
 		c.seen++
@@ -156,9 +156,9 @@ func (c *seriesCache) get(key []byte) *cachedSeries {
 	return e
 }
 
-// put stores a copy of e, a series named name, under key if there is room,
+// put stores a copy of e, a series named name, under k if there is room,
 // and returns the copy (nil if there was no room).
-func (c *seriesCache) put(key []byte, e *cachedSeries, name string) *cachedSeries {
+func (c *seriesCache) put(k seriesKey, e *cachedSeries, name string) *cachedSeries {
 	if len(c.entries) >= c.max {
 		return nil
 	}
@@ -170,14 +170,15 @@ func (c *seriesCache) put(key []byte, e *cachedSeries, name string) *cachedSerie
 		cp.refs = slices.Clone(e.refs)
 	}
 	c.seen++
-	c.entries[c.hash(key)] = cp
+	c.entries[k] = cp
 	return cp
 }
 
 // seriesKey is a 128-bit hash of a Sample.key.
 type seriesKey struct{ a, b uint64 }
 
-func (c *seriesCache) hash(key []byte) seriesKey {
+// key returns the cache key of a Sample.key.
+func (c *seriesCache) key(key []byte) seriesKey {
 	return seriesKey{maphash.Bytes(c.seeds[0], key), maphash.Bytes(c.seeds[1], key)}
 }
 

@@ -381,16 +381,21 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 	}
 	add := func(s *Sample) error {
 		federated++
-		var e *cachedSeries
-		if s.key != nil {
-			e = cache.get(s.key)
+		var (
+			e *cachedSeries
+			k seriesKey
+		)
+		cacheable := s.key != nil && cache.max > 0
+		if cacheable {
+			k = cache.key(s.key)
+			e = cache.get(k)
 		}
 		if e == nil {
 			s.loadLabels()
 			e = &sc.miss
 			evaluate(pol, sc.lb, syms, s.Labels, e)
-			if s.key != nil {
-				if c := cache.put(s.key, e, s.Labels.Get(model.MetricNameLabel)); c != nil {
+			if cacheable {
+				if c := cache.put(k, e, s.Labels.Get(model.MetricNameLabel)); c != nil {
 					e = c
 				}
 			}
