@@ -87,12 +87,6 @@ func openTenant(logger *slog.Logger, reg prometheus.Registerer, dir, name string
 	opts.EnableExemplarStorage = cfg.MaxExemplars > 0
 	opts.MaxExemplars = int64(cfg.MaxExemplars)
 	opts.WALCompression = compression.Snappy
-	// Isolation keeps a query from seeing half of a commit in progress; it
-	// costs ~50 bytes per series and a ring lookup per append. Each write
-	// here is one cluster's points of one moment, and a query racing its
-	// commit at most sees some of those points a few milliseconds early,
-	// so, as in Cortex/Mimir ingesters, it is off.
-	opts.IsolationDisabled = true
 	// Retention is evaluated when TSDB reloads blocks; follow the shipper.
 	opts.BlockReloadInterval = time.Duration(cfg.ShipInterval)
 
