@@ -101,4 +101,23 @@ func readBody(r *http.Request, maxBody, maxDecoded int64, buf *bytes.Buffer, dst
 	return out, nil
 }
 
-func putBuffer(b *bytesBuffer) { bufPool.Put(b) }
+// Bounds on what a pooled buffer keeps: a rare huge request (up to the
+// decoded-size limit, e.g. millions of tiny series) must not pin its peak
+// memory in the pool. Fleet requests are far below these.
+const (
+	maxPooledBytes  = 8 << 20
+	maxPooledSeries = 1 << 16
+	maxPooledLabels = 1 << 20
+)
+
+// putBuffer returns b to the pool unless it grew beyond the bounds.
+func putBuffer(b *bytesBuffer) {
+	if b.poolable() {
+		bufPool.Put(b)
+	}
+}
+
+func (b *bytesBuffer) poolable() bool {
+	return b.body.Cap() <= maxPooledBytes && cap(b.decoded) <= maxPooledBytes &&
+		cap(b.v1.req.Timeseries) <= maxPooledSeries && cap(b.v1.labels) <= maxPooledLabels && cap(b.v1.samples) <= maxPooledLabels
+}

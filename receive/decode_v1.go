@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"unsafe"
 
 	"github.com/prometheus/prometheus/prompb"
 )
@@ -42,7 +41,9 @@ var (
 // held. It accepts exactly what the generated prompb code accepts (a fuzz
 // test compares the two) and produces the same series, labels and samples;
 // exemplars, histograms and metadata, which telemetry rarely carries, are
-// decoded by the generated code. Unknown fields are skipped.
+// decoded by the generated code. Unknown fields are skipped; unlike the
+// generated code, they are not kept (XXX_unrecognized), so forward mode does
+// not pass them upstream.
 func decodeV1(raw []byte, d *v1Request) error {
 	if err := d.decode(raw); err != nil {
 		d.reset()
@@ -230,14 +231,6 @@ func decodeSample(raw []byte) (prompb.Sample, error) {
 		}
 	}
 	return s, nil
-}
-
-// aliasString returns b as a string without copying; see v1Request.
-func aliasString(b []byte) string {
-	if len(b) == 0 {
-		return ""
-	}
-	return unsafe.String(&b[0], len(b))
 }
 
 // pbReader reads protobuf wire format, with the checks and errors of the

@@ -195,3 +195,16 @@ func scribble(b []byte) {
 		b[i] = 'X'
 	}
 }
+
+// A request of millions of tiny series must not pin its memory in the pool.
+func TestHugeRequestBuffersAreNotPooled(t *testing.T) {
+	var b bytesBuffer
+	require.True(t, b.poolable())
+	raw := make([]byte, 0, 2*(maxPooledSeries+1))
+	for range maxPooledSeries + 1 {
+		raw = append(raw, 0x0a, 0x00) // an empty series
+	}
+	require.NoError(t, decodeV1(raw, &b.v1))
+	require.Len(t, b.v1.req.Timeseries, maxPooledSeries+1)
+	require.False(t, b.poolable())
+}

@@ -91,7 +91,7 @@ func (r *seriesRefs) sync(headMin int64) {
 	for i := range r.shards {
 		s := &r.shards[i]
 		s.mu.Lock()
-		clear(s.m)
+		s.m = map[seriesKey]promstorage.SeriesRef{} // clear would keep the peak's buckets
 		s.mu.Unlock()
 	}
 }

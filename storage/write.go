@@ -136,21 +136,21 @@ func (db *DB) WriteWithMetadata(ctx context.Context, tenantName string, series [
 // in seriesRefs when there is one, building the series' labels only when
 // TSDB needs them: for a new series, or one the head no longer has.
 type seriesAppender struct {
-	app     promstorage.Appender
-	refs    *seriesRefs
-	ts      *prompb.TimeSeries
-	lb      *labels.ScratchBuilder
-	key     seriesKey
-	ref     promstorage.SeriesRef
-	ls      labels.Labels
-	built   bool // ls holds the series' labels
-	trusted bool // ref came from the cache and no append has confirmed it yet
+	app         promstorage.Appender
+	refs        *seriesRefs
+	ts          *prompb.TimeSeries
+	lb          *labels.ScratchBuilder
+	key         seriesKey
+	ref         promstorage.SeriesRef
+	ls          labels.Labels
+	built       bool // ls holds the series' labels
+	unconfirmed bool // ref came from the cache and no append has confirmed it yet
 }
 
 func (a *seriesAppender) lookup() {
 	a.key = a.refs.key(a.ts.Labels)
 	a.ref = a.refs.get(a.key)
-	a.trusted = a.ref != 0
+	a.unconfirmed = a.ref != 0
 }
 
 // labels builds the series' labels once.
@@ -162,9 +162,11 @@ func (a *seriesAppender) labels() labels.Labels {
 }
 
 // labelsUnlessRef returns what TSDB needs besides a.ref to find the series:
-// nothing when the reference is set.
+// nothing when the reference is set and confirmed. A cached reference no
+// append has confirmed (every sample refused before the series lookup) may
+// be stale, so it goes with the labels.
 func (a *seriesAppender) labelsUnlessRef() labels.Labels {
-	if a.ref != 0 {
+	if a.ref != 0 && !a.unconfirmed {
 		return labels.EmptyLabels()
 	}
 	return a.labels()
@@ -190,15 +192,19 @@ func (a *seriesAppender) appendHistogram(h prompb.Histogram) error {
 // (ErrInvalidSample); the series is then looked up by its labels, and the
 // cache corrected.
 func (a *seriesAppender) append(do func(promstorage.SeriesRef, labels.Labels) (promstorage.SeriesRef, error)) error {
-	ref, err := do(a.ref, a.labelsUnlessRef())
-	if err != nil && a.trusted && errors.Is(err, tsdb.ErrInvalidSample) {
+	ls := labels.EmptyLabels() // with a reference, even an unconfirmed one: the point of the cache
+	if a.ref == 0 {
+		ls = a.labels()
+	}
+	ref, err := do(a.ref, ls)
+	if err != nil && a.unconfirmed && errors.Is(err, tsdb.ErrInvalidSample) {
 		a.ref = 0
 		ref, err = do(0, a.labels())
 	}
 	if err != nil {
 		return err
 	}
-	a.trusted = false
+	a.unconfirmed = false
 	if ref != a.ref {
 		a.ref = ref
 		a.refs.put(a.key, ref)
