@@ -47,7 +47,10 @@ var sizes = map[string]map[string]preset{
 		"smoke": {10, 500, 27},
 		"100k":  {200, 500, 27},
 		"200k":  {400, 500, 27},
-		"1m":    {2000, 500, 27}, // 27M samples; the 10k clusters is 5× this
+		"1m":    {2000, 500, 27}, // 27M samples
+		// The size, 135M samples (6.5 GB of request bodies): only
+		// the receiver fits in memory (--targets=receiver).
+		"10k": {10000, 500, 27},
 	},
 	// 6 simulated hours at 4m30s with 10% of the series replaced per hour.
 	"churn": {
