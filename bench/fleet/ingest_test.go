@@ -46,12 +46,7 @@ func benchmarkIngest(b *testing.B, pol *receive.Policy) {
 	)
 	f, err := New(templates(b), clusters, series, 1)
 	require.NoError(b, err)
-	inf, big := math.Inf(1), math.MaxInt32
-	var lc limits.Config
-	lc.Defaults.SamplesPerSecondPerCluster, lc.Defaults.SamplesPerSecondPerTenant = &inf, &inf
-	lc.Defaults.BurstPerCluster, lc.Defaults.BurstPerTenant = &big, &big
-	lc.SetDefaults()
-	lim := limits.New(nil, lc, nil)
+	lim := unlimitedRates(nil)
 
 	dir := b.TempDir()
 	off := false
@@ -72,17 +67,7 @@ func benchmarkIngest(b *testing.B, pol *receive.Policy) {
 			bodies[r][c] = encodeV1(b, fb.Series)
 		}
 	}
-	send := func(body []byte, c int) {
-		r := httptest.NewRequest(http.MethodPost, "/api/v1/write", bytes.NewReader(body))
-		r.Header.Set("Content-Type", "application/x-protobuf;proto=prometheus.WriteRequest")
-		r.Header.Set("Content-Encoding", "snappy")
-		r = r.WithContext(auth.WithIdentity(r.Context(), auth.Identity{Tenant: "fleet", ClusterID: f.ClusterID(c)}))
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, r)
-		if rec.Code != http.StatusNoContent {
-			b.Fatalf("%d: %s", rec.Code, rec.Body)
-		}
-	}
+	send := func(body []byte, c int) { postWrite(b, h, contentTypeV1, body, f.ClusterID(c)) }
 	for c := range clusters {
 		send(bodies[0][c], c) // creates the series
 	}
@@ -134,13 +119,7 @@ func BenchmarkIngestNewSeries(b *testing.B) {
 	clusters := b.N
 	f, err := New(templates(b), clusters, series, 1)
 	require.NoError(b, err)
-	inf, big := math.Inf(1), math.MaxInt32
-	var lc limits.Config
-	lc.Defaults.SamplesPerSecondPerCluster, lc.Defaults.SamplesPerSecondPerTenant = &inf, &inf
-	lc.Defaults.BurstPerCluster, lc.Defaults.BurstPerTenant = &big, &big
-	lc.Defaults.MaxSeriesPerTenant = &big
-	lc.SetDefaults()
-	lim := limits.New(nil, lc, nil)
+	lim := unlimitedRates(func(s *limits.Spec) { s.MaxSeriesPerTenant = new(int) }) // 0: unlimited
 	off := false
 	db, err := storage.Open(slog.New(slog.DiscardHandler), nil, b.TempDir(), storage.Config{UploadOnShutdown: &off, FlushOnShutdown: &off})
 	require.NoError(b, err)
@@ -155,16 +134,41 @@ func BenchmarkIngestNewSeries(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for c := range clusters {
-		r := httptest.NewRequest(http.MethodPost, "/api/v1/write", bytes.NewReader(bodies[c]))
-		r.Header.Set("Content-Type", "application/x-protobuf;proto=prometheus.WriteRequest")
-		r.Header.Set("Content-Encoding", "snappy")
-		r = r.WithContext(auth.WithIdentity(r.Context(), auth.Identity{Tenant: "fleet", ClusterID: f.ClusterID(c)}))
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, r)
-		if rec.Code != http.StatusNoContent {
-			b.Fatalf("%d: %s", rec.Code, rec.Body)
-		}
+		postWrite(b, h, contentTypeV1, bodies[c], f.ClusterID(c))
 	}
 	samples := float64(clusters * series)
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/samples, "ns/sample")
+}
+
+const (
+	contentTypeV1 = "application/x-protobuf;proto=prometheus.WriteRequest"
+	contentTypeV2 = "application/x-protobuf;proto=io.prometheus.write.v2.Request"
+)
+
+// unlimitedRates is a limiter without rate limits, for throughput
+// benchmarks; mod may change other limits.
+func unlimitedRates(mod func(*limits.Spec)) *limits.Limiter {
+	inf, big := math.Inf(1), math.MaxInt32
+	var c limits.Config
+	c.Defaults.SamplesPerSecondPerCluster, c.Defaults.SamplesPerSecondPerTenant = &inf, &inf
+	c.Defaults.BurstPerCluster, c.Defaults.BurstPerTenant = &big, &big
+	if mod != nil {
+		mod(&c.Defaults)
+	}
+	c.SetDefaults()
+	return limits.New(nil, c, nil)
+}
+
+// postWrite sends one remote-write body to h as a cluster of tenant "fleet"
+// and fails b unless it is stored whole (204).
+func postWrite(b *testing.B, h http.Handler, contentType string, body []byte, cluster string) {
+	r := httptest.NewRequest(http.MethodPost, "/api/v1/write", bytes.NewReader(body))
+	r.Header.Set("Content-Type", contentType)
+	r.Header.Set("Content-Encoding", "snappy")
+	r = r.WithContext(auth.WithIdentity(r.Context(), auth.Identity{Tenant: "fleet", ClusterID: cluster}))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, r)
+	if rec.Code != http.StatusNoContent {
+		b.Fatalf("%d: %s", rec.Code, rec.Body)
+	}
 }

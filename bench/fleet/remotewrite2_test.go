@@ -1,13 +1,9 @@
 package fleet
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
-	"math"
-	"net/http"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -17,8 +13,6 @@ import (
 	writev2 "github.com/prometheus/prometheus/prompb/io/prometheus/write/v2"
 	"github.com/stretchr/testify/require"
 
-	"github.com/phonehome/phonehome/auth"
-	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/receive"
 	"github.com/phonehome/phonehome/storage"
 )
@@ -80,18 +74,11 @@ func BenchmarkReceiveRemoteWrite(b *testing.B) {
 			name, contentType string
 			bodies            [][]byte
 		}{
-			{"v1", "application/x-protobuf;proto=prometheus.WriteRequest", v1},
-			{"v2", "application/x-protobuf;proto=io.prometheus.write.v2.Request", v2},
+			{"v1", contentTypeV1, v1},
+			{"v2", contentTypeV2, v2},
 		} {
 			b.Run(fmt.Sprintf("batch=%d/%s", batch, version.name), func(b *testing.B) {
-				inf, big := math.Inf(1), math.MaxInt32
-				lim := limits.New(nil, func() limits.Config {
-					var c limits.Config
-					c.Defaults.SamplesPerSecondPerCluster, c.Defaults.SamplesPerSecondPerTenant = &inf, &inf
-					c.Defaults.BurstPerCluster, c.Defaults.BurstPerTenant = &big, &big
-					c.SetDefaults()
-					return c
-				}(), nil)
+				lim := unlimitedRates(nil)
 				h := receive.NewHandler(slog.New(slog.DiscardHandler), nil, countingWriter{}, lim, receive.Options{})
 				wire := 0
 				for _, body := range version.bodies {
@@ -102,15 +89,7 @@ func BenchmarkReceiveRemoteWrite(b *testing.B) {
 				n := 0
 				for b.Loop() {
 					c := n % clusters
-					r := httptest.NewRequest(http.MethodPost, "/api/v1/write", bytes.NewReader(version.bodies[c]))
-					r.Header.Set("Content-Type", version.contentType)
-					r.Header.Set("Content-Encoding", "snappy")
-					r = r.WithContext(auth.WithIdentity(r.Context(), auth.Identity{Tenant: "fleet", ClusterID: f.ClusterID(c)}))
-					rec := httptest.NewRecorder()
-					h.ServeHTTP(rec, r)
-					if rec.Code != http.StatusNoContent {
-						b.Fatalf("%d: %s", rec.Code, rec.Body)
-					}
+					postWrite(b, h, version.contentType, version.bodies[c], f.ClusterID(c))
 					n++
 				}
 				samples := float64(n * batch)
