@@ -2,6 +2,8 @@ package receive
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/metadata"
@@ -123,26 +125,27 @@ func convertV2(req *writev2.Request, lim *limits.TenantLimits) (*batch, error) {
 		if budget -= size; budget < 0 {
 			return nil, fmt.Errorf("labels of the request expand beyond %d bytes: %w", labelBudgetFactor*lim.MaxDecodedBytes, errTooLarge)
 		}
-		ls, err := ts.ToLabels(&sb, req.Symbols)
+		start := len(labelArena)
+		var err error
+		labelArena, err = appendSymbolLabels(labelArena, ts.LabelsRefs, req.Symbols)
 		if err != nil {
+			labelArena = labelArena[:start]
 			refuse("labels: %v", err)
 			continue
 		}
 		m, err := ts.ToMetadata(req.Symbols)
 		if err != nil {
+			labelArena = labelArena[:start]
 			refuse("%v", err)
 			continue
 		}
 		exemplars, err := convertExemplars(ts.Exemplars, req.Symbols, &sb)
 		if err != nil {
+			labelArena = labelArena[:start]
 			refuse("exemplar: %v", err)
 			continue
 		}
 
-		start := len(labelArena)
-		ls.Range(func(l labels.Label) {
-			labelArena = append(labelArena, prompb.Label{Name: l.Name, Value: l.Value})
-		})
 		// The full slice expression makes an added _id reallocate instead of
 		// overwriting the next series' labels.
 		out := &b.series[i]
@@ -169,6 +172,30 @@ func convertV2(req *writev2.Request, lim *limits.TenantLimits) (*batch, error) {
 	}
 	return b, nil
 }
+
+// appendSymbolLabels appends the labels refs name in symbols to dst, sorted by
+// name, as writev2's ToLabels would build them, but without a labels.Labels
+// (one allocation per series) in between; the strings are the symbols'.
+func appendSymbolLabels(dst []prompb.Label, refs []uint32, symbols []string) ([]prompb.Label, error) {
+	if len(refs)%2 != 0 {
+		return dst, fmt.Errorf("invalid labelRefs length %d", len(refs))
+	}
+	start := len(dst)
+	for j := 0; j < len(refs); j += 2 {
+		name, value := refs[j], refs[j+1]
+		if int(name) >= len(symbols) || int(value) >= len(symbols) {
+			return dst, fmt.Errorf("labelRefs %d (name) = %d (value) outside of symbols table (size %d)", name, value, len(symbols))
+		}
+		dst = append(dst, prompb.Label{Name: symbols[name], Value: symbols[value]})
+	}
+	ls := dst[start:]
+	if !slices.IsSortedFunc(ls, compareLabelNames) {
+		slices.SortFunc(ls, compareLabelNames)
+	}
+	return dst, nil
+}
+
+func compareLabelNames(a, b prompb.Label) int { return strings.Compare(a.Name, b.Name) }
 
 // labelBudgetFactor bounds the labels a 2.0 request may expand to, as a
 // multiple of max_decoded_bytes.
