@@ -247,8 +247,13 @@ func TestForwardsFixtureAndStopsCleanly(t *testing.T) {
 	eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return series >= 224 }, "224 series")
 	code, _ := get(t, "http://"+s.addr+"/readyz")
 	require.Equal(t, http.StatusOK, code)
-	_, metrics := get(t, "http://"+s.addr+"/metrics")
-	require.Contains(t, metrics, "phonehome_forward_sent_samples_total 224")
+	// The receiver has the series before the forwarder has read its answer
+	// and counted them as sent.
+	var metrics string
+	eventually(t, func() bool {
+		_, metrics = get(t, "http://"+s.addr+"/metrics")
+		return strings.Contains(metrics, "phonehome_forward_sent_samples_total 224")
+	}, "224 samples counted as sent")
 	require.Contains(t, metrics, `phonehome_forward_filtered_samples_total{reason="allowlist"} 76`)
 	s.stop(t)
 	mu.Lock()
