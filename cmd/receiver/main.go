@@ -43,9 +43,10 @@ import (
 func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
 
 // defaultGOGC is the receiver's GC target. A fleet receiver is bound by
-// memory per active series more than by samples/s: at 200k-1M series, GOGC=50
-// cut RSS per series from ~0.73x to ~0.46x Prometheus 2.42's for ~10-20% fewer
-// samples/s, with p99 still under Prometheus' (bench/results/README.md).
+// memory per active series more than by samples/s. With the old decoder,
+// GOGC=50 cut RSS per series by a third; since ingestion stopped producing
+// garbage (decode_v1.go), GOGC 20-50 give the same RSS and throughput
+// within noise (bench/results/README.md, "GC settings"), so 50 stays.
 const defaultGOGC = 50
 
 // defaultTenant is the tenant of every request under --insecure.no-auth.
@@ -64,7 +65,7 @@ func run(args []string, stderr io.Writer) int {
 		noAuth      = fs.Bool("insecure.no-auth", false, "INSECURE: accept every request without credentials, as tenant \""+defaultTenant+"\". For local trials only.")
 		showVersion = fs.Bool("version", false, "Print the version and exit.")
 		enablePprof = fs.Bool("web.enable-pprof", false, "Serve net/http/pprof under /debug/pprof/ (unauthenticated: for benchmarks and debugging on trusted networks only).")
-		gcPercent   = fs.Int("runtime.gogc", defaultGOGC, "GOGC for the process. The default trades ~10-20% of samples/s for ~35% less RSS per series (bench/results/README.md); 100 is Go's default. An explicit GOGC environment variable overrides the default, not an explicit flag.")
+		gcPercent   = fs.Int("runtime.gogc", defaultGOGC, "GOGC for the process (100 is Go's default; see bench/results/README.md, \"GC settings\"). An explicit GOGC environment variable overrides the default, not an explicit flag.")
 		memLimit    = fs.Int64("runtime.memory-limit-bytes", 0, "Soft memory limit for the Go runtime (GOMEMLIMIT) in bytes; 0 keeps the GOMEMLIMIT environment variable or no limit.")
 	)
 	if err := fs.Parse(args); err != nil {
