@@ -14,13 +14,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
+
+	"github.com/phonehome/phonehome/bench"
 )
 
 // syntheticFederate returns a /federate body with n series: the fixture's 300
@@ -48,18 +49,6 @@ func syntheticBody(fixture []byte, n int) []byte {
 		buf.WriteByte('\n')
 	}
 	return buf.Bytes()
-}
-
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-func maxRSSMiB() float64 {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return float64(ru.Maxrss) / 1024 // Linux reports KiB
 }
 
 // BenchmarkCycle measures one federate-filter-anonymize-encode-queue cycle
@@ -108,7 +97,7 @@ func benchmarkCycle(b *testing.B, opts Options, first bool) {
 				b.SetBytes(bodyBytes)
 				runtime.GC() // the setup's garbage is not the cycles'
 				cycles := 0
-				cpu0 := cpuTime()
+				cpu0 := bench.ProcessCPU()
 				for b.Loop() {
 					if first {
 						require.NoError(b, f.SetPolicy(policy)) // a new *Policy
@@ -116,10 +105,10 @@ func benchmarkCycle(b *testing.B, opts Options, first bool) {
 					require.NoError(b, f.Collect(context.Background()))
 					cycles++
 				}
-				cpu := cpuTime() - cpu0
+				cpu := bench.ProcessCPU() - cpu0
 				b.ReportMetric(float64(cpu.Microseconds())/1000/float64(cycles), "cpu-ms/cycle")
 				b.ReportMetric(float64(n*cycles)/b.Elapsed().Seconds(), "series/s")
-				b.ReportMetric(maxRSSMiB(), "maxrss-MiB")
+				b.ReportMetric(bench.MaxRSSMiB(), "maxrss-MiB")
 			})
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
-	"syscall"
 	"testing"
 	"time"
 
@@ -72,7 +71,7 @@ func benchmarkIngest(b *testing.B, pol *receive.Policy) {
 		send(bodies[0][c], c) // creates the series
 	}
 	b.ReportAllocs()
-	cpu0 := processCPU(b)
+	cpu0 := bench.ProcessCPU()
 	n := 0
 	for b.Loop() {
 		r, c := 1+(n/clusters)%(rounds-1), n%clusters
@@ -80,7 +79,7 @@ func benchmarkIngest(b *testing.B, pol *receive.Policy) {
 			// Out of fresh points: move to a new time range by shifting
 			// rounds, which the TSDB accepts as in-order appends.
 			b.StopTimer()
-			pause := processCPU(b)
+			pause := bench.ProcessCPU()
 			t0 += rounds * stepMs
 			for r := range rounds {
 				for c := range clusters {
@@ -88,7 +87,7 @@ func benchmarkIngest(b *testing.B, pol *receive.Policy) {
 					bodies[r][c] = encodeV1(b, fb.Series)
 				}
 			}
-			cpu0 += processCPU(b) - pause
+			cpu0 += bench.ProcessCPU() - pause
 			b.StartTimer()
 		}
 		send(bodies[r][c], c)
@@ -98,17 +97,8 @@ func benchmarkIngest(b *testing.B, pol *receive.Policy) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/samples, "ns/sample")
 	// CPU of the whole process (GC included, the re-encoding excluded):
 	// steadier than wall time on a shared machine.
-	b.ReportMetric(float64((processCPU(b)-cpu0).Nanoseconds())/samples, "cpu-ns/sample")
+	b.ReportMetric(float64((bench.ProcessCPU()-cpu0).Nanoseconds())/samples, "cpu-ns/sample")
 	b.ReportMetric(samples/b.Elapsed().Seconds(), "samples/s")
-}
-
-// processCPU is the user+system CPU time the process has used.
-func processCPU(tb testing.TB) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		tb.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkIngestNewSeries is BenchmarkIngest for the first request of each

@@ -44,7 +44,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -52,6 +51,7 @@ import (
 	"github.com/prometheus/prometheus/prompb"
 
 	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/bench"
 	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/receive"
 	"github.com/phonehome/phonehome/storage"
@@ -282,15 +282,6 @@ func startNoisy(b *testing.B, mode string, s server) (stop func() (reqs, refused
 	return nil
 }
 
-// processCPU is the user+system CPU time this process has used.
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 func BenchmarkCalmClusterLatency(b *testing.B) {
 	for _, authn := range []string{"token", "jwt"} {
 		for _, mode := range []string{"none", "in-process", "own-process"} {
@@ -303,7 +294,7 @@ func BenchmarkCalmClusterLatency(b *testing.B) {
 				warm := time.NewTimer(200 * time.Millisecond)
 				<-warm.C
 				b.ResetTimer()
-				cpu0 := processCPU(b)
+				cpu0 := bench.ProcessCPU()
 				tick := time.NewTicker(10 * time.Millisecond) // 5000 samples/s: within the calm cluster's limits
 				defer tick.Stop()
 				for i := 0; b.Loop(); i++ {
@@ -320,7 +311,7 @@ func BenchmarkCalmClusterLatency(b *testing.B) {
 					}
 				}
 				b.StopTimer()
-				cpu := processCPU(b) - cpu0
+				cpu := bench.ProcessCPU() - cpu0
 				reqs, refused := stop()
 				slices.Sort(lat)
 				q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) / 1000 }
