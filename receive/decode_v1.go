@@ -84,8 +84,7 @@ func (d *v1Request) decode(raw []byte) error {
 			if err != nil {
 				return err
 			}
-			d.req.Metadata = append(d.req.Metadata, prompb.MetricMetadata{})
-			if err := d.req.Metadata[len(d.req.Metadata)-1].Unmarshal(msg); err != nil {
+			if d.req.Metadata, err = appendGenerated(d.req.Metadata, msg); err != nil {
 				return err
 			}
 		default:
@@ -144,8 +143,7 @@ func (d *v1Request) decodeSeries(raw []byte, ts *prompb.TimeSeries, sp *seriesSp
 			if err != nil {
 				return err
 			}
-			ts.Exemplars = append(ts.Exemplars, prompb.Exemplar{})
-			if err := ts.Exemplars[len(ts.Exemplars)-1].Unmarshal(msg); err != nil {
+			if ts.Exemplars, err = appendGenerated(ts.Exemplars, msg); err != nil {
 				return err
 			}
 		case 4: // histograms
@@ -153,8 +151,7 @@ func (d *v1Request) decodeSeries(raw []byte, ts *prompb.TimeSeries, sp *seriesSp
 			if err != nil {
 				return err
 			}
-			ts.Histograms = append(ts.Histograms, prompb.Histogram{})
-			if err := ts.Histograms[len(ts.Histograms)-1].Unmarshal(msg); err != nil {
+			if ts.Histograms, err = appendGenerated(ts.Histograms, msg); err != nil {
 				return err
 			}
 		default:
@@ -164,6 +161,20 @@ func (d *v1Request) decodeSeries(raw []byte, ts *prompb.TimeSeries, sp *seriesSp
 		}
 	}
 	return nil
+}
+
+// generated is a message type with gogo-generated decoding.
+type generated[T any] interface {
+	*T
+	Unmarshal([]byte) error
+}
+
+// appendGenerated decodes msg into a new last element of s with the
+// generated code, for the fields telemetry rarely carries.
+func appendGenerated[T any, P generated[T]](s []T, msg []byte) ([]T, error) {
+	var zero T
+	s = append(s, zero)
+	return s, P(&s[len(s)-1]).Unmarshal(msg)
 }
 
 func decodeLabel(raw []byte) (prompb.Label, error) {

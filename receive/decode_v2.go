@@ -102,7 +102,9 @@ func convertV2(req *writev2.Request, lim *limits.TenantLimits) (*batch, error) {
 	var sb labels.ScratchBuilder
 	for i := range req.Timeseries {
 		ts := &req.Timeseries[i]
+		start := len(labelArena)
 		refuse := func(format string, args ...any) {
+			labelArena = labelArena[:start] // drop the labels of a refused series
 			b.invalid[i] = invalidSeries{
 				serr:    &seriesError{reasonInvalidSeries, fmt.Sprintf(format, args...)},
 				samples: len(ts.Samples) + len(ts.Histograms),
@@ -125,23 +127,19 @@ func convertV2(req *writev2.Request, lim *limits.TenantLimits) (*batch, error) {
 		if budget -= size; budget < 0 {
 			return nil, fmt.Errorf("labels of the request expand beyond %d bytes: %w", labelBudgetFactor*lim.MaxDecodedBytes, errTooLarge)
 		}
-		start := len(labelArena)
 		var err error
 		labelArena, err = appendSymbolLabels(labelArena, ts.LabelsRefs, req.Symbols)
 		if err != nil {
-			labelArena = labelArena[:start]
 			refuse("labels: %v", err)
 			continue
 		}
 		m, err := ts.ToMetadata(req.Symbols)
 		if err != nil {
-			labelArena = labelArena[:start]
 			refuse("%v", err)
 			continue
 		}
 		exemplars, err := convertExemplars(ts.Exemplars, req.Symbols, &sb)
 		if err != nil {
-			labelArena = labelArena[:start]
 			refuse("exemplar: %v", err)
 			continue
 		}
@@ -151,11 +149,11 @@ func convertV2(req *writev2.Request, lim *limits.TenantLimits) (*batch, error) {
 		out := &b.series[i]
 		out.Labels = labelArena[start:len(labelArena):len(labelArena)]
 		if len(ts.Samples) > 0 {
-			start := len(sampleArena)
+			first := len(sampleArena)
 			for _, s := range ts.Samples {
 				sampleArena = append(sampleArena, prompb.Sample{Value: s.Value, Timestamp: s.Timestamp})
 			}
-			out.Samples = sampleArena[start:len(sampleArena):len(sampleArena)]
+			out.Samples = sampleArena[first:len(sampleArena):len(sampleArena)]
 		}
 		if len(ts.Histograms) > 0 {
 			out.Histograms = make([]prompb.Histogram, len(ts.Histograms))
