@@ -69,18 +69,6 @@ func (r *seriesRefs) put(k seriesKey, ref promstorage.SeriesRef) {
 	s.m[k] = ref
 }
 
-// len is the number of entries, for tests.
-func (r *seriesRefs) len() int {
-	n := 0
-	for i := range r.shards {
-		s := &r.shards[i]
-		s.mu.RLock()
-		n += len(s.m)
-		s.mu.RUnlock()
-	}
-	return n
-}
-
 // sync drops every entry once the head has been truncated (its min time
 // moved on) since they were added.
 func (r *seriesRefs) sync(headMin int64) {

@@ -74,3 +74,15 @@ func TestSeriesRefCache(t *testing.T) {
 	require.NoError(t, set.Err())
 	require.Equal(t, map[string][]float64{"a": {1, 1, 1, 1, 1}, "b": {2, 2, 2, 2, 2}}, got)
 }
+
+// len is the number of entries.
+func (r *seriesRefs) len() int {
+	n := 0
+	for i := range r.shards {
+		s := &r.shards[i]
+		s.mu.RLock()
+		n += len(s.m)
+		s.mu.RUnlock()
+	}
+	return n
+}
