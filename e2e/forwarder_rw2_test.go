@@ -268,12 +268,7 @@ func TestForwarderRW2FallbackTo1E2E(t *testing.T) {
 
 	// Run 1: the receiver is down; cycles are queued (in the 2.0 form).
 	fwd1 := startBinary(t, "forwarder", forwarderArgs(t, prom.URL(), to, queueDir, "--interval=1s")...)
-	eventually(t, time.Minute, func() error {
-		if v := metricsValue(t, fwd1.URL(), "phonehome_forward_cycles_total", map[string]string{"result": "success"}); v < 2 {
-			return fmt.Errorf("%v cycles", v)
-		}
-		return nil
-	})
+	waitCycles(t, fwd1.URL(), 2)
 	fwd1.Stop()
 	backlog := queuedSamples(t, queueDir)
 	require.GreaterOrEqual(t, len(backlog), 2*224)

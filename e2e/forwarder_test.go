@@ -281,6 +281,18 @@ func sampleKey(ls labels.Labels, ts int64, v float64) string {
 	return fmt.Sprintf("%s@%d=%g", ls.String(), ts, v)
 }
 
+// waitCycles waits (up to a minute) until the forwarder at base has
+// completed n collection cycles.
+func waitCycles(t *testing.T, base string, n float64) {
+	t.Helper()
+	eventually(t, time.Minute, func() error {
+		if v := metricsValue(t, base, "phonehome_forward_cycles_total", map[string]string{"result": "success"}); v < n {
+			return fmt.Errorf("%v cycles", v)
+		}
+		return nil
+	})
+}
+
 func metricsValue(t *testing.T, base, name string, lbls map[string]string) float64 {
 	t.Helper()
 	return metricValue(scrapeMetrics(t, base), name, lbls)
@@ -300,12 +312,7 @@ func TestForwarderOutageE2E(t *testing.T) {
 
 	// Run 1: the receiver does not exist yet.
 	fwd1 := startBinary(t, "forwarder", forwarderArgs(t, prom.URL(), to, queueDir, "--interval=1s")...)
-	eventually(t, time.Minute, func() error {
-		if v := metricsValue(t, fwd1.URL(), "phonehome_forward_cycles_total", map[string]string{"result": "success"}); v < 3 {
-			return fmt.Errorf("%v cycles", v)
-		}
-		return nil
-	})
+	waitCycles(t, fwd1.URL(), 3)
 	require.Positive(t, metricsValue(t, fwd1.URL(), "phonehome_forward_send_retries_total", nil))
 	fwd1.Stop() // bounded flush fails (receiver down), exit 0
 
@@ -314,12 +321,7 @@ func TestForwarderOutageE2E(t *testing.T) {
 
 	// Run 2: restarted, still no receiver for a couple of cycles.
 	fwd2 := startBinary(t, "forwarder", forwarderArgs(t, prom.URL(), to, queueDir, "--interval=1s")...)
-	eventually(t, time.Minute, func() error {
-		if v := metricsValue(t, fwd2.URL(), "phonehome_forward_cycles_total", map[string]string{"result": "success"}); v < 2 {
-			return fmt.Errorf("%v cycles", v)
-		}
-		return nil
-	})
+	waitCycles(t, fwd2.URL(), 2)
 
 	// The receiver returns.
 	recv := startReceiver(t, writeForwarderReceiverConfig(t, dir, hashedID), filepath.Join(dir, "data"),
