@@ -5,7 +5,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/prompb"
 	writev2 "github.com/prometheus/prometheus/prompb/io/prometheus/write/v2"
@@ -99,7 +98,6 @@ func convertV2(req *writev2.Request, lim *limits.TenantLimits) (*batch, error) {
 	budget := labelBudgetFactor * lim.MaxDecodedBytes
 	labelArena := make([]prompb.Label, 0, nLabels)
 	sampleArena := make([]prompb.Sample, 0, nSamples)
-	var sb labels.ScratchBuilder
 	for i := range req.Timeseries {
 		ts := &req.Timeseries[i]
 		start := len(labelArena)
@@ -138,7 +136,7 @@ func convertV2(req *writev2.Request, lim *limits.TenantLimits) (*batch, error) {
 			refuse("%v", err)
 			continue
 		}
-		exemplars, err := convertExemplars(ts.Exemplars, req.Symbols, &sb)
+		exemplars, err := convertExemplars(ts.Exemplars, req.Symbols)
 		if err != nil {
 			refuse("exemplar: %v", err)
 			continue
@@ -223,17 +221,20 @@ func checkRefs(refs []uint32, symbols []string, lim *limits.TenantLimits) (int64
 	return size, nil
 }
 
-func convertExemplars(in []writev2.Exemplar, symbols []string, sb *labels.ScratchBuilder) ([]prompb.Exemplar, error) {
+// convertExemplars converts exemplars the way the series' labels are, with
+// no labels.Labels in between (which, built with the dedupelabels tag, would
+// need a symbol table per request).
+func convertExemplars(in []writev2.Exemplar, symbols []string) ([]prompb.Exemplar, error) {
 	if len(in) == 0 {
 		return nil, nil
 	}
 	out := make([]prompb.Exemplar, len(in))
 	for i, e := range in {
-		ex, err := e.ToExemplar(sb, symbols)
+		ls, err := appendSymbolLabels(nil, e.LabelsRefs, symbols)
 		if err != nil {
 			return nil, err
 		}
-		out[i] = prompb.Exemplar{Labels: prompb.FromLabels(ex.Labels, nil), Value: ex.Value, Timestamp: ex.Ts}
+		out[i] = prompb.Exemplar{Labels: ls, Value: e.Value, Timestamp: e.Timestamp}
 	}
 	return out, nil
 }

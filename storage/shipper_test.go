@@ -77,7 +77,7 @@ func writeFixture(t *testing.T, db *storage.DB) map[string]map[string][]storaget
 		require.NoError(t, err)
 		want[tenant] = map[string][]storagetest.Sample{}
 		for _, s := range []prompb.TimeSeries{live, backlog} {
-			lb := labels.ScratchBuilder{}
+			lb := labels.NewScratchBuilder(0)
 			key := s.ToLabels(&lb, nil).String()
 			for _, smp := range s.Samples {
 				want[tenant][key] = append(want[tenant][key], storagetest.Sample{T: smp.Timestamp, V: smp.Value})

@@ -53,18 +53,18 @@ func (db *DB) WriteWithMetadata(ctx context.Context, tenantName string, series [
 	if err != nil {
 		return Stats{}, err
 	}
+	t.refs.sync(t.db.Head().MinTime())
 
 	var (
 		st       Stats
 		rej      rejections
-		lb       labels.ScratchBuilder
+		lb       = t.refs.labelsBuilder()
 		maxT     = db.now().Add(time.Duration(db.cfg.MaxFuture)).UnixMilli()
 		app      = t.db.Appender(ctx)
 		exemplar = db.cfg.MaxExemplars > 0
 		// committed are the indexes of series whose metadata is appended.
 		committed []int
 	)
-	t.refs.sync(t.db.Head().MinTime())
 	for i := range series {
 		ts := &series[i]
 		sa := seriesAppender{app: app, refs: t.refs, ts: ts, lb: &lb}

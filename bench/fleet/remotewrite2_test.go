@@ -35,7 +35,7 @@ func (countingWriter) Write(_ context.Context, _ string, series []prompb.TimeSer
 func encodeV2(tb testing.TB, series []prompb.TimeSeries) []byte {
 	st := writev2.NewSymbolTable()
 	req := writev2.Request{Timeseries: make([]writev2.TimeSeries, len(series))}
-	var sb labels.ScratchBuilder
+	sb := labels.NewScratchBuilder(0)
 	for i, ts := range series {
 		req.Timeseries[i] = writev2.TimeSeries{
 			LabelsRefs: st.SymbolizeLabels(ts.ToLabels(&sb, nil), nil),

@@ -143,9 +143,15 @@ func runTarget(ctx context.Context, tg Target, f *fleet.Fleet, fo fleet.Options,
 		if perr := <-prof; perr != nil {
 			fmt.Fprintf(o.Log, "cpu profile: %v\n", perr)
 		}
-		if perr := fetch(ctx, run.srv.baseURL+"/debug/pprof/heap",
+		if perr := fetch(ctx, run.srv.baseURL+"/debug/pprof/heap?gc=1",
 			filepath.Join(o.PprofDir, fmt.Sprintf("%s-%s-heap.pb.gz", o.Scenario, o.Size))); perr != nil {
 			fmt.Fprintf(o.Log, "heap profile: %v\n", perr)
+		}
+		// The text form ends with the runtime's MemStats: how much of the
+		// RSS is live heap, free heap not yet returned, stacks and metadata.
+		if perr := fetch(ctx, run.srv.baseURL+"/debug/pprof/heap?gc=1&debug=1",
+			filepath.Join(o.PprofDir, fmt.Sprintf("%s-%s-heap.txt", o.Scenario, o.Size))); perr != nil {
+			fmt.Fprintf(o.Log, "heap memstats: %v\n", perr)
 		}
 	}
 	cancel()

@@ -27,6 +27,7 @@ import (
 	versioncollector "github.com/prometheus/client_golang/prometheus/collectors/version"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/version"
+	"github.com/prometheus/prometheus/model/labels"
 
 	"github.com/phonehome/phonehome/auth"
 	"github.com/phonehome/phonehome/gathering"
@@ -259,7 +260,8 @@ func run(args []string, stderr io.Writer) int {
 	g.Add(oklogrun.SignalHandler(context.Background(), os.Interrupt, syscall.SIGTERM))
 	{ // HTTP server.
 		g.Add(func() error {
-			logger.Info("listening", "addr", ln.Addr().String())
+			// labels: the build tag decides the memory per series (Makefile).
+			logger.Info("listening", "addr", ln.Addr().String(), "labels", labels.ImplementationName)
 			ready.Store(true)
 			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("serve http: %w", err)

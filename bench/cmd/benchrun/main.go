@@ -2,7 +2,7 @@
 // receiver and Debian's Prometheus under identical load, one after the other,
 // prints a side-by-side table and records the results in bench/results.
 //
-//	go build -o bench/tmp/receiver ./cmd/receiver
+//	go build -tags dedupelabels -o bench/tmp/receiver ./cmd/receiver
 //	go run ./bench/cmd/benchrun --size=100k
 //	go run ./bench/cmd/benchrun --size=1m
 //
@@ -85,7 +85,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		seed         = fs.Uint64("seed", 1, "Load seed (the same for every target).")
 		repeat       = fs.Int("repeat", 1, "Run the targets this many times, interleaved; figures are medians.")
 		targets      = fs.String("targets", "prometheus,receiver", "Targets, run in this order.")
-		receiverBin  = fs.String("receiver-bin", "bench/tmp/receiver", "Receiver binary (go build -o bench/tmp/receiver ./cmd/receiver).")
+		receiverBin  = fs.String("receiver-bin", "bench/tmp/receiver", "Receiver binary (go build -tags dedupelabels -o bench/tmp/receiver ./cmd/receiver, as make bench-fleet does).")
 		promBin      = fs.String("prometheus-bin", "/usr/bin/prometheus", "Prometheus binary.")
 		workDir      = fs.String("work-dir", "bench/tmp/run", "Scratch directory for the servers' data (wiped per target).")
 		resultsDir   = fs.String("results-dir", "bench/results", "Where to write <date>-<size>.json and README.md.")
@@ -127,7 +127,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		switch name {
 		case "receiver":
 			if _, err := os.Stat(*receiverBin); err != nil {
-				fmt.Fprintf(stderr, "benchrun: receiver binary: %v (build it: go build -o %s ./cmd/receiver)\n", err, *receiverBin)
+				fmt.Fprintf(stderr, "benchrun: receiver binary: %v (build it: go build -tags dedupelabels -o %s ./cmd/receiver)\n", err, *receiverBin)
 				return 2
 			}
 			abs, _ := filepath.Abs(*receiverBin)
