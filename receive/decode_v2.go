@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/prompb"
 	writev2 "github.com/prometheus/prometheus/prompb/io/prometheus/write/v2"
@@ -51,42 +52,118 @@ func (b *batch) samples() int {
 	return n
 }
 
-// decodeV2 unmarshals a remote-write 2.0 request and checks the request-wide
-// rule: a request with series has a symbol table whose first symbol is "".
-// Per-series rules are checked by convertV2, so one bad series does not
-// refuse the others.
-func decodeV2(raw []byte) (*writev2.Request, error) {
-	var req writev2.Request
-	if err := req.Unmarshal(raw); err != nil {
-		return nil, fmt.Errorf("protobuf decode: %w: %w", errBadRequest, err)
-	}
-	if len(req.Timeseries) > 0 || len(req.Symbols) > 0 {
-		if len(req.Symbols) == 0 || req.Symbols[0] != "" {
-			return nil, fmt.Errorf("symbols[0] must be the empty string: %w", errBadRequest)
-		}
-	}
-	return &req, nil
+// v2Conversion holds convertV2's outputs (the batch and its slices) and the
+// arenas its series point into, reused from one request to the next.
+type v2Conversion struct {
+	b       batch
+	series  []prompb.TimeSeries
+	meta    []metadata.Metadata
+	invalid []invalidSeries
+	labels  []prompb.Label
+	samples []prompb.Sample
+	// owned holds, by symbol reference, copies of the symbols storage keeps
+	// as given (metadata, and the metric names of series with metadata);
+	// "" where none was made yet. It has no elements until one is needed.
+	owned []string
+	// interned keeps those copies from one request to the next: a
+	// forwarder sends its families' help texts and names with every
+	// request. It is bounded (see intern) and dropped with the buffer.
+	interned      map[string]string
+	internedBytes int
 }
 
-// convertV2 converts a 2.0 request into a batch, checking each series: every
+// Bounds of v2Conversion.interned: symbols longer than maxInternedSymbol are
+// copied for each request; beyond maxInterned entries or maxInternedBytes
+// the map starts over.
+const (
+	maxInternedSymbol = 1 << 10
+	maxInterned       = 1 << 12
+	maxInternedBytes  = 256 << 10
+)
+
+// reset drops what the previous request left: slices are cleared to their
+// length, so elements beyond it are always zero.
+func (c *v2Conversion) reset() {
+	clear(c.series)
+	clear(c.meta)
+	clear(c.invalid)
+	clear(c.labels)
+	clear(c.owned)
+	c.series, c.meta, c.invalid = c.series[:0], c.meta[:0], c.invalid[:0]
+	c.labels, c.samples, c.owned = c.labels[:0], c.samples[:0], c.owned[:0]
+	c.b = batch{}
+}
+
+// own returns symbols[ref] as a string that does not alias the body: a copy
+// made at most once per request, and usually by an earlier request (see
+// interned). ref must be in range.
+func (c *v2Conversion) own(symbols []string, ref uint32) string {
+	s := symbols[ref]
+	if s == "" {
+		return ""
+	}
+	if len(c.owned) == 0 {
+		c.owned = slices.Grow(c.owned, len(symbols))[:len(symbols)]
+	}
+	o := c.owned[ref]
+	if o == "" {
+		o = c.intern(s)
+		c.owned[ref] = o
+	}
+	return o
+}
+
+// intern returns a copy of s, the same one for the same s as long as
+// interned keeps it.
+func (c *v2Conversion) intern(s string) string {
+	if s == "" {
+		return ""
+	}
+	if o, ok := c.interned[s]; ok {
+		return o
+	}
+	o := strings.Clone(s)
+	if len(o) > maxInternedSymbol {
+		return o
+	}
+	if c.interned == nil || len(c.interned) >= maxInterned || c.internedBytes+len(o) > maxInternedBytes {
+		c.interned, c.internedBytes = make(map[string]string), 0
+	}
+	c.interned[o] = o
+	c.internedBytes += len(o)
+	return o
+}
+
+// zeroLen returns s with length n, every element zero, reusing its array
+// when it is large enough (elements beyond len(s) are zero, see reset).
+func zeroLen[T any](s []T, n int) []T {
+	clear(s)
+	return slices.Grow(s[:0], n)[:n]
+}
+
+// convertV2 converts d's request into a batch, checking each series: every
 // symbol reference in range (labels, metadata, exemplars), labels_refs of
 // even length, and samples or histograms but not both. Labels are sorted by
-// name (ToLabels); duplicates are left for validateSeries to refuse. The
-// batch references req's strings; samples, labels and exemplars share a few
-// per-request backing arrays.
+// name (as ToLabels would); duplicates are left for validateSeries to refuse.
+// The batch and the series' labels and samples live in d (d.conv) and are
+// valid until d is reused; label strings alias the body like the symbols,
+// except the metadata's and the metric name of a series with metadata, which
+// storage keeps as given and so are copies. Histograms and exemplars, rare
+// in telemetry, are allocated per request.
 //
 // Labels are checked against the tenant's label limits *before* they are
 // built: a 2.0 label is a pair of references, so a tiny request could
 // otherwise reference one large symbol thousands of times and expand to
 // gigabytes. Over the whole request, built labels may not exceed
 // labelBudgetFactor times max_decoded_bytes (errTooLarge, 413).
-func convertV2(req *writev2.Request, lim *limits.TenantLimits) (*batch, error) {
+func convertV2(d *v2Request, lim *limits.TenantLimits) (*batch, error) {
+	req, c := &d.req, &d.conv
+	c.reset()
 	n := len(req.Timeseries)
-	b := &batch{
-		series:  make([]prompb.TimeSeries, n),
-		meta:    make([]metadata.Metadata, n),
-		invalid: make([]invalidSeries, n),
-	}
+	c.series = zeroLen(c.series, n)
+	c.meta = zeroLen(c.meta, n)
+	c.invalid = zeroLen(c.invalid, n)
+	c.b = batch{series: c.series, meta: c.meta, invalid: c.invalid}
 	nLabels, nSamples := 0, 0
 	for i := range req.Timeseries {
 		pairs := len(req.Timeseries[i].LabelsRefs) / 2
@@ -96,14 +173,17 @@ func convertV2(req *writev2.Request, lim *limits.TenantLimits) (*batch, error) {
 		nSamples += len(req.Timeseries[i].Samples)
 	}
 	budget := labelBudgetFactor * lim.MaxDecodedBytes
-	labelArena := make([]prompb.Label, 0, nLabels)
-	sampleArena := make([]prompb.Sample, 0, nSamples)
+	// Sized so that appending never moves them: the series point into them.
+	labelArena := slices.Grow(c.labels, nLabels)
+	sampleArena := slices.Grow(c.samples, nSamples)
+	defer func() { c.labels, c.samples = labelArena, sampleArena }()
 	for i := range req.Timeseries {
 		ts := &req.Timeseries[i]
 		start := len(labelArena)
 		refuse := func(format string, args ...any) {
+			clear(labelArena[start:])
 			labelArena = labelArena[:start] // drop the labels of a refused series
-			b.invalid[i] = invalidSeries{
+			c.invalid[i] = invalidSeries{
 				serr:    &seriesError{reasonInvalidSeries, fmt.Sprintf(format, args...)},
 				samples: len(ts.Samples) + len(ts.Histograms),
 			}
@@ -119,7 +199,7 @@ func convertV2(req *writev2.Request, lim *limits.TenantLimits) (*batch, error) {
 			size += n
 		}
 		if serr != nil {
-			b.invalid[i] = invalidSeries{serr: serr, samples: len(ts.Samples) + len(ts.Histograms)}
+			c.invalid[i] = invalidSeries{serr: serr, samples: len(ts.Samples) + len(ts.Histograms)}
 			continue
 		}
 		if budget -= size; budget < 0 {
@@ -141,11 +221,20 @@ func convertV2(req *writev2.Request, lim *limits.TenantLimits) (*batch, error) {
 			refuse("exemplar: %v", err)
 			continue
 		}
+		if keepsMetadata(m) {
+			// Storage keeps metadata, and the metric name it files it
+			// under, as given: copies, not the body's bytes.
+			m.Help, m.Unit = c.own(req.Symbols, ts.Metadata.HelpRef), c.own(req.Symbols, ts.Metadata.UnitRef)
+			c.ownMetricName(labelArena[start:])
+		}
 
-		// The full slice expression makes an added _id reallocate instead of
-		// overwriting the next series' labels.
-		out := &b.series[i]
-		out.Labels = labelArena[start:len(labelArena):len(labelArena)]
+		// The spare element is room for an added _id; the full slice
+		// expression keeps any further append from overwriting the next
+		// series' labels.
+		end := len(labelArena)
+		labelArena = append(labelArena, prompb.Label{})
+		out := &c.series[i]
+		out.Labels = labelArena[start : end : end+1]
 		if len(ts.Samples) > 0 {
 			first := len(sampleArena)
 			for _, s := range ts.Samples {
@@ -164,9 +253,24 @@ func convertV2(req *writev2.Request, lim *limits.TenantLimits) (*batch, error) {
 			}
 		}
 		out.Exemplars = exemplars
-		b.meta[i] = m
+		c.meta[i] = m
 	}
-	return b, nil
+	return &c.b, nil
+}
+
+// keepsMetadata reports whether storage keeps m (see storage's
+// isZeroMetadata).
+func keepsMetadata(m metadata.Metadata) bool {
+	return (m.Type != "" && m.Type != model.MetricTypeUnknown) || m.Help != "" || m.Unit != ""
+}
+
+// ownMetricName replaces the value of the __name__ label in ls with a copy.
+func (c *v2Conversion) ownMetricName(ls []prompb.Label) {
+	for k := range ls {
+		if ls[k].Name == model.MetricNameLabel {
+			ls[k].Value = c.intern(ls[k].Value)
+		}
+	}
 }
 
 // appendSymbolLabels appends the labels refs name in symbols to dst, sorted by

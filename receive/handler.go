@@ -165,11 +165,10 @@ func (h *Handler) handle(r *http.Request) (storage.Stats, error) {
 	var b *batch
 	switch proto {
 	case protoV2:
-		req, err := decodeV2(raw)
-		if err != nil {
+		if err := decodeV2(raw, &buf.v2); err != nil {
 			return storage.Stats{}, err
 		}
-		if b, err = convertV2(req, &lim); err != nil {
+		if b, err = convertV2(&buf.v2, &lim); err != nil {
 			return storage.Stats{}, err
 		}
 	default:
