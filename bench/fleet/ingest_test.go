@@ -45,14 +45,7 @@ func benchmarkIngest(b *testing.B, pol *receive.Policy) {
 	)
 	f, err := New(templates(b), clusters, series, 1)
 	require.NoError(b, err)
-	lim := unlimitedRates(nil)
-
-	dir := b.TempDir()
-	off := false
-	db, err := storage.Open(slog.New(slog.DiscardHandler), nil, dir, storage.Config{UploadOnShutdown: &off, FlushOnShutdown: &off})
-	require.NoError(b, err)
-	defer func() { require.NoError(b, db.Close()) }()
-	h := receive.NewHandler(slog.New(slog.DiscardHandler), nil, db, lim, receive.Options{Policy: pol})
+	_, h := openIngest(b, unlimitedRates(nil), pol)
 
 	// Rounds of bodies, encoded up front so the encoding is not measured.
 	const rounds = 8
@@ -109,12 +102,7 @@ func BenchmarkIngestNewSeries(b *testing.B) {
 	clusters := b.N
 	f, err := New(templates(b), clusters, series, 1)
 	require.NoError(b, err)
-	lim := unlimitedRates(func(s *limits.Spec) { s.MaxSeriesPerTenant = new(int) }) // 0: unlimited
-	off := false
-	db, err := storage.Open(slog.New(slog.DiscardHandler), nil, b.TempDir(), storage.Config{UploadOnShutdown: &off, FlushOnShutdown: &off})
-	require.NoError(b, err)
-	defer func() { require.NoError(b, db.Close()) }()
-	h := receive.NewHandler(slog.New(slog.DiscardHandler), nil, db, lim, receive.Options{})
+	_, h := openIngest(b, unlimitedRates(func(s *limits.Spec) { s.MaxSeriesPerTenant = new(int) }), nil) // 0: unlimited
 	bodies := make([][]byte, clusters)
 	var fb Batch
 	for c := range clusters {
@@ -134,6 +122,16 @@ const (
 	contentTypeV1 = "application/x-protobuf;proto=prometheus.WriteRequest"
 	contentTypeV2 = "application/x-protobuf;proto=io.prometheus.write.v2.Request"
 )
+
+// openIngest opens storage in a temporary directory, closed when b ends,
+// and the write handler over it, with no HTTP server and no uploads.
+func openIngest(b *testing.B, lim *limits.Limiter, pol *receive.Policy) (*storage.DB, http.Handler) {
+	off := false
+	db, err := storage.Open(slog.New(slog.DiscardHandler), nil, b.TempDir(), storage.Config{UploadOnShutdown: &off, FlushOnShutdown: &off})
+	require.NoError(b, err)
+	b.Cleanup(func() { require.NoError(b, db.Close()) })
+	return db, receive.NewHandler(slog.New(slog.DiscardHandler), nil, db, lim, receive.Options{Policy: pol})
+}
 
 // unlimitedRates is a limiter without rate limits, for throughput
 // benchmarks; mod may change other limits.
