@@ -1,6 +1,7 @@
 package scenario
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -149,8 +150,8 @@ func runTarget(ctx context.Context, tg Target, f *fleet.Fleet, fo fleet.Options,
 		}
 		// The text form ends with the runtime's MemStats: how much of the
 		// RSS is live heap, free heap not yet returned, stacks and metadata.
-		if perr := fetch(ctx, run.srv.baseURL+"/debug/pprof/heap?gc=1&debug=1",
-			filepath.Join(o.PprofDir, fmt.Sprintf("%s-%s-heap.txt", o.Scenario, o.Size))); perr != nil {
+		if perr := fetchMemStats(ctx, run.srv.baseURL,
+			filepath.Join(o.PprofDir, fmt.Sprintf("%s-%s-memstats.txt", o.Scenario, o.Size))); perr != nil {
 			fmt.Fprintf(o.Log, "heap memstats: %v\n", perr)
 		}
 	}
@@ -266,6 +267,23 @@ func checkBlocks(res *TargetResult, blocksDir string, finishErr error) []error {
 }
 
 // fetch GETs url into path.
+// fetchMemStats saves the runtime.MemStats section of the text heap profile
+// (the records before it are in the .pb.gz already).
+func fetchMemStats(ctx context.Context, baseURL, path string) error {
+	if err := fetch(ctx, baseURL+"/debug/pprof/heap?gc=1&debug=1", path); err != nil {
+		return err
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	i := bytes.Index(b, []byte("# runtime.MemStats"))
+	if i < 0 {
+		return fmt.Errorf("%s: no runtime.MemStats section", path)
+	}
+	return os.WriteFile(path, b[i:], 0o644)
+}
+
 func fetch(ctx context.Context, url, path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
