@@ -259,7 +259,7 @@ func (g *Gateway) buildRecord(id auth.Identity, grouping []labels.Label, fams []
 // seriesLabels merges a metric's labels with the grouping labels and
 // validates them. The result has no metric name.
 func (g *Gateway) seriesLabels(id auth.Identity, name, typ string, grouping []labels.Label, pairs []*dto.LabelPair) (labels.Labels, error) {
-	b := labels.NewScratchBuilder(len(pairs) + len(grouping) + 1)
+	b := newLabelsBuilder(len(pairs) + len(grouping) + 1)
 	seen := make(map[string]string, len(pairs)+len(grouping))
 	check := func(n, v string) error {
 		switch {

@@ -1,0 +1,41 @@
+//go:build dedupelabels
+
+package push
+
+import (
+	"encoding/json"
+	"runtime"
+	"testing"
+
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/stretchr/testify/require"
+)
+
+// TestRestoredLabelsShareOneSymbolTable: decoding a series of the push log
+// or snapshot interns its labels in the shared table, instead of making a
+// ~50 KB table per series as labels.Labels' own decoder does.
+func TestRestoredLabelsShareOneSymbolTable(t *testing.T) {
+	raw := []byte(`{"labels":{"__name__":"cluster_installation_invocation","platform":"aws","version":"4.16.2"},"value":2,"set":true}`)
+	var d delta
+	require.NoError(t, json.Unmarshal(raw, &d)) // interns the strings once
+	want := labels.FromStrings("__name__", "cluster_installation_invocation", "platform", "aws", "version", "4.16.2")
+	require.True(t, labels.Equal(want, d.Labels), "got %s", d.Labels) // tables differ: not require.Equal
+	require.Equal(t, 2.0, d.Value)
+	require.True(t, d.Set)
+
+	const n = 100
+	perDecode := func(raw []byte, v any) uint64 {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		for range n {
+			require.NoError(t, json.Unmarshal(raw, v))
+		}
+		runtime.ReadMemStats(&after)
+		return (after.TotalAlloc - before.TotalAlloc) / n
+	}
+	require.Less(t, perDecode(raw, &delta{}), uint64(4<<10), "bytes allocated per decoded delta")
+	require.Less(t, perDecode(raw, &aggItem{}), uint64(4<<10), "bytes allocated per decoded aggItem")
+	var ls labels.Labels
+	require.Greater(t, perDecode([]byte(`{"platform":"aws","version":"4.16.2"}`), &ls), uint64(16<<10),
+		"labels.Labels' own decoder makes a table per call: the reason for this test")
+}
