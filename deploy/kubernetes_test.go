@@ -477,12 +477,13 @@ func TestImagesPinned(t *testing.T) {
 	require.Contains(t, df, "CGO_ENABLED=0")
 	require.Regexp(t, `(?m)^USER 65532(:65532)?$`, df)
 	require.Contains(t, df, "distroless/static")
-	// The image is built with the Makefile's tags: what the tests ran.
+	// The receiver is built with the Makefile's tags: what the tests ran.
 	mk, err := os.ReadFile("../Makefile")
 	require.NoError(t, err)
-	tags := regexp.MustCompile(`(?m)^export GOFLAGS \+= (-tags=\S+)$`).FindStringSubmatch(string(mk))
-	require.NotNil(t, tags, "Makefile: no 'export GOFLAGS += -tags=...' line")
-	require.Contains(t, df, tags[1], "Dockerfile: not built with the Makefile's tags")
+	tags := regexp.MustCompile(`(?m)^RECEIVER_TAGS := (\S+)$`).FindStringSubmatch(string(mk))
+	require.NotNil(t, tags, "Makefile: no 'RECEIVER_TAGS := ...' line")
+	require.Regexp(t, `-tags=`+regexp.QuoteMeta(tags[1])+` [^&]*-o /out/ \./cmd/receiver`, df,
+		"Dockerfile: the receiver is not built with the Makefile's RECEIVER_TAGS")
 }
 
 // TestPrometheusRules runs promtool on the PrometheusRules' spec: the

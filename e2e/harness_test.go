@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/prometheus/model/labels"
 	"github.com/stretchr/testify/require"
 )
 
@@ -31,15 +32,32 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binDir = dir
-	build := exec.Command("go", "build", "-race", "-o", dir+string(os.PathSeparator), "../cmd/...")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
+	if err := buildBinaries(dir + string(os.PathSeparator)); err != nil {
 		fmt.Fprintln(os.Stderr, "build binaries:", err)
 		os.Exit(1)
 	}
 	code := m.Run()
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// buildBinaries builds every command into dir as it ships: the receiver
+// with the labels implementation these tests are built with (make test
+// passes the Makefile's RECEIVER_TAGS, as the image build does), the
+// forwarder with Go's default.
+func buildBinaries(dir string) error {
+	builds := [][]string{{"build", "-race", "-o", dir, "../cmd/..."}}
+	if labels.ImplementationName != "stringlabels" {
+		builds = append(builds, []string{"build", "-race", "-tags=" + labels.ImplementationName, "-o", dir, "../cmd/receiver"})
+	}
+	for _, args := range builds {
+		build := exec.Command("go", args...)
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			return fmt.Errorf("go %s: %w", strings.Join(args, " "), err)
+		}
+	}
+	return nil
 }
 
 // Process is a started binary. Stop sends SIGINT and waits; Kill sends SIGKILL.

@@ -26,11 +26,11 @@ import (
 // truncated, so series that left do not pile up.
 //
 // It also holds the symbol table that new series' labels are built with.
-// In a receiver built with the dedupelabels tag (the Makefile's), a head
-// series' labels are then a few bytes of references into that table instead
-// of a copy of every name and value: the fleet's names, versions, namespaces
-// and cluster IDs repeat across thousands of series, and this saves about
-// 300 bytes of ~1.5 KB per series. Other builds ignore the table. It is
+// In a receiver built with the dedupelabels tag (the Makefile's
+// RECEIVER_TAGS), a head series' labels are then a few bytes of references
+// into that table instead of a copy of every name and value: the fleet's
+// names, versions, namespaces and cluster IDs repeat across thousands of
+// series, and this saves about 300 bytes of ~1.5 KB per series. Other builds ignore the table. It is
 // replaced at each head truncation, as the map is, so strings of series that
 // left do not pile up either; TSDB moves the series it keeps to a table of
 // its own when it compacts (Head.RebuildSymbolTable).
