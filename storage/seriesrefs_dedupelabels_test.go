@@ -5,7 +5,7 @@ package storage
 import (
 	"testing"
 
-	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 )
 
@@ -16,13 +16,13 @@ func TestSeriesRefsSymbolTable(t *testing.T) {
 	r := newSeriesRefs()
 	old := r.symbols.Load()
 	b := r.labelsBuilder()
-	b.Add(labels.MetricName, "csv_succeeded")
+	b.Add(model.MetricNameLabel, "csv_succeeded")
 	b.Add("version", "1.2.3")
 	ls := b.Labels()
 	require.Equal(t, 4, old.Len(), "two names and two values interned")
 
 	b = r.labelsBuilder()
-	b.Add(labels.MetricName, "csv_succeeded")
+	b.Add(model.MetricNameLabel, "csv_succeeded")
 	b.Add("version", "1.2.4")
 	b.Labels()
 	require.Equal(t, 5, old.Len(), "only the new value added")

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/stretchr/testify/require"
 
@@ -16,8 +17,10 @@ import (
 
 // BenchmarkReplay measures reopening the receiver's storage after a crash,
 // which replays the WAL: one tenant of 200 clusters × 500 series with 3
-// points each, the in-process counterpart of the restart scenario's replay,
-// for profiling: go test -run '^$' -bench Replay -cpuprofile cpu.out ./bench/fleet/
+// points each, the in-process counterpart of the restart scenario's replay.
+// For profiling:
+//
+//	go test -run '^$' -bench Replay -cpuprofile cpu.out ./bench/fleet/
 func BenchmarkReplay(b *testing.B) {
 	const (
 		clusters = 200
@@ -48,7 +51,7 @@ func BenchmarkReplay(b *testing.B) {
 	require.NoError(b, err)
 	q, err := db.Querier("fleet", math.MinInt64, math.MaxInt64)
 	require.NoError(b, err)
-	set := q.Select(context.Background(), false, nil, labels.MustNewMatcher(labels.MatchRegexp, labels.MetricName, ".+"))
+	set := q.Select(context.Background(), false, nil, labels.MustNewMatcher(labels.MatchRegexp, model.MetricNameLabel, ".+"))
 	n := 0
 	for set.Next() {
 		n++
