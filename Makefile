@@ -72,8 +72,9 @@ fuzz: ## Run every fuzz target for FUZZTIME each.
 	done
 
 .PHONY: lint
-lint: ## golangci-lint v2 (go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0).
+lint: ## golangci-lint v2 (go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0), without and with RECEIVER_TAGS.
 	golangci-lint run ./...
+	GOFLAGS=-tags=$(RECEIVER_TAGS) golangci-lint run ./...
 
 .PHONY: fmt
 fmt: ## gofmt the tree.
