@@ -12,9 +12,10 @@ SCENARIO  ?= steady
 # forwarder, which holds a few thousand series for one cycle, is faster with
 # the default. The tests run with RECEIVER_TAGS; the e2e tests build the
 # receiver with the tests' tags and the forwarder without, as they ship, and
-# the forwarder's packages are tested once more without.
+# the forwarder and every package of ours it uses are tested once more
+# without.
 RECEIVER_TAGS := dedupelabels
-FORWARDER_PKGS := ./forward/... ./cmd/forwarder/...
+FORWARDER_PKGS = $$($(GO) list -deps ./cmd/forwarder | grep '^github.com/phonehome/phonehome/')
 
 .PHONY: all
 all: fmt lint test build ## Format, lint, test and build.

@@ -224,6 +224,9 @@ var typeNames = map[dto.MetricType]string{
 // buildRecord validates a push and turns it into the samples it adds.
 func (g *Gateway) buildRecord(id auth.Identity, grouping []labels.Label, fams []*dto.MetricFamily) (*record, error) {
 	rec := &record{Tenant: id.Tenant, Types: map[string]string{}, Layouts: map[string]string{}}
+	// The push's own table: a refused push must not grow the state's
+	// (ts.apply interns the labels of the series it keeps).
+	syms := labels.NewSymbolTable()
 	for _, mf := range fams {
 		name := mf.GetName()
 		if !g.allowed[name] {
@@ -241,7 +244,7 @@ func (g *Gateway) buildRecord(id auth.Identity, grouping []labels.Label, fams []
 		}
 		rec.Types[name] = typ
 		for _, m := range mf.GetMetric() {
-			base, err := g.seriesLabels(id, name, typ, grouping, m.GetLabel())
+			base, err := g.seriesLabels(syms, id, name, typ, grouping, m.GetLabel())
 			if err != nil {
 				return nil, err
 			}
@@ -258,8 +261,8 @@ func (g *Gateway) buildRecord(id auth.Identity, grouping []labels.Label, fams []
 
 // seriesLabels merges a metric's labels with the grouping labels and
 // validates them. The result has no metric name.
-func (g *Gateway) seriesLabels(id auth.Identity, name, typ string, grouping []labels.Label, pairs []*dto.LabelPair) (labels.Labels, error) {
-	b := newLabelsBuilder(len(pairs) + len(grouping) + 1)
+func (g *Gateway) seriesLabels(syms *labels.SymbolTable, id auth.Identity, name, typ string, grouping []labels.Label, pairs []*dto.LabelPair) (labels.Labels, error) {
+	b := labels.NewScratchBuilderWithSymbolTable(syms, len(pairs)+len(grouping)+1)
 	seen := make(map[string]string, len(pairs)+len(grouping))
 	check := func(n, v string) error {
 		switch {

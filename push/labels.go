@@ -6,18 +6,30 @@ import (
 	"github.com/prometheus/prometheus/model/labels"
 )
 
-// symbols interns the label names and values of every push series. The
-// receiver is built with Prometheus' dedupelabels tag (see the Makefile),
+// symbols interns the label names and values of the aggregated push series.
+// The receiver is built with Prometheus' dedupelabels tag (see the Makefile),
 // under which labels.Labels are references into a symbol table, and
-// labels.New, labels.FromMap and labels.NewScratchBuilder each make a new
-// table of ~50 KB: kept once per aggregated series, those would cost far more
-// than the labels themselves. The push state is one per process and holds
-// every series it has seen, so one table that only grows is its size. Other
-// builds ignore the table.
+// labels.New, labels.FromMap, labels.NewScratchBuilder and Labels'
+// UnmarshalJSON each make a new table of ~70 KB: kept once per aggregated
+// series, those would cost far more than the labels themselves. The state is
+// one per process and keeps every series it has accepted, so one table that
+// only grows is its size. Only what the state keeps is interned: a push
+// builds its labels in a table of its own (buildRecord), so a refused push
+// adds nothing here. Used under the Gateway's mutex, or by openState before
+// the Gateway exists: a table must not grow under a concurrent build
+// (Prometheus' ScratchBuilder.Labels reads it unlocked). Other builds ignore
+// the table.
 var symbols = labels.NewSymbolTable()
 
 func newLabelsBuilder(n int) labels.ScratchBuilder {
 	return labels.NewScratchBuilderWithSymbolTable(symbols, n)
+}
+
+// intern rebuilds ls in symbols, for the labels of a series the state keeps.
+func intern(ls labels.Labels) labels.Labels {
+	b := newLabelsBuilder(ls.Len())
+	ls.Range(func(l labels.Label) { b.Add(l.Name, l.Value) })
+	return b.Labels()
 }
 
 // labelsFromMap is labels.FromMap into symbols.

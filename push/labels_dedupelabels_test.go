@@ -4,6 +4,8 @@ package push
 
 import (
 	"encoding/json"
+	"fmt"
+	"net/http"
 	"runtime"
 	"testing"
 
@@ -38,4 +40,28 @@ func TestRestoredLabelsShareOneSymbolTable(t *testing.T) {
 	var ls labels.Labels
 	require.Greater(t, perDecode([]byte(`{"platform":"aws","version":"4.16.2"}`), &ls), uint64(16<<10),
 		"labels.Labels' own decoder makes a table per call: the reason for this test")
+}
+
+// TestRefusedPushesDoNotGrowTheTable: the labels of a refused push stay in
+// the push's own table; the shared one holds only what the state keeps.
+func TestRefusedPushesDoNotGrowTheTable(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxSeriesPerTenant = 1
+	f := newFixture(t, cfg)
+	push := func(run int) (int, string) {
+		code, body, _ := f.push(http.MethodPost, "/metrics/job/i", "tok-a", "",
+			fmt.Sprintf("# TYPE installs_total counter\ninstalls_total{run=%q} 1\n", fmt.Sprint(run)))
+		return code, body
+	}
+	code, body := push(0)
+	require.Equal(t, http.StatusOK, code, body)
+	n := symbols.Len()
+	for run := 1; run <= 50; run++ {
+		code, body := push(run)
+		require.Equal(t, http.StatusBadRequest, code, body) // the series limit
+	}
+	require.Equal(t, n, symbols.Len())
+	code, body = push(0)
+	require.Equal(t, http.StatusOK, code, body, "the kept series still adds up")
+	require.Equal(t, n, symbols.Len())
 }

@@ -87,7 +87,7 @@ func (ts *tenantState) apply(rec *record) {
 		k := seriesKey(d.Labels)
 		it, ok := ts.Series[k]
 		if !ok {
-			it = &aggItem{Labels: d.Labels}
+			it = &aggItem{Labels: intern(d.Labels)}
 			ts.Series[k] = it
 		}
 		if d.Set {

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"hash/maphash"
+	"math"
 	"sync"
 	"sync/atomic"
 
@@ -36,9 +37,14 @@ import (
 // its own when it compacts (Head.RebuildSymbolTable).
 type seriesRefs struct {
 	seed    maphash.Seed
-	headMin atomic.Int64 // the head's min time when the entries were added
+	headMin atomic.Int64 // the head's min time when last synced
 	shards  [refShards]refShard
 	symbols atomic.Pointer[labels.SymbolTable]
+	// building serialises label building on the shared table: Prometheus'
+	// ScratchBuilder.Labels reads the table's name slice unlocked while
+	// another build may be growing it (a data race once a table passes
+	// 1,024 strings). It is only taken for new series and exemplars.
+	building sync.Mutex
 }
 
 const refShards = 32
@@ -83,16 +89,25 @@ func (r *seriesRefs) put(k seriesKey, ref promstorage.SeriesRef) {
 }
 
 // labelsBuilder returns a builder for new series' labels, which interns
-// their strings in the current symbol table.
+// their strings in the current symbol table. Build with build.
 func (r *seriesRefs) labelsBuilder() labels.ScratchBuilder {
 	return labels.NewScratchBuilderWithSymbolTable(r.symbols.Load(), 0)
 }
 
+// build runs fn, which builds labels with a labelsBuilder, alone.
+func (r *seriesRefs) build(fn func()) {
+	r.building.Lock()
+	defer r.building.Unlock()
+	fn()
+}
+
 // sync drops every entry and the symbol table once the head has been
-// truncated (its min time moved on) since they were added.
+// truncated since they were added: its min time moved forward. Older
+// samples appended to the head lower it without dropping anything, and an
+// empty head's is math.MaxInt64.
 func (r *seriesRefs) sync(headMin int64) {
 	old := r.headMin.Load()
-	if old == headMin || !r.headMin.CompareAndSwap(old, headMin) {
+	if old == headMin || headMin == math.MaxInt64 || !r.headMin.CompareAndSwap(old, headMin) || headMin < old {
 		return
 	}
 	for i := range r.shards {

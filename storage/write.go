@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/common/model"
 
+	"github.com/prometheus/prometheus/model/exemplar"
 	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/metadata"
@@ -56,12 +57,12 @@ func (db *DB) WriteWithMetadata(ctx context.Context, tenantName string, series [
 	t.refs.sync(t.db.Head().MinTime())
 
 	var (
-		st       Stats
-		rej      rejections
-		lb       = t.refs.labelsBuilder()
-		maxT     = db.now().Add(time.Duration(db.cfg.MaxFuture)).UnixMilli()
-		app      = t.db.Appender(ctx)
-		exemplar = db.cfg.MaxExemplars > 0
+		st            Stats
+		rej           rejections
+		lb            = t.refs.labelsBuilder()
+		maxT          = db.now().Add(time.Duration(db.cfg.MaxFuture)).UnixMilli()
+		app           = t.db.Appender(ctx)
+		keepExemplars = db.cfg.MaxExemplars > 0
 		// committed are the indexes of series whose metadata is appended.
 		committed []int
 	)
@@ -102,12 +103,14 @@ func (db *DB) WriteWithMetadata(ctx context.Context, tenantName string, series [
 				committed = append(committed, i)
 			}
 		}
-		if !exemplar {
+		if !keepExemplars {
 			st.ExemplarsRefused += len(ts.Exemplars)
 			continue
 		}
 		for _, e := range ts.Exemplars {
-			_, err := app.AppendExemplar(sa.ref, sa.labelsUnlessRef(), e.ToExemplar(&lb, nil))
+			var ex exemplar.Exemplar
+			t.refs.build(func() { ex = e.ToExemplar(&lb, nil) })
+			_, err := app.AppendExemplar(sa.ref, sa.labelsUnlessRef(), ex)
 			switch {
 			case err == nil, errors.Is(err, promstorage.ErrDuplicateExemplar):
 				st.Exemplars++ // a resent exemplar is already stored
@@ -156,7 +159,8 @@ func (a *seriesAppender) lookup() {
 // labels builds the series' labels once.
 func (a *seriesAppender) labels() labels.Labels {
 	if !a.built {
-		a.ls, a.built = a.ts.ToLabels(a.lb, nil), true
+		a.refs.build(func() { a.ls = a.ts.ToLabels(a.lb, nil) })
+		a.built = true
 	}
 	return a.ls
 }
