@@ -80,11 +80,7 @@ func (d *v1Request) decode(raw []byte) error {
 				return err
 			}
 		case 3: // metadata
-			msg, err := p.message(wire, "Metadata")
-			if err != nil {
-				return err
-			}
-			if d.req.Metadata, err = appendGenerated(d.req.Metadata, msg); err != nil {
+			if d.req.Metadata, err = appendGenerated(&p, wire, "Metadata", d.req.Metadata); err != nil {
 				return err
 			}
 		default:
@@ -139,19 +135,11 @@ func (d *v1Request) decodeSeries(raw []byte, ts *prompb.TimeSeries, sp *seriesSp
 			d.samples = append(d.samples, s)
 			sp.samples[1]++
 		case 3: // exemplars
-			msg, err := p.message(wire, "Exemplars")
-			if err != nil {
-				return err
-			}
-			if ts.Exemplars, err = appendGenerated(ts.Exemplars, msg); err != nil {
+			if ts.Exemplars, err = appendGenerated(&p, wire, "Exemplars", ts.Exemplars); err != nil {
 				return err
 			}
 		case 4: // histograms
-			msg, err := p.message(wire, "Histograms")
-			if err != nil {
-				return err
-			}
-			if ts.Histograms, err = appendGenerated(ts.Histograms, msg); err != nil {
+			if ts.Histograms, err = appendGenerated(&p, wire, "Histograms", ts.Histograms); err != nil {
 				return err
 			}
 		default:
@@ -169,9 +157,14 @@ type generated[T any] interface {
 	Unmarshal([]byte) error
 }
 
-// appendGenerated decodes msg into a new last element of s with the
-// generated code, for the fields telemetry rarely carries.
-func appendGenerated[T any, P generated[T]](s []T, msg []byte) ([]T, error) {
+// appendGenerated reads the embedded message field name from p and decodes
+// it into a new last element of s with the generated code, for the fields
+// telemetry rarely carries.
+func appendGenerated[T any, P generated[T]](p *pbReader, wire int, name string, s []T) ([]T, error) {
+	msg, err := p.message(wire, name)
+	if err != nil {
+		return s, err
+	}
 	var zero T
 	s = append(s, zero)
 	return s, P(&s[len(s)-1]).Unmarshal(msg)

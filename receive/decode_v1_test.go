@@ -1,7 +1,6 @@
 package receive
 
 import (
-	"context"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -9,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/golang/snappy"
-	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/prompb"
 	"github.com/stretchr/testify/require"
 
@@ -171,19 +169,10 @@ func TestHandlerKeepsNothingAliasingTheBody(t *testing.T) {
 	}}
 	require.Equal(t, http.StatusBadRequest, send(third))
 
-	q, err := db.Querier("t", math.MinInt64, math.MaxInt64)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, q.Close()) }()
-	set := q.Select(context.Background(), true, nil, labels.MustNewMatcher(labels.MatchRegexp, "__name__", ".+"))
-	var got []string
-	for set.Next() {
-		got = append(got, set.At().Labels().String())
-	}
-	require.NoError(t, set.Err())
 	require.Equal(t, []string{
 		`{__name__="csv_succeeded", _id="c1", name="etcd"}`,
 		`{__name__="csv_succeeded", _id="c1", name="olm"}`,
-	}, got)
+	}, storedSeries(t, db, "t"))
 	md, err := db.Metadata("t", "", -1)
 	require.NoError(t, err)
 	require.Contains(t, md, "csv_succeeded")

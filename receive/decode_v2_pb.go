@@ -142,19 +142,11 @@ func (d *v2Request) decodeSeries(raw []byte, ts *writev2.TimeSeries, sp *seriesS
 			d.samples = append(d.samples, s)
 			sp.samples[1]++
 		case 3: // histograms
-			msg, err := p.message(wire, "Histograms")
-			if err != nil {
-				return err
-			}
-			if ts.Histograms, err = appendGenerated(ts.Histograms, msg); err != nil {
+			if ts.Histograms, err = appendGenerated(&p, wire, "Histograms", ts.Histograms); err != nil {
 				return err
 			}
 		case 4: // exemplars
-			msg, err := p.message(wire, "Exemplars")
-			if err != nil {
-				return err
-			}
-			if ts.Exemplars, err = appendGenerated(ts.Exemplars, msg); err != nil {
+			if ts.Exemplars, err = appendGenerated(&p, wire, "Exemplars", ts.Exemplars); err != nil {
 				return err
 			}
 		case 5: // metadata: merged into what an earlier occurrence set, as protobuf does

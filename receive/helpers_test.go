@@ -3,8 +3,12 @@ package receive
 import (
 	"context"
 	"log/slog"
+	"math"
+	"testing"
 
+	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/prompb"
+	"github.com/stretchr/testify/require"
 
 	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/storage"
@@ -35,3 +39,18 @@ func newLimiter(mod func(*limits.Spec)) *limits.Limiter {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// storedSeries returns every series of tenant in db, as sorted label strings.
+func storedSeries(t *testing.T, db *storage.DB, tenant string) []string {
+	t.Helper()
+	q, err := db.Querier(tenant, math.MinInt64, math.MaxInt64)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, q.Close()) }()
+	set := q.Select(context.Background(), true, nil, labels.MustNewMatcher(labels.MatchRegexp, "__name__", ".+"))
+	var got []string
+	for set.Next() {
+		got = append(got, set.At().Labels().String())
+	}
+	require.NoError(t, set.Err())
+	return got
+}
