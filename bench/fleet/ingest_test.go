@@ -123,6 +123,18 @@ const (
 	contentTypeV2 = "application/x-protobuf;proto=io.prometheus.write.v2.Request"
 )
 
+// writeRounds sends every cluster of f rounds points per series through h,
+// one request per cluster and round, from t0 on.
+func writeRounds(b *testing.B, h http.Handler, f *Fleet, rounds int, t0, stepMs int64) {
+	var fb Batch
+	for r := range rounds {
+		for c := range f.Clusters() {
+			f.Fill(&fb, c, 0, f.SeriesPerCluster(), r, t0, stepMs)
+			postWrite(b, h, contentTypeV1, encodeV1(b, fb.Series), f.ClusterID(c))
+		}
+	}
+}
+
 // openIngest opens storage in a temporary directory, closed when b ends,
 // and the write handler over it, with no HTTP server and no uploads.
 func openIngest(b *testing.B, lim *limits.Limiter, pol *receive.Policy) (*storage.DB, http.Handler) {

@@ -31,13 +31,7 @@ func BenchmarkQuery(b *testing.B) {
 	require.NoError(b, err)
 	db, h := openIngest(b, unlimitedRates(nil), nil)
 	t0 := time.Now().Add(-time.Hour).UnixMilli()
-	var fb Batch
-	for r := range rounds {
-		for c := range clusters {
-			f.Fill(&fb, c, 0, series, r, t0, stepMs)
-			postWrite(b, h, contentTypeV1, encodeV1(b, fb.Series), f.ClusterID(c))
-		}
-	}
+	writeRounds(b, h, f, rounds, t0, stepMs)
 	at := time.UnixMilli(t0 + (rounds-1)*stepMs)
 	eng := query.NewEngine(slog.New(slog.DiscardHandler), nil, query.Options{})
 	q := promstorage.QueryableFunc(func(mint, maxt int64) (promstorage.Querier, error) {

@@ -36,14 +36,7 @@ func BenchmarkReplay(b *testing.B) {
 	db, err := storage.Open(logger, nil, dir, cfg)
 	require.NoError(b, err)
 	h := receive.NewHandler(logger, nil, db, unlimitedRates(nil), receive.Options{})
-	t0 := time.Now().Add(-time.Hour).UnixMilli()
-	var fb Batch
-	for r := range rounds {
-		for c := range clusters {
-			f.Fill(&fb, c, 0, series, r, t0, 30_000)
-			postWrite(b, h, contentTypeV1, encodeV1(b, fb.Series), f.ClusterID(c))
-		}
-	}
+	writeRounds(b, h, f, rounds, time.Now().Add(-time.Hour).UnixMilli(), 30_000)
 	require.NoError(b, db.Close())
 
 	// Once, untimed: the replay brings back every series.
