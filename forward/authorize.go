@@ -81,6 +81,11 @@ type AuthorizerOptions struct {
 	MinBackoff, MaxBackoff time.Duration
 	Timeout                time.Duration // one exchange (default 30s)
 	UserAgent              string
+	// Token is an inline fleet token, used when TokenFile is empty
+	// (telemeter-client's --to-token; the file is preferred).
+	Token string
+	// URL, if set, replaces <base>/authorize (telemeter-client's --to-auth).
+	URL string
 }
 
 func (o *AuthorizerOptions) defaults() {
@@ -109,6 +114,11 @@ func (o *AuthorizerOptions) defaults() {
 type credential struct {
 	token            string
 	expires, renewAt time.Time
+	// labels must be on every series sent with token (telemeter's "labels").
+	labels map[string]string
+	// telemeter: the answer had only telemeter-server's fields (no tenant,
+	// no expires_in_seconds), so the endpoint is a stock telemeter-server.
+	telemeter bool
 }
 
 // Authorizer exchanges the fleet token and the hashed cluster id for a
@@ -141,9 +151,13 @@ func NewAuthorizer(logger *slog.Logger, reg prometheus.Registerer, base *url.URL
 	opts.defaults()
 	u := *base
 	u.Path = strings.TrimSuffix(u.Path, "/") + "/authorize"
+	authURL := u.String()
+	if opts.URL != "" {
+		authURL = opts.URL
+	}
 	f := promauto.With(reg)
 	a := &Authorizer{
-		logger: logger, url: u.String(), client: client, opts: opts, now: time.Now,
+		logger: logger, url: authURL, client: client, opts: opts, now: time.Now,
 		kick: make(chan struct{}, 1),
 		requests: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_forward_authorize_requests_total",
@@ -186,7 +200,7 @@ func (a *Authorizer) current() (string, bool, error) {
 	direct, c := a.direct, a.cur
 	a.mu.Unlock()
 	if direct {
-		tok, err := TokenFile(a.opts.TokenFile).Token(context.Background())
+		tok, err := a.fleetToken(context.Background())
 		return tok, err == nil, err
 	}
 	if c != nil && a.now().Before(c.expires) {
@@ -228,6 +242,14 @@ func (a *Authorizer) refresh(ctx context.Context, force bool) error {
 	return a.exchange(ctx)
 }
 
+// fleetToken is the token to exchange (or, in direct mode, to use).
+func (a *Authorizer) fleetToken(ctx context.Context) (string, error) {
+	if a.opts.TokenFile == "" && a.opts.Token != "" {
+		return a.opts.Token, nil
+	}
+	return TokenFile(a.opts.TokenFile).Token(ctx)
+}
+
 // retryAfterError carries a server's Retry-After out of exchange.
 type retryAfterError struct {
 	err   error
@@ -240,7 +262,7 @@ func (e *retryAfterError) Unwrap() error { return e.err }
 func (a *Authorizer) exchange(ctx context.Context) error {
 	result := "error"
 	defer func() { a.requests.WithLabelValues(result).Inc() }()
-	fleet, err := TokenFile(a.opts.TokenFile).Token(ctx)
+	fleet, err := a.fleetToken(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrAuthorize, err)
 	}
@@ -266,7 +288,7 @@ func (a *Authorizer) exchange(ctx context.Context) error {
 		_ = resp.Body.Close()
 	}()
 	switch code := resp.StatusCode; {
-	case code == http.StatusOK:
+	case code == http.StatusOK, code == http.StatusCreated: // telemeter-client accepts both
 	case (code == http.StatusNotFound || code == http.StatusMethodNotAllowed) && a.opts.Mode == AuthorizeAuto:
 		result = "not_found"
 		a.mu.Lock()
@@ -293,20 +315,38 @@ func (a *Authorizer) exchange(ctx context.Context) error {
 			after: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()),
 		}
 	}
+	// Our receiver answers {token, expires_in_seconds, tenant, ...} (and,
+	// for telemeter-client, telemeter's fields too); a stock
+	// telemeter-server answers {version, token, expiresInSeconds, labels}.
 	var out struct {
-		Token            string `json:"token"`
-		ExpiresInSeconds int64  `json:"expires_in_seconds"`
+		Token            string            `json:"token"`
+		ExpiresInSeconds *int64            `json:"expires_in_seconds"`
+		Tenant           *string           `json:"tenant"`
+		TelemeterExpires int64             `json:"expiresInSeconds"`
+		Labels           map[string]string `json:"labels"`
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&out); err != nil {
 		return fmt.Errorf("%w: decode answer: %w", ErrAuthorize, err)
 	}
-	if out.Token == "" || out.ExpiresInSeconds <= 0 {
+	telemeter := out.ExpiresInSeconds == nil && out.Tenant == nil
+	var secs int64
+	switch {
+	case out.ExpiresInSeconds != nil:
+		secs = *out.ExpiresInSeconds
+	case telemeter && out.TelemeterExpires > 0:
+		secs = out.TelemeterExpires
+	case telemeter:
+		// telemeter-client keeps a token without a lifetime until a 401;
+		// we renew it hourly instead.
+		secs = 3600
+	}
+	if out.Token == "" || secs <= 0 {
 		return fmt.Errorf("%w: answer without token or lifetime", ErrAuthorize)
 	}
-	life := time.Duration(out.ExpiresInSeconds) * time.Second
+	life := time.Duration(secs) * time.Second
 	frac := a.opts.RenewAt - a.opts.Jitter*rand.Float64()
 	c := &credential{
-		token: out.Token,
+		token: out.Token, labels: out.Labels, telemeter: telemeter,
 		// Expire a little early so a request in flight does not carry a
 		// credential that lapses on the way.
 		expires: start.Add(life - min(10*time.Second, life/10)),
