@@ -73,8 +73,10 @@ type AuthorizerOptions struct {
 	// field id. Never the raw id.
 	ClusterID string
 	// RenewAt is the fraction of a credential's lifetime after which it is
-	// renewed (default 0.8); Jitter subtracts up to this fraction more
-	// (default 0.1), so a fleet does not renew in lockstep.
+	// renewed (default 0.8); Jitter subtracts a random [0, Jitter) more, so
+	// a fleet does not renew in lockstep, and stretches a server's
+	// Retry-After by up to 10 %. 0 (unset) means min(0.1, RenewAt/2), as
+	// does a value >= RenewAt; NoJitter (any negative value) turns both off.
 	RenewAt, Jitter float64
 	// MinBackoff and MaxBackoff bound the retries of a failed exchange
 	// (defaults 1s and 1m). A server's Retry-After is honoured up to MaxBackoff.
@@ -95,8 +97,8 @@ func (o *AuthorizerOptions) defaults() {
 	if o.RenewAt <= 0 || o.RenewAt >= 1 {
 		o.RenewAt = 0.8
 	}
-	if o.Jitter < 0 || o.Jitter >= o.RenewAt {
-		o.Jitter = min(0.1, o.RenewAt/2)
+	if o.Jitter == 0 || o.Jitter >= o.RenewAt { // negative: NoJitter, kept
+		o.Jitter = min(DefaultJitter, o.RenewAt/2)
 	}
 	if o.MinBackoff <= 0 {
 		o.MinBackoff = time.Second
@@ -344,7 +346,7 @@ func (a *Authorizer) exchange(ctx context.Context) error {
 		return fmt.Errorf("%w: answer without token or lifetime", ErrAuthorize)
 	}
 	life := time.Duration(secs) * time.Second
-	frac := a.opts.RenewAt - a.opts.Jitter*rand.Float64()
+	frac := a.opts.RenewAt - max(a.opts.Jitter, 0)*rand.Float64()
 	c := &credential{
 		token: out.Token, labels: out.Labels, telemeter: telemeter,
 		// Expire a little early so a request in flight does not carry a
@@ -407,6 +409,9 @@ func (a *Authorizer) Run(ctx context.Context) error {
 		var ra *retryAfterError
 		if errors.As(err, &ra) && ra.after > 0 {
 			wait = min(ra.after, a.opts.MaxBackoff)
+			if a.opts.Jitter > 0 { // the same Retry-After went to every forwarder refused
+				wait = stretch(wait, DefaultJitter)
+			}
 		}
 		if attempt == 0 {
 			a.logger.Warn("authorize failed, retrying", "err", err, "retry_in", wait.String())

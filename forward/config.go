@@ -15,7 +15,10 @@ import (
 )
 
 // FileConfig is the forwarder's --config.file. Every field is optional; flags
-// given on the command line take precedence where both exist. Example:
+// given on the command line take precedence where both exist. An absent key
+// keeps its default (DefaultFileConfig is applied before decoding), so a 0
+// written in the file is meant: a jitter of 0 turns that jitter off (see
+// JitterOption). Collections are always spread by ±10 % of --interval. Example:
 //
 //	matches:                    # added to --match and --match-file
 //	  - '{__name__="up"}'
@@ -41,13 +44,13 @@ import (
 //	  segment_bytes: 16MiB
 //	authorize:                  # the /authorize exchange (see --authorize)
 //	  renew_at: 0.8             # renew after this fraction of a credential's lifetime
-//	  jitter: 0.1               # ... minus up to this fraction, at random
+//	  jitter: 0.1               # ... minus up to this fraction, at random; 0 = off
 //	  min_backoff: 1s           # retries of a failed exchange
 //	  max_backoff: 1m
 //	  timeout: 30s
 //	gathering:                  # polling of --gathering-url
 //	  interval: 2h
-//	  jitter: 0.1               # each wait is interval ± jitter×interval
+//	  jitter: 0.1               # each wait is interval ± jitter×interval; 0 = off
 //	  timeout: 30s
 //	  cache_file: ""            # default <queue.dir>/gathering-definition.json
 type FileConfig struct {

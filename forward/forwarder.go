@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -68,8 +67,13 @@ var ErrNoPolicy = errors.New("no gathering policy in force yet")
 // Options tunes a Forwarder. Zero values take the documented defaults.
 type Options struct {
 	Interval time.Duration // between collections (default 4m30s)
-	// Jitter spreads collections: each wait is Interval ± Jitter×Interval and
-	// the first collection starts after a random [0, Jitter×Interval) (default 0.1).
+	// Jitter spreads the work of forwarders that start together: each wait
+	// between collections is Interval ± Jitter×Interval (uniform), the first
+	// collection and the first delivery of a queued backlog start after a
+	// random [0, Jitter×Interval), retry backoff is randomized ("equal
+	// jitter", see Backoff) and a server's Retry-After is stretched by a
+	// random [0, Jitter) of itself. 0 (unset) and values >= 1 mean
+	// DefaultJitter (0.1); NoJitter (any negative value) turns all of it off.
 	Jitter float64
 	// MaxSeries caps the series kept per cycle after the allowlist (0: no cap).
 	MaxSeries int
@@ -94,8 +98,8 @@ func (o *Options) defaults() {
 	if o.Interval <= 0 {
 		o.Interval = 4*time.Minute + 30*time.Second
 	}
-	if o.Jitter < 0 || o.Jitter >= 1 {
-		o.Jitter = 0.1
+	if o.Jitter == 0 || o.Jitter >= 1 { // negative: NoJitter, kept
+		o.Jitter = DefaultJitter
 	}
 	if o.MaxSamplesPerRequest <= 0 {
 		o.MaxSamplesPerRequest = 2000
@@ -282,20 +286,31 @@ func (f *Forwarder) Run(ctx context.Context) error {
 	defer cancelSend()
 	draining := make(chan struct{})
 	done := make(chan struct{})
+	j := f.jitter()
+	// Forwarders that start together (after an outage, in a rollout) neither
+	// collect nor deliver their backlog in the same second: both wait a
+	// random part of the interval first.
+	start := upTo(f.opts.Interval, j)
 	go func() {
 		defer close(done)
+		t := time.NewTimer(start)
+		select {
+		case <-t.C:
+		case <-draining: // stopping: deliver what is queued at once
+		case <-sendCtx.Done():
+		}
+		t.Stop()
 		f.sendLoop(sendCtx, draining)
 	}()
 
-	delay := time.Duration(rand.Float64() * f.opts.Jitter * float64(f.opts.Interval))
-	for {
+	f.logger.Info("collecting", "interval", f.opts.Interval.String(), "jitter", j, "first_in", start.String())
+	for delay := start; ; delay = spread(f.opts.Interval, j) {
 		if err := f.opts.sleep(ctx, delay); err != nil {
 			break
 		}
 		if err := f.Collect(ctx); err != nil && ctx.Err() == nil {
 			f.logger.Warn("collection failed", "err", err)
 		}
-		delay = time.Duration(float64(f.opts.Interval) * (1 + f.opts.Jitter*(2*rand.Float64()-1)))
 	}
 
 	close(draining)
@@ -668,7 +683,8 @@ func (f *Forwarder) deliver(ctx context.Context, payload []byte, pos Position) {
 		f.m.retries.Inc()
 		d := f.backoff(attempt)
 		if re.RetryAfter > 0 {
-			d = min(re.RetryAfter, f.opts.MaxRetryAfter)
+			// Every forwarder refused at once is told the same Retry-After.
+			d = stretch(min(re.RetryAfter, f.opts.MaxRetryAfter), f.jitter())
 		}
 		if attempt == 0 {
 			f.logger.Warn("remote write failed, retrying", "err", err, "retry_in", d.String())
@@ -701,10 +717,17 @@ func (f *Forwarder) ack(pos Position) {
 	}
 }
 
-// backoff is capped exponential with "equal jitter": half fixed, half random.
+// backoff is capped exponential with "equal jitter": half fixed, half
+// random; with NoJitter, the full capped exponential.
 func (f *Forwarder) backoff(attempt int) time.Duration {
+	if f.opts.Jitter < 0 {
+		return cappedExp(attempt, f.opts.MinBackoff, f.opts.MaxBackoff)
+	}
 	return Backoff(attempt, f.opts.MinBackoff, f.opts.MaxBackoff)
 }
+
+// jitter is the fraction in force: 0 with NoJitter.
+func (f *Forwarder) jitter() float64 { return max(f.opts.Jitter, 0) }
 
 func codeOf(err error) string {
 	if err == nil {

@@ -433,7 +433,8 @@ func TestDeliverRetriesThenSucceeds(t *testing.T) {
 	require.LessOrEqual(t, h.sleep[0], time.Second)
 	require.GreaterOrEqual(t, h.sleep[1], time.Second)
 	require.LessOrEqual(t, h.sleep[1], 2*time.Second)
-	require.Equal(t, 7*time.Second, h.sleep[2], "Retry-After is honoured")
+	require.GreaterOrEqual(t, h.sleep[2], 7*time.Second, "Retry-After is honoured")
+	require.Less(t, h.sleep[2], 7700*time.Millisecond, "... stretched by up to the 10 % jitter")
 	require.Equal(t, 3.0, testutil.ToFloat64(h.f.m.retries))
 	require.Equal(t, 1.0, testutil.ToFloat64(h.f.m.requests.WithLabelValues("429")))
 }

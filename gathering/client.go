@@ -43,8 +43,10 @@ type PollerOptions struct {
 	Client      *http.Client
 	Credentials Credentials   // may be nil: no Authorization header
 	Interval    time.Duration // between polls (default 2h)
-	Jitter      float64       // each wait is Interval ± Jitter×Interval (default 0.1)
-	Timeout     time.Duration // one poll (default 30s)
+	// Jitter spreads polls: each wait is Interval ± Jitter×Interval. 0
+	// (unset) and values >= 1 mean 0.1; a negative value turns it off.
+	Jitter  float64
+	Timeout time.Duration // one poll (default 30s)
 	// CacheFile keeps the last good definition across restarts ("" disables).
 	CacheFile        string
 	UserAgent        string
@@ -77,7 +79,7 @@ func NewPoller(logger *slog.Logger, reg prometheus.Registerer, opts PollerOption
 	if opts.Interval <= 0 {
 		opts.Interval = 2 * time.Hour
 	}
-	if opts.Jitter < 0 || opts.Jitter >= 1 {
+	if opts.Jitter == 0 || opts.Jitter >= 1 { // negative: off, kept
 		opts.Jitter = 0.1
 	}
 	if opts.Timeout <= 0 {
@@ -302,7 +304,7 @@ func (p *Poller) Run(ctx context.Context) error {
 		if err := p.Poll(ctx); err != nil && ctx.Err() == nil {
 			p.logger.Debug("gathering poll failed", "err", err)
 		}
-		d := time.Duration(float64(p.opts.Interval) * (1 + p.opts.Jitter*(2*rand.Float64()-1)))
+		d := time.Duration(float64(p.opts.Interval) * (1 + max(p.opts.Jitter, 0)*(2*rand.Float64()-1)))
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():

@@ -239,3 +239,12 @@ func TestPollReauthorizesOnceOn401(t *testing.T) {
 	require.Equal(t, 1, creds.rejected)
 	require.Equal(t, []string{"v1"}, a.versions())
 }
+
+// Zero options mean the documented defaults, never "no jitter" (issue 20);
+// a negative jitter is the explicit off.
+func TestPollerJitterDefaults(t *testing.T) {
+	require.Equal(t, 0.1, NewPoller(discard(), nil, PollerOptions{}).opts.Jitter)
+	require.Equal(t, 0.1, NewPoller(discard(), nil, PollerOptions{Jitter: 1}).opts.Jitter)
+	require.Equal(t, 0.3, NewPoller(discard(), nil, PollerOptions{Jitter: 0.3}).opts.Jitter)
+	require.Equal(t, -1.0, NewPoller(discard(), nil, PollerOptions{Jitter: -1}).opts.Jitter)
+}

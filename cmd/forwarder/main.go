@@ -352,7 +352,7 @@ func run(args []string, stderr io.Writer) int {
 			authorizer = forward.NewAuthorizer(logger.With("component", "authorize"), reg, s.to, s.toClient, forward.AuthorizerOptions{
 				Mode: f.authorize, TokenFile: f.toTokenFile,
 				ClusterID: s.policy.Rules.HashedID(), // never the raw id
-				RenewAt:   ac.RenewAt, Jitter: ac.Jitter,
+				RenewAt:   ac.RenewAt, Jitter: forward.JitterOption(ac.Jitter),
 				MinBackoff: time.Duration(ac.MinBackoff), MaxBackoff: time.Duration(ac.MaxBackoff),
 				Timeout: time.Duration(ac.Timeout), UserAgent: userAgent,
 			})
@@ -388,7 +388,7 @@ func run(args []string, stderr io.Writer) int {
 		gc := s.file.Gathering
 		poller = gathering.NewPoller(logger.With("component", "gathering"), reg, gathering.PollerOptions{
 			URL: s.gatheringURL, Client: s.toClient, Credentials: creds,
-			Interval: time.Duration(gc.Interval), Jitter: gc.Jitter, Timeout: time.Duration(gc.Timeout),
+			Interval: time.Duration(gc.Interval), Jitter: forward.JitterOption(gc.Jitter), Timeout: time.Duration(gc.Timeout),
 			CacheFile: gc.CacheFile, UserAgent: userAgent, ForwarderVersion: forwarderVersion,
 			Apply: func(c *gathering.Compiled) error {
 				p, err := forward.DefinitionPolicy(s.relabel, c)
