@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"os"
 	"path"
 	"path/filepath"
@@ -16,21 +17,29 @@ import (
 	"github.com/prometheus/prometheus/tsdb"
 )
 
-// RunShipper uploads blocks every ship_interval until ctx is done, then
-// returns nil. Errors of a round are logged and the blocks retried next round.
+// RunShipper uploads blocks at once, then every ship_interval ± 10 % until
+// ctx is done, then returns nil. Errors of a round are logged and the blocks
+// retried next round. The jitter keeps replicas restarted together (a
+// rollout) from listing and uploading to the shared bucket in lockstep.
 func (db *DB) RunShipper(ctx context.Context) error {
-	tick := time.NewTicker(time.Duration(db.cfg.ShipInterval))
-	defer tick.Stop()
 	for {
 		if err := db.ship(ctx); err != nil && ctx.Err() == nil {
 			db.logger.Warn("block upload failed, will retry", "err", err)
 		}
+		t := time.NewTimer(jittered(time.Duration(db.cfg.ShipInterval)))
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return nil
-		case <-tick.C:
+		case <-t.C:
 		}
 	}
+}
+
+// jittered returns d ± 10 %, uniformly distributed: the wait of a periodic
+// loop that talks to a service shared by every replica (the bucket).
+func jittered(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (0.9 + 0.2*rand.Float64()))
 }
 
 func (db *DB) ship(ctx context.Context) error {

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"path"
 	"path/filepath"
@@ -143,18 +144,19 @@ func New(logger *slog.Logger, reg prometheus.Registerer, bkt objstore.BucketRead
 	return s, nil
 }
 
-// Run syncs the block metadata now and then every SyncInterval until ctx
-// ends. Sync failures are logged and counted, never returned: an unreachable
-// bucket must not stop the receiver.
+// Run syncs the block metadata now and then every SyncInterval ± 10 % (so
+// that replicas restarted together do not list the bucket in lockstep) until
+// ctx ends. Sync failures are logged and counted, never returned: an
+// unreachable bucket must not stop the receiver.
 func (s *Store) Run(ctx context.Context) error {
-	t := time.NewTicker(s.opts.SyncInterval)
-	defer t.Stop()
 	for {
 		if err := s.Sync(ctx); err != nil && ctx.Err() == nil {
 			s.logger.Warn("bucket sync failed", "err", err)
 		}
+		t := time.NewTimer(jittered(s.opts.SyncInterval))
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return nil
 		case <-t.C:
 		}
@@ -608,4 +610,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.downloads.WithLabelValues(r)
 	}
 	return m
+}
+
+// jittered returns d ± 10 %, uniformly distributed.
+func jittered(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (0.9 + 0.2*rand.Float64()))
 }
