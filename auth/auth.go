@@ -20,6 +20,11 @@ var ErrUnauthorized = errors.New("unauthorized")
 type Identity struct {
 	Tenant    string
 	ClusterID string
+	// ClusterIDAlias, when set, is the id the cluster itself sends in clear
+	// on the Telemeter paths while ClusterID is its pseudonym: series
+	// carrying it are rewritten to ClusterID, never stored with it. It lives
+	// only for the request and must never be logged.
+	ClusterIDAlias string
 	// Allow is what the credential may do. Cluster credentials may only
 	// write (and read their gathering definition), never query the fleet.
 	Allow Permission
@@ -80,8 +85,9 @@ func ParseBearer(header string) (string, bool) {
 
 // Middleware authenticates every request before next sees it and requires
 // the need permission. A missing or invalid credential is answered 401 with a
-// WWW-Authenticate challenge, a valid one without the permission 403; both
-// are reported to onReject (which may be nil).
+// WWW-Authenticate challenge, a valid one without the permission 403, and an
+// upstream authorizer that cannot answer 503; all are reported to onReject
+// (which may be nil).
 func Middleware(a Authenticator, need Permission, onReject func(r *http.Request, err error), next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, err := a.Authenticate(r)
@@ -92,8 +98,13 @@ func Middleware(a Authenticator, need Permission, onReject func(r *http.Request,
 			if onReject != nil {
 				onReject(r, err)
 			}
-			if errors.Is(err, ErrForbidden) {
+			switch {
+			case errors.Is(err, ErrForbidden):
 				http.Error(w, "forbidden: this credential may not "+need.String(), http.StatusForbidden)
+				return
+			case errors.Is(err, ErrUpstream):
+				w.Header().Set("Retry-After", "30")
+				http.Error(w, "the upstream authorizer is unavailable, retry later", http.StatusServiceUnavailable)
 				return
 			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="phonehome"`)

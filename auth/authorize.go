@@ -46,29 +46,44 @@ func (t *Tokens) AuthorizeFleet(_ context.Context, token, clusterID string) (str
 	return id.Tenant, nil
 }
 
-// AuthorizeResponse is the JSON body of a successful POST /authorize.
+// AuthorizeResponse is the JSON body of a successful POST /authorize. It
+// carries telemeter-client's fields (version, token, expiresInSeconds and
+// labels with _id) next to ours, so a stock telemeter-client can use it.
 type AuthorizeResponse struct {
 	Token            string    `json:"token"`
 	ExpiresAt        time.Time `json:"expires_at"`
 	ExpiresInSeconds int64     `json:"expires_in_seconds"`
 	Tenant           string    `json:"tenant"`
 	ClusterID        string    `json:"cluster_id"`
+	// Telemeter's protocol (v1): telemeter-client adds Labels to every
+	// metric it uploads and renews the token after TelemeterExpiresIn.
+	Version            int               `json:"version"`
+	TelemeterExpiresIn int64             `json:"expiresInSeconds"`
+	Labels             map[string]string `json:"labels"`
 }
 
+// telemeterProtocolVersion is the version telemeter-client's authorize
+// exchange answers with.
+const telemeterProtocolVersion = 1
+
 // AuthorizeHandler serves POST /authorize: a fleet token (bearer) plus the
-// cluster's pseudonymous id (form field `id`, as telemeter sends it) buys a
-// short-lived credential binding tenant and `_id`.
+// cluster's id (parameter `id`, in the query as telemeter-client sends it or
+// in a form body as the forwarder does) buys a short-lived credential
+// binding tenant and `_id`.
 type AuthorizeHandler struct {
 	logger  *slog.Logger
 	fleet   FleetAuthorizer
 	issuer  *Issuer
+	hasher  *ClusterIDHasher // nil: the id is bound as sent
 	results *prometheus.CounterVec
 }
 
-// NewAuthorizeHandler returns the /authorize handler. reg may be nil.
-func NewAuthorizeHandler(logger *slog.Logger, reg prometheus.Registerer, fleet FleetAuthorizer, issuer *Issuer) *AuthorizeHandler {
+// NewAuthorizeHandler returns the /authorize handler. reg and hasher may be
+// nil; with a hasher, an id sent in clear (telemeter-client sends the raw
+// cluster id) is bound as its pseudonym.
+func NewAuthorizeHandler(logger *slog.Logger, reg prometheus.Registerer, fleet FleetAuthorizer, issuer *Issuer, hasher *ClusterIDHasher) *AuthorizeHandler {
 	h := &AuthorizeHandler{
-		logger: logger, fleet: fleet, issuer: issuer,
+		logger: logger, fleet: fleet, issuer: issuer, hasher: hasher,
 		results: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_auth_authorize_requests_total",
 			Help: "POST /authorize requests by result.",
@@ -89,7 +104,7 @@ func (h *AuthorizeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 4<<10)
 	clusterID := r.FormValue("id")
 	if !clusterIDRE.MatchString(clusterID) {
-		h.fail(w, "invalid", http.StatusBadRequest, "form field id must be the cluster's pseudonymous id ("+clusterIDRE.String()+")")
+		h.fail(w, "invalid", http.StatusBadRequest, "parameter id (query or form) must be the cluster's id ("+clusterIDRE.String()+")")
 		return
 	}
 	tenant, err := h.fleet.AuthorizeFleet(r.Context(), token, clusterID)
@@ -111,6 +126,9 @@ func (h *AuthorizeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, "error", http.StatusInternalServerError, "internal error")
 		return
 	}
+	if h.hasher != nil {
+		clusterID = h.hasher.Pseudonym(clusterID)
+	}
 	signed, exp, err := h.issuer.Issue(tenant, clusterID)
 	if err != nil {
 		h.logger.Error("issue credential", "err", err)
@@ -120,9 +138,12 @@ func (h *AuthorizeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.results.WithLabelValues("issued").Inc()
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
+	expiresIn := int64(time.Until(exp).Seconds())
 	_ = json.NewEncoder(w).Encode(AuthorizeResponse{
-		Token: signed, ExpiresAt: exp.UTC(), ExpiresInSeconds: int64(time.Until(exp).Seconds()),
+		Token: signed, ExpiresAt: exp.UTC(), ExpiresInSeconds: expiresIn,
 		Tenant: tenant, ClusterID: clusterID,
+		Version: telemeterProtocolVersion, TelemeterExpiresIn: expiresIn,
+		Labels: map[string]string{"_id": clusterID},
 	})
 }
 

@@ -11,7 +11,7 @@ import (
 // the caller's cluster, inside the server-side allowlist (and its tenant's gathering definition), and fit the series
 // limits. It rewrites ts in place (empty and elided labels removed, _id added).
 func (h *Handler) admit(ts *prompb.TimeSeries, id auth.Identity, lim *limits.TenantLimits, pol *Policy, sess *sessions) *seriesError {
-	name, serr := validateSeries(ts, lim, id.ClusterID, h.opts.OverwriteClusterID)
+	name, serr := validateSeries(ts, lim, id, h.opts.OverwriteClusterID)
 	if serr != nil {
 		return serr
 	}

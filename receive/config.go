@@ -64,6 +64,25 @@ type AuthConfig struct {
 	// credential's cluster: "reject" (400, counted; the default) or
 	// "overwrite" (the credential's _id replaces it).
 	IDMismatch string `yaml:"id_mismatch"`
+	// ClusterIDHash, when set, stores the cluster ids that clusters send in
+	// clear (telemeter-client's /authorize, Prometheus' telemetry
+	// remote-write) only as keyed hashes; see auth.ClusterIDHasher.
+	ClusterIDHash *ClusterIDHashConfig `yaml:"cluster_id_hash"`
+	// Telemeter configures Telemeter's remote-write path,
+	// POST /metrics/v1/receive.
+	Telemeter TelemeterConfig `yaml:"telemeter"`
+}
+
+// ClusterIDHashConfig names the HMAC key of auth.cluster_id_hash.
+type ClusterIDHashConfig struct {
+	SecretFile string `yaml:"secret_file"`
+}
+
+// TelemeterConfig bounds the cache of fleet-token answers on Telemeter's
+// remote-write path: a revoked token keeps writing at most TokenCacheTTL.
+type TelemeterConfig struct {
+	TokenCacheTTL  model.Duration `yaml:"token_cache_ttl"`
+	TokenCacheSize int            `yaml:"token_cache_size"`
 }
 
 // Values of auth.id_mismatch.
@@ -89,6 +108,12 @@ func (a *AuthConfig) SetDefaults() {
 	if a.IDMismatch == "" {
 		a.IDMismatch = IDMismatchReject
 	}
+	if a.Telemeter.TokenCacheTTL == 0 {
+		a.Telemeter.TokenCacheTTL = model.Duration(5 * time.Minute)
+	}
+	if a.Telemeter.TokenCacheSize == 0 {
+		a.Telemeter.TokenCacheSize = 100_000
+	}
 	if a.AuthorizeWebhook != nil && a.AuthorizeWebhook.Timeout == 0 {
 		a.AuthorizeWebhook.Timeout = model.Duration(5 * time.Second)
 	}
@@ -105,6 +130,15 @@ func (a *AuthConfig) Validate() error {
 	}
 	if a.IDMismatch != IDMismatchReject && a.IDMismatch != IDMismatchOverwrite {
 		errs = append(errs, fmt.Errorf("auth.id_mismatch: %q, want reject or overwrite", a.IDMismatch))
+	}
+	if a.ClusterIDHash != nil && a.ClusterIDHash.SecretFile == "" {
+		errs = append(errs, errors.New("auth.cluster_id_hash.secret_file: required"))
+	}
+	if a.Telemeter.TokenCacheTTL < 0 || a.Telemeter.TokenCacheTTL > model.Duration(time.Hour) {
+		errs = append(errs, fmt.Errorf("auth.telemeter.token_cache_ttl: %s, want between 0 and 1h (a revoked token writes that long)", a.Telemeter.TokenCacheTTL))
+	}
+	if a.Telemeter.TokenCacheSize < 0 {
+		errs = append(errs, fmt.Errorf("auth.telemeter.token_cache_size: %d is negative", a.Telemeter.TokenCacheSize))
 	}
 	if wh := a.AuthorizeWebhook; wh != nil {
 		if u, err := url.Parse(wh.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -178,7 +212,11 @@ func (c *Config) validatePolicy() error {
 }
 
 func (c *Config) resolvePaths(dir string) {
-	for _, p := range []*string{&c.Auth.TokensFile, &c.Auth.KeysFile, &c.Storage.Bucket.S3.SecretKeyFile} {
+	paths := []*string{&c.Auth.TokensFile, &c.Auth.KeysFile, &c.Storage.Bucket.S3.SecretKeyFile}
+	if c.Auth.ClusterIDHash != nil {
+		paths = append(paths, &c.Auth.ClusterIDHash.SecretFile)
+	}
+	for _, p := range paths {
 		if *p != "" && !filepath.IsAbs(*p) {
 			*p = filepath.Join(dir, *p)
 		}

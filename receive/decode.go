@@ -32,13 +32,15 @@ const (
 var bufPool = sync.Pool{New: func() any { return new(bytesBuffer) }}
 
 // bytesBuffer holds the buffers one request needs: the body, its snappy
-// decoding, and the 1.0 or 2.0 request decoded from it (whose strings alias
-// decoded).
+// decoding, and the 1.0 or 2.0 request or telemeter upload decoded from it
+// (whose strings alias decoded).
 type bytesBuffer struct {
 	body    bytes.Buffer
 	decoded []byte
 	v1      v1Request
 	v2      v2Request
+	fam     familyRequest
+	stream  *snappy.Reader // framed snappy of uploads; nil until the first
 }
 
 // negotiate checks the Content-Type and Content-Encoding of a remote-write
@@ -122,5 +124,5 @@ func putBuffer(b *bytesBuffer) {
 func (b *bytesBuffer) poolable() bool {
 	return b.body.Cap() <= maxPooledBytes && cap(b.decoded) <= maxPooledBytes &&
 		cap(b.v1.req.Timeseries) <= maxPooledSeries && cap(b.v1.labels) <= maxPooledLabels && cap(b.v1.samples) <= maxPooledLabels &&
-		b.v2.poolable()
+		b.v2.poolable() && b.fam.poolable()
 }

@@ -96,11 +96,19 @@ func (h *Handler) CountUnauthenticated(*http.Request, error) {
 	h.metrics.requests.WithLabelValues(strconv.Itoa(http.StatusUnauthorized)).Inc()
 }
 
-// ServeHTTP implements http.Handler.
+// ServeHTTP implements http.Handler: remote-write 1.0 and 2.0.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.serve(w, r, false)
+}
+
+// serve handles a remote-write request, or a telemeter-client upload.
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, upload bool) {
 	start := time.Now()
-	written, err := h.handle(r)
+	written, err := h.handle(r, upload)
 	code := statusFor(err)
+	if err == nil && upload {
+		code = http.StatusOK // telemeter-client takes nothing else for success
+	}
 
 	hdr := w.Header()
 	hdr.Set(headerSamplesWritten, strconv.Itoa(written.Samples))
@@ -128,7 +136,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	http.Error(w, err.Error(), code)
 }
 
-func (h *Handler) handle(r *http.Request) (storage.Stats, error) {
+func (h *Handler) handle(r *http.Request, upload bool) (storage.Stats, error) {
 	if h.opts.Ready != nil && !h.opts.Ready() {
 		return storage.Stats{}, storage.ErrNotReady
 	}
@@ -136,7 +144,13 @@ func (h *Handler) handle(r *http.Request) (storage.Stats, error) {
 	if !ok {
 		return storage.Stats{}, errors.New("request reached the write handler without an identity")
 	}
-	proto, err := negotiate(r.Header, h.opts.AcceptedMessages)
+	proto := protoFamilies
+	var err error
+	if upload {
+		err = negotiateUpload(r.Header)
+	} else {
+		proto, err = negotiate(r.Header, h.opts.AcceptedMessages)
+	}
 	if err != nil {
 		return storage.Stats{}, err
 	}
@@ -152,30 +166,9 @@ func (h *Handler) handle(r *http.Request) (storage.Stats, error) {
 	buf := bufPool.Get().(*bytesBuffer)
 	defer h.release(buf)
 	lim := h.limiter.For(id.Tenant)
-	raw, err := readBody(r, lim.MaxBodyBytes, lim.MaxDecodedBytes, &buf.body, buf.decoded)
-	if raw != nil {
-		buf.decoded = raw[:0]
-	}
+	b, err := h.decode(r, proto, buf, &lim)
 	if err != nil {
 		return storage.Stats{}, err
-	}
-	h.metrics.bytes.WithLabelValues("snappy").Add(float64(buf.body.Len()))
-	h.metrics.bytes.WithLabelValues("decoded").Add(float64(len(raw)))
-
-	var b *batch
-	switch proto {
-	case protoV2:
-		if err := decodeV2(raw, &buf.v2); err != nil {
-			return storage.Stats{}, err
-		}
-		if b, err = convertV2(&buf.v2, &lim); err != nil {
-			return storage.Stats{}, err
-		}
-	default:
-		if err := decodeV1(raw, &buf.v1); err != nil {
-			return storage.Stats{}, err
-		}
-		b = &batch{series: buf.v1.req.Timeseries, familyMeta: buf.v1.req.Metadata}
 	}
 	h.metrics.requestsByProto.WithLabelValues(proto).Inc()
 	n := b.samples()
@@ -190,6 +183,47 @@ func (h *Handler) handle(r *http.Request) (storage.Stats, error) {
 		return storage.Stats{}, err
 	}
 	return h.write(r, id, &lim, b)
+}
+
+// decode reads r's body into buf and decodes it as proto, within lim's sizes.
+func (h *Handler) decode(r *http.Request, proto string, buf *bytesBuffer, lim *limits.TenantLimits) (*batch, error) {
+	var (
+		raw  []byte
+		sent int64
+		err  error
+	)
+	if proto == protoFamilies {
+		raw, sent, err = readUpload(r, lim.MaxBodyBytes, lim.MaxDecodedBytes, buf, buf.decoded)
+	} else {
+		raw, err = readBody(r, lim.MaxBodyBytes, lim.MaxDecodedBytes, &buf.body, buf.decoded)
+		sent = int64(buf.body.Len())
+	}
+	if raw != nil {
+		buf.decoded = raw[:0]
+	}
+	if err != nil {
+		return nil, err
+	}
+	h.metrics.bytes.WithLabelValues("snappy").Add(float64(sent))
+	h.metrics.bytes.WithLabelValues("decoded").Add(float64(len(raw)))
+
+	switch proto {
+	case protoFamilies:
+		if err := decodeFamilies(raw, &buf.fam, time.Now().UnixMilli()); err != nil {
+			return nil, err
+		}
+		return &batch{series: buf.fam.series, familyMeta: buf.fam.meta}, nil
+	case protoV2:
+		if err := decodeV2(raw, &buf.v2); err != nil {
+			return nil, err
+		}
+		return convertV2(&buf.v2, lim)
+	default:
+		if err := decodeV1(raw, &buf.v1); err != nil {
+			return nil, err
+		}
+		return &batch{series: buf.v1.req.Timeseries, familyMeta: buf.v1.req.Metadata}, nil
+	}
 }
 
 // Bounds of one 1.0 metadata entry; longer ones are dropped and counted.

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/prompb"
 
+	"github.com/phonehome/phonehome/auth"
 	"github.com/phonehome/phonehome/limits"
 )
 
@@ -48,10 +49,12 @@ func (e *seriesError) Error() string { return e.msg }
 
 // validateSeries checks one series in place. Labels with empty values are
 // removed (an empty value means "absent" in Prometheus' data model). When
-// clusterID is set, the series' _id must equal it (or is overwritten with it
-// when overwriteID is set), and is added if missing.
+// id binds a cluster, the series' _id must equal it (or is overwritten with
+// it when overwriteID is set, or when it is the cluster's own id in clear,
+// id.ClusterIDAlias), and is added if missing.
 // It returns nil if the series may be stored.
-func validateSeries(ts *prompb.TimeSeries, lim *limits.TenantLimits, clusterID string, overwriteID bool) (name string, serr *seriesError) {
+func validateSeries(ts *prompb.TimeSeries, lim *limits.TenantLimits, id auth.Identity, overwriteID bool) (name string, serr *seriesError) {
+	clusterID := id.ClusterID
 	if len(ts.Samples) == 0 && len(ts.Histograms) == 0 {
 		return "", &seriesError{reasonNoSamples, "series has no samples"}
 	}
@@ -98,7 +101,7 @@ func validateSeries(ts *prompb.TimeSeries, lim *limits.TenantLimits, clusterID s
 		case clusterLabel:
 			hasID = true
 			if clusterID != "" && l.Value != clusterID {
-				if !overwriteID {
+				if !overwriteID && (id.ClusterIDAlias == "" || l.Value != id.ClusterIDAlias) {
 					return "", &seriesError{reasonClusterMismatch, "series _id does not match the authenticated cluster"}
 				}
 				ls[i].Value = clusterID

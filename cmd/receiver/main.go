@@ -223,6 +223,10 @@ func run(args []string, stderr io.Writer) int {
 	if a.authorize != nil {
 		mux.Handle("POST /authorize", a.authorize)
 	}
+	// Telemeter's two paths, so existing clusters send unchanged: telemeter-client's
+	// upload (after /authorize) and Prometheus' telemetry remote-write.
+	mux.Handle("POST /upload", auth.Middleware(a.authn, auth.PermWrite, writes.CountUnauthenticated, http.HandlerFunc(writes.ServeUpload)))
+	mux.Handle("POST /metrics/v1/receive", auth.Middleware(a.telemeter, auth.PermWrite, writes.CountUnauthenticated, writes))
 	if defs != nil { // any credential of a tenant may read it, cluster credentials included
 		mux.Handle("GET /api/v1/gathering", auth.Middleware(a.authn, 0, nil, defs))
 	}
@@ -338,46 +342,6 @@ func run(args []string, stderr io.Writer) int {
 	}
 	logger.Info("receiver stopping: flushing and uploading the head")
 	return 0
-}
-
-// authSetup is the receiver's authentication, built from the config.
-type authSetup struct {
-	authn     auth.Authenticator
-	tokens    *auth.FileTokens // nil under --insecure.no-auth
-	authorize http.Handler     // nil without auth.keys_file
-}
-
-// setupAuth builds the configured authentication. Running without any
-// needs the explicit --insecure.no-auth flag.
-func setupAuth(logger *slog.Logger, reg prometheus.Registerer, cfg receive.AuthConfig, noAuth bool) (authSetup, error) {
-	switch {
-	case cfg.TokensFile != "" && noAuth:
-		return authSetup{}, errors.New("auth.tokens_file and --insecure.no-auth are mutually exclusive")
-	case noAuth:
-		return authSetup{authn: auth.Insecure{Tenant: defaultTenant}}, nil
-	case cfg.TokensFile == "":
-		return authSetup{}, errors.New("no authentication configured: set auth.tokens_file in --config.file, or pass --insecure.no-auth for a local trial")
-	}
-	tokens, err := auth.NewFileTokens(logger, reg, cfg.TokensFile)
-	if err != nil {
-		return authSetup{}, err
-	}
-	s := authSetup{authn: tokens, tokens: tokens}
-	if cfg.KeysFile == "" {
-		return s, nil
-	}
-	keys, err := auth.LoadKeysFile(cfg.KeysFile)
-	if err != nil {
-		return authSetup{}, err
-	}
-	issuer := auth.NewIssuer(keys, time.Duration(cfg.CredentialTTL), nil)
-	var fleet auth.FleetAuthorizer = tokens
-	if wh := cfg.AuthorizeWebhook; wh != nil {
-		fleet = auth.Webhook{URL: wh.URL, Client: &http.Client{Timeout: time.Duration(wh.Timeout)}}
-	}
-	s.authn = auth.Chain{Issuer: issuer, Static: tokens}
-	s.authorize = auth.NewAuthorizeHandler(logger, reg, fleet, issuer)
-	return s, nil
 }
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {

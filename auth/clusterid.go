@@ -1,0 +1,53 @@
+package auth
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+)
+
+// pseudonymRE is the shape of a keyed-hash cluster id, the forwarder's and
+// ClusterIDHasher's alike: 16 bytes of HMAC-SHA256, base64url without
+// padding. A raw OpenShift cluster id is a UUID, which never has it.
+var pseudonymRE = regexp.MustCompile(`^[A-Za-z0-9_-]{22}$`)
+
+// ClusterIDHasher turns the cluster ids that clusters send in clear (the
+// Telemeter paths: telemeter-client's /authorize id and the cluster_id of
+// Prometheus' telemetry remote-write) into pseudonyms before anything
+// stores or logs them.
+type ClusterIDHasher struct{ key []byte }
+
+// LoadClusterIDHasher reads the HMAC key from path (trailing newlines
+// trimmed); it must have at least 16 bytes.
+func LoadClusterIDHasher(path string) (*ClusterIDHasher, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read cluster id hash key: %w", err)
+	}
+	return NewClusterIDHasher([]byte(strings.TrimRight(string(b), "\r\n")))
+}
+
+// NewClusterIDHasher returns a hasher keyed with key (at least 16 bytes).
+func NewClusterIDHasher(key []byte) (*ClusterIDHasher, error) {
+	if len(key) < 16 {
+		return nil, fmt.Errorf("cluster id hash key has %d bytes, want at least 16", len(key))
+	}
+	return &ClusterIDHasher{key: append([]byte(nil), key...)}, nil
+}
+
+// Pseudonym returns the id to store for a cluster that sent id:
+// base64url(HMAC-SHA256(key, id)[:16]), the forwarder's encoding. An id
+// that already has that shape (a forwarder's pseudonym) is kept as it is,
+// so clusters moving to the forwarder are not hashed twice.
+func (h *ClusterIDHasher) Pseudonym(id string) string {
+	if pseudonymRE.MatchString(id) {
+		return id
+	}
+	m := hmac.New(sha256.New, h.key)
+	m.Write([]byte(id))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:16])
+}

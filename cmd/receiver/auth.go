@@ -1,0 +1,67 @@
+package main
+
+import (
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/receive"
+)
+
+// authSetup is the receiver's authentication, built from the config.
+type authSetup struct {
+	authn     auth.Authenticator
+	telemeter auth.Authenticator // Telemeter's remote-write path: base64 JSON bearer
+	tokens    *auth.FileTokens   // nil under --insecure.no-auth
+	authorize http.Handler       // nil without auth.keys_file
+}
+
+// setupAuth builds the configured authentication. Running without any
+// needs the explicit --insecure.no-auth flag.
+func setupAuth(logger *slog.Logger, reg prometheus.Registerer, cfg receive.AuthConfig, noAuth bool) (authSetup, error) {
+	switch {
+	case cfg.TokensFile != "" && noAuth:
+		return authSetup{}, errors.New("auth.tokens_file and --insecure.no-auth are mutually exclusive")
+	case noAuth:
+		insecure := auth.Insecure{Tenant: defaultTenant}
+		return authSetup{authn: insecure, telemeter: insecure}, nil
+	case cfg.TokensFile == "":
+		return authSetup{}, errors.New("no authentication configured: set auth.tokens_file in --config.file, or pass --insecure.no-auth for a local trial")
+	}
+	tokens, err := auth.NewFileTokens(logger, reg, cfg.TokensFile)
+	if err != nil {
+		return authSetup{}, err
+	}
+	var hasher *auth.ClusterIDHasher
+	if cfg.ClusterIDHash != nil {
+		if hasher, err = auth.LoadClusterIDHasher(cfg.ClusterIDHash.SecretFile); err != nil {
+			return authSetup{}, err
+		}
+	}
+	var fleet auth.FleetAuthorizer = tokens
+	if wh := cfg.AuthorizeWebhook; wh != nil {
+		fleet = auth.Webhook{URL: wh.URL, Client: &http.Client{Timeout: time.Duration(wh.Timeout)}}
+	}
+	s := authSetup{
+		authn: tokens, tokens: tokens,
+		telemeter: auth.NewTelemeterBearer(reg, fleet, auth.TelemeterOptions{
+			Hasher:   hasher,
+			CacheTTL: time.Duration(cfg.Telemeter.TokenCacheTTL), CacheSize: cfg.Telemeter.TokenCacheSize,
+		}),
+	}
+	if cfg.KeysFile == "" {
+		return s, nil
+	}
+	keys, err := auth.LoadKeysFile(cfg.KeysFile)
+	if err != nil {
+		return authSetup{}, err
+	}
+	issuer := auth.NewIssuer(keys, time.Duration(cfg.CredentialTTL), nil)
+	s.authn = auth.Chain{Issuer: issuer, Static: tokens}
+	s.authorize = auth.NewAuthorizeHandler(logger, reg, fleet, issuer, hasher)
+	return s, nil
+}
