@@ -1,0 +1,378 @@
+package forward
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/golang/snappy"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/prompb"
+)
+
+// Delivery protocols (--to-protocol).
+const (
+	// ProtocolAuto lets each /authorize answer decide: an answer with our
+	// receiver's fields (tenant, expires_in_seconds), or no /authorize at
+	// all, means remote-write; an answer with only telemeter-server's fields
+	// (token, expiresInSeconds, labels) means the telemeter upload.
+	ProtocolAuto = "auto"
+	// ProtocolRemoteWrite is Prometheus remote-write to <to>/api/v1/write.
+	ProtocolRemoteWrite = "remote-write"
+	// ProtocolTelemeter is telemeter-client's protocol: /authorize, then
+	// delimited MetricFamily protobufs in framed snappy to /upload.
+	ProtocolTelemeter = "telemeter"
+)
+
+// TelemeterContentType is the body type of a telemeter upload: varint
+// length-delimited io.prometheus.client.MetricFamily messages.
+const TelemeterContentType = "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"
+
+// TelemeterAuthorizeURL is the authorize URL of the telemeter flow: toAuth
+// (telemeter-client's --to-auth) if set, else <base>/authorize, with the
+// query parameter id set to hashedID as telemeter-client sends it. An id
+// already in toAuth is replaced: the raw cluster id never leaves the cluster.
+func TelemeterAuthorizeURL(base *url.URL, toAuth, hashedID string) (string, error) {
+	var u url.URL
+	if toAuth != "" {
+		p, err := url.Parse(toAuth)
+		if err != nil {
+			return "", err
+		}
+		u = *p
+	} else {
+		u = *base
+		u.Path = strings.TrimSuffix(u.Path, "/") + "/authorize"
+	}
+	q := u.Query()
+	q.Set("id", hashedID)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}
+
+// grant is what a request needs from the Authorizer.
+type grant struct {
+	token     string
+	labels    map[string]string // to set on every series (telemeter flow)
+	telemeter bool              // the answer came from a stock telemeter-server
+	direct    bool              // no /authorize: the fleet token is used as is
+}
+
+// grant returns a consistent token and its labels, exchanging if needed.
+func (a *Authorizer) grant(ctx context.Context) (grant, error) {
+	for range 3 { // a renewal may slip in between Token and the lookup
+		tok, err := a.Token(ctx)
+		if err != nil {
+			return grant{}, err
+		}
+		a.mu.Lock()
+		direct, c := a.direct, a.cur
+		a.mu.Unlock()
+		switch {
+		case direct:
+			return grant{token: tok, direct: true}, nil
+		case c != nil && c.token == tok:
+			return grant{token: tok, labels: c.labels, telemeter: c.telemeter}, nil
+		}
+	}
+	return grant{}, fmt.Errorf("%w: credential changed while in use", ErrAuthorize)
+}
+
+// TelemeterSenderOptions tunes a TelemeterSender.
+type TelemeterSenderOptions struct {
+	UserAgent string
+	// Timeout bounds one request (default 30s).
+	Timeout    time.Duration
+	Registerer prometheus.Registerer // nil: metrics are not registered
+}
+
+// TelemeterSender delivers to a stock telemeter-server the way
+// telemeter-client does: the Authorizer's /authorize exchange (re-done once
+// when an upload gets 401), then POST of the batch as delimited
+// MetricFamily messages, snappy framed, carrying every sample's original
+// timestamp and the labels the authorize answer requires.
+//
+// Errors follow the Sender contract: network errors, 5xx and 429 are
+// RetryableErrors; other non-2xx are *HTTPError and the batch is dropped
+// (telemeter-client treats only 200 as success; any 2xx is accepted here).
+// Safe for concurrent use.
+type TelemeterSender struct {
+	url    string
+	client *http.Client
+	auth   *Authorizer
+	opts   TelemeterSenderOptions
+
+	unsendable prometheus.Counter
+}
+
+// NewTelemeterSender returns a sender that uploads to uploadURL (e.g.
+// <to>/upload) with credentials from auth.
+func NewTelemeterSender(uploadURL string, client *http.Client, auth *Authorizer, opts TelemeterSenderOptions) *TelemeterSender {
+	if opts.Timeout <= 0 {
+		opts.Timeout = 30 * time.Second
+	}
+	return &TelemeterSender{
+		url: uploadURL, client: client, auth: auth, opts: opts,
+		unsendable: promauto.With(opts.Registerer).NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_forward_telemeter_unsendable_samples_total",
+			Help: "Samples the telemeter upload format cannot carry (native histograms, series without a metric name); they are skipped.",
+		}),
+	}
+}
+
+// Send implements Sender.
+func (s *TelemeterSender) Send(ctx context.Context, req *prompb.WriteRequest) error {
+	for attempt := 0; ; attempt++ {
+		g, err := s.auth.grant(ctx)
+		if err != nil {
+			// A failed authorize: keep the data queued.
+			return RetryableError{Err: fmt.Errorf("telemeter upload credential: %w", err)}
+		}
+		families, skipped := TelemeterFamilies(req, g.labels)
+		if attempt == 0 && skipped > 0 {
+			s.unsendable.Add(float64(skipped))
+		}
+		if len(families) == 0 {
+			return nil
+		}
+		body, err := EncodeTelemeter(families)
+		if err != nil {
+			return fmt.Errorf("encode telemeter upload: %w", err)
+		}
+		err = s.post(ctx, body, g.token)
+		var he *HTTPError
+		if !errors.As(err, &he) || he.Code != http.StatusUnauthorized {
+			return err
+		}
+		if attempt == 0 && s.auth.Rejected(g.token) {
+			continue // re-authorize once, as telemeter-client does on its next request
+		}
+		return RetryableError{Err: err} // rejected right after re-authorizing: keep it queued
+	}
+}
+
+func (s *TelemeterSender) post(ctx context.Context, body []byte, token string) error {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("build upload request: %w", err)
+	}
+	req.Header.Set("Content-Type", TelemeterContentType)
+	req.Header.Set("Content-Encoding", "snappy")
+	if s.opts.UserAgent != "" {
+		req.Header.Set("User-Agent", s.opts.UserAgent)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			return fmt.Errorf("telemeter upload: %w", err)
+		}
+		return RetryableError{Err: fmt.Errorf("telemeter upload: %w", err)}
+	}
+	defer func() {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		_ = resp.Body.Close()
+	}()
+	if resp.StatusCode/100 == 2 {
+		return nil
+	}
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	herr := &HTTPError{Code: resp.StatusCode, Message: strings.TrimSpace(string(msg))}
+	if resp.StatusCode/100 == 5 || resp.StatusCode == http.StatusTooManyRequests {
+		return RetryableError{Err: herr, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
+	}
+	return herr
+}
+
+// TelemeterFamilies converts a remote-write batch into metric families as
+// telemeter-server expects them: one untyped family per metric name (sorted
+// by name), one metric per sample with its original timestamp, metrics of a
+// family in timestamp order (telemeter-server rejects a family out of
+// order), labels sorted. labels are set on every metric, replacing a label
+// of the same name. It returns the number of samples it cannot carry
+// (native histograms, series without __name__).
+func TelemeterFamilies(req *prompb.WriteRequest, labels map[string]string) ([]*dto.MetricFamily, int) {
+	byName := map[string]*dto.MetricFamily{}
+	skipped := 0
+	for i := range req.Timeseries {
+		ts := &req.Timeseries[i]
+		skipped += len(ts.Histograms)
+		name := ""
+		pairs := make([]*dto.LabelPair, 0, len(ts.Labels)+len(labels))
+		for _, l := range ts.Labels {
+			switch _, replaced := labels[l.Name]; {
+			case l.Name == model.MetricNameLabel:
+				name = l.Value
+			case !replaced:
+				pairs = append(pairs, &dto.LabelPair{Name: new(l.Name), Value: new(l.Value)})
+			}
+		}
+		if name == "" {
+			skipped += len(ts.Samples)
+			continue
+		}
+		if len(ts.Samples) == 0 {
+			continue
+		}
+		for k, v := range labels {
+			pairs = append(pairs, &dto.LabelPair{Name: new(k), Value: new(v)})
+		}
+		slices.SortFunc(pairs, func(a, b *dto.LabelPair) int { return cmp.Compare(a.GetName(), b.GetName()) })
+		mf := byName[name]
+		if mf == nil {
+			mf = &dto.MetricFamily{Name: new(name), Type: dto.MetricType_UNTYPED.Enum()}
+			byName[name] = mf
+		}
+		for _, smp := range ts.Samples {
+			mf.Metric = append(mf.Metric, &dto.Metric{
+				Label:       pairs,
+				Untyped:     &dto.Untyped{Value: new(smp.Value)},
+				TimestampMs: new(smp.Timestamp),
+			})
+		}
+	}
+	out := make([]*dto.MetricFamily, 0, len(byName))
+	for _, mf := range byName {
+		slices.SortStableFunc(mf.Metric, func(a, b *dto.Metric) int { return cmp.Compare(a.GetTimestampMs(), b.GetTimestampMs()) })
+		out = append(out, mf)
+	}
+	slices.SortFunc(out, func(a, b *dto.MetricFamily) int { return cmp.Compare(a.GetName(), b.GetName()) })
+	return out, skipped
+}
+
+// EncodeTelemeter writes families as a telemeter upload body: delimited
+// MetricFamily messages in the snappy framed (stream) format.
+func EncodeTelemeter(families []*dto.MetricFamily) ([]byte, error) {
+	var buf bytes.Buffer
+	sw := snappy.NewBufferedWriter(&buf)
+	enc := expfmt.NewEncoder(sw, expfmt.NewFormat(expfmt.TypeProtoDelim))
+	for _, mf := range families {
+		if err := enc.Encode(mf); err != nil {
+			return nil, err
+		}
+	}
+	if err := sw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// ProtocolSenderOptions configures a ProtocolSender.
+type ProtocolSenderOptions struct {
+	// Protocol is ProtocolAuto, ProtocolRemoteWrite or ProtocolTelemeter.
+	Protocol string
+	// Authorizer decides ProtocolAuto by its answers; nil means remote-write.
+	Authorizer  *Authorizer
+	RemoteWrite *HTTPSender           // required unless Protocol is ProtocolTelemeter
+	Telemeter   *TelemeterSender      // required unless Protocol is ProtocolRemoteWrite (with an Authorizer)
+	Logger      *slog.Logger          // nil: discard
+	Registerer  prometheus.Registerer // nil: metrics are not registered
+}
+
+// ProtocolSender delivers each batch with remote-write or the telemeter
+// upload, fixed or (ProtocolAuto) as the Authorizer's current answer says:
+// only an answer from a stock telemeter-server selects the telemeter
+// upload. It implements Sender and RecordSender. Safe for concurrent use.
+type ProtocolSender struct {
+	opts   ProtocolSenderOptions
+	logger *slog.Logger
+	inUse  *prometheus.GaugeVec
+
+	mu   sync.Mutex
+	last string
+}
+
+// NewProtocolSender returns a ProtocolSender.
+func NewProtocolSender(opts ProtocolSenderOptions) *ProtocolSender {
+	if opts.Protocol == "" {
+		opts.Protocol = ProtocolAuto
+	}
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	s := &ProtocolSender{opts: opts, logger: logger, inUse: promauto.With(opts.Registerer).NewGaugeVec(prometheus.GaugeOpts{
+		Name: "phonehome_forward_delivery_protocol",
+		Help: "1 for the delivery protocol in use (remote-write or telemeter), 0 for the other.",
+	}, []string{"protocol"})}
+	s.inUse.WithLabelValues(ProtocolRemoteWrite)
+	s.inUse.WithLabelValues(ProtocolTelemeter)
+	return s
+}
+
+// pick returns the protocol for the next batch.
+func (s *ProtocolSender) pick(ctx context.Context) (string, error) {
+	p := s.opts.Protocol
+	if p == ProtocolAuto {
+		p = ProtocolRemoteWrite
+		if s.opts.Authorizer != nil {
+			g, err := s.opts.Authorizer.grant(ctx)
+			if err != nil {
+				return "", RetryableError{Err: fmt.Errorf("choose delivery protocol: %w", err)}
+			}
+			if g.telemeter && !g.direct {
+				p = ProtocolTelemeter
+			}
+		}
+	}
+	s.mu.Lock()
+	changed := s.last != p
+	s.last = p
+	s.mu.Unlock()
+	if changed {
+		s.inUse.WithLabelValues(p).Set(1)
+		other := ProtocolTelemeter
+		if p == ProtocolTelemeter {
+			other = ProtocolRemoteWrite
+		}
+		s.inUse.WithLabelValues(other).Set(0)
+		s.logger.Info("delivery protocol", "protocol", p, "configured", s.opts.Protocol)
+	}
+	return p, nil
+}
+
+// SendRecord implements RecordSender.
+func (s *ProtocolSender) SendRecord(ctx context.Context, r Record) (Written, error) {
+	p, err := s.pick(ctx)
+	if err != nil {
+		return Written{}, err
+	}
+	if p == ProtocolRemoteWrite {
+		return s.opts.RemoteWrite.SendRecord(ctx, r)
+	}
+	req, err := r.toV1()
+	if err != nil {
+		return Written{}, err
+	}
+	return Written{}, s.opts.Telemeter.Send(ctx, req)
+}
+
+// Send implements Sender.
+func (s *ProtocolSender) Send(ctx context.Context, req *prompb.WriteRequest) error {
+	p, err := s.pick(ctx)
+	if err != nil {
+		return err
+	}
+	if p == ProtocolRemoteWrite {
+		return s.opts.RemoteWrite.Send(ctx, req)
+	}
+	return s.opts.Telemeter.Send(ctx, req)
+}
