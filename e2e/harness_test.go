@@ -85,6 +85,16 @@ func startBinary(t *testing.T, name string, args ...string) *Process {
 // line of its stderr.
 func startProcess(t *testing.T, path, name string, args []string, match func(line string) (string, bool)) *Process {
 	t.Helper()
+	p, addrc := launchProcess(t, path, name, args, match)
+	p.waitListening(addrc)
+	return p
+}
+
+// launchProcess starts path and returns at once; waitListening then waits
+// for the address match finds (match sees every line of output). Split so
+// that several processes can be started at the same instant.
+func launchProcess(t *testing.T, path, name string, args []string, match func(line string) (string, bool)) (*Process, <-chan string) {
+	t.Helper()
 	pr, pw, err := os.Pipe()
 	require.NoError(t, err)
 	cmd := exec.Command(path, args...)
@@ -121,16 +131,19 @@ func startProcess(t *testing.T, path, name string, args []string, match func(lin
 		close(p.done)
 	}()
 	t.Cleanup(func() { p.Stop() })
+	return p, addrc
+}
 
+// waitListening waits for the address launchProcess' match found.
+func (p *Process) waitListening(addrc <-chan string) {
+	p.t.Helper()
 	select {
 	case p.Addr = <-addrc:
-		return p
 	case <-p.done:
-		t.Fatalf("%s exited before listening: %v", name, p.exitErr)
+		p.t.Fatalf("%s exited before listening: %v", p.name, p.exitErr)
 	case <-time.After(60 * time.Second):
-		t.Fatalf("%s did not log a listen address", name)
+		p.t.Fatalf("%s did not log a listen address", p.name)
 	}
-	return nil
 }
 
 func listeningFromJSON(line string) (string, bool) {
