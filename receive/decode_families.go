@@ -105,69 +105,148 @@ type family struct {
 	typ              uint64
 }
 
-// decodeFamily reads the family's name and type first (a message may carry
-// its fields in any order), then converts its metrics.
-func (d *familyRequest) decodeFamily(raw []byte, now int64) error {
-	var f family
+// Wire types of the protobuf encoding that these messages use.
+const (
+	wireVarint  = 0
+	wireFixed64 = 1
+	wireBytes   = 2
+)
+
+// eachField calls fn for every field of raw whose wire type is the one
+// wireOf expects for it. Other fields are skipped: protobuf-go, which
+// generates client_model, treats a known field with another wire type as
+// an unknown one.
+func eachField(raw []byte, wireOf func(field int32) int, fn func(p *pbReader, field int32) error) error {
 	p := pbReader{b: raw}
 	for !p.done() {
 		field, wire, err := p.tag()
 		if err != nil {
 			return err
 		}
-		switch field {
-		case 1, 2, 5: // name, help, unit
-			b, err := p.message(wire, "MetricFamily string")
-			if err != nil {
-				return err
-			}
-			s := aliasString(b)
-			switch field {
-			case 1:
-				f.name = s
-			case 2:
-				f.help = s
-			default:
-				f.unit = s
-			}
-		case 3: // type
-			if wire != 0 {
-				return fmt.Errorf("proto: wrong wireType = %d for field Type", wire)
-			}
-			if f.typ, err = p.varint(); err != nil {
-				return err
-			}
-		default:
-			if err := p.skip(wire); err != nil {
-				return err
-			}
-		}
-	}
-	if f.name == "" {
-		return errors.New("metric family without a name")
-	}
-	d.addMetadata(f)
-	p = pbReader{b: raw}
-	for !p.done() {
-		field, wire, err := p.tag()
-		if err != nil {
-			return err
-		}
-		if field != 4 {
+		if wire != wireOf(field) {
 			if err := p.skip(wire); err != nil {
 				return err
 			}
 			continue
 		}
-		msg, err := p.message(wire, "Metric")
-		if err != nil {
+		if err := fn(&p, field); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// The wire types of each message's fields; -1 for fields not read.
+func familyWire(f int32) int {
+	switch f {
+	case 1, 2, 4, 5: // name, help, metric, unit
+		return wireBytes
+	case 3: // type
+		return wireVarint
+	}
+	return -1
+}
+
+func metricWire(f int32) int {
+	switch f {
+	case 1, 2, 3, 4, 5, 7: // label, gauge, counter, summary, untyped, histogram
+		return wireBytes
+	case 6: // timestamp_ms
+		return wireVarint
+	}
+	return -1
+}
+
+func labelPairWire(f int32) int {
+	if f == 1 || f == 2 { // name, value
+		return wireBytes
+	}
+	return -1
+}
+
+func valueWire(f int32) int { // Gauge, Counter, Untyped: value; Quantile: quantile, value
+	if f == 1 || f == 2 {
+		return wireFixed64
+	}
+	return -1
+}
+
+func summaryWire(f int32) int {
+	switch f {
+	case 1: // sample_count
+		return wireVarint
+	case 2: // sample_sum
+		return wireFixed64
+	case 3: // quantile
+		return wireBytes
+	}
+	return -1
+}
+
+func histogramWire(f int32) int {
+	switch f {
+	case 1: // sample_count
+		return wireVarint
+	case 2, 4: // sample_sum, sample_count_float
+		return wireFixed64
+	case 3: // bucket
+		return wireBytes
+	}
+	return -1
+}
+
+func bucketWire(f int32) int {
+	switch f {
+	case 1: // cumulative_count
+		return wireVarint
+	case 2, 4: // upper_bound, cumulative_count_float
+		return wireFixed64
+	}
+	return -1
+}
+
+// decodeFamily reads the family's name and type first (a message may carry
+// its fields in any order), then converts its metrics.
+func (d *familyRequest) decodeFamily(raw []byte, now int64) error {
+	var f family
+	err := eachField(raw, familyWire, func(p *pbReader, field int32) error {
+		if field == 3 {
+			v, err := p.varint()
+			f.typ = v
+			return err
+		}
+		b, err := p.bytes()
+		switch field {
+		case 1:
+			f.name = aliasString(b)
+		case 2:
+			f.help = aliasString(b)
+		case 5:
+			f.unit = aliasString(b)
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if f.name == "" {
+		return errors.New("metric family without a name")
+	}
+	d.addMetadata(f)
+	return eachField(raw, familyWire, func(p *pbReader, field int32) error {
+		if field == 3 {
+			_, err := p.varint()
+			return err
+		}
+		msg, err := p.bytes()
+		if field != 4 || err != nil {
 			return err
 		}
 		if err := d.decodeMetric(f, msg, now); err != nil {
 			return fmt.Errorf("%s: %w", f.name, err)
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // addMetadata keeps a family's type, help and unit as remote-write 1.0
@@ -196,119 +275,112 @@ func (d *familyRequest) addMetadata(f family) {
 }
 
 // metric is one decoded Metric (its label pairs are in d.pairs): the value
-// fields this converter uses.
+// fields this converter uses. A message field that appears more than once
+// is merged, as protobuf does: the summary and histogram parts are kept.
 type metric struct {
-	value      float64 // gauge, counter or untyped
-	hasTS      bool
-	ts         int64
-	summary    []byte
-	histogram  []byte
-	valueField int32 // which of gauge (2), counter (3), untyped (5) was set last
+	value     float64 // gauge, counter or untyped
+	ts        int64
+	hasTS     bool
+	summary   [][]byte
+	histogram [][]byte
 }
 
 func (d *familyRequest) decodeMetric(f family, raw []byte, now int64) error {
 	var m metric
 	clear(d.pairs)
 	d.pairs = d.pairs[:0]
-	p := pbReader{b: raw}
-	for !p.done() {
-		field, wire, err := p.tag()
+	err := eachField(raw, metricWire, func(p *pbReader, field int32) error {
+		if field == 6 { // timestamp_ms
+			v, err := p.varint()
+			m.ts, m.hasTS = int64(v), true
+			return err
+		}
+		msg, err := p.bytes()
 		if err != nil {
 			return err
 		}
 		switch field {
 		case 1: // label
-			msg, err := p.message(wire, "Label")
-			if err != nil {
+			var l prompb.Label
+			err := eachField(msg, labelPairWire, func(p *pbReader, field int32) error {
+				b, err := p.bytes()
+				if field == 1 {
+					l.Name = aliasString(b)
+				} else {
+					l.Value = aliasString(b)
+				}
 				return err
-			}
-			l, err := decodeLabel(msg)
-			if err != nil {
-				return err
-			}
+			})
 			d.pairs = append(d.pairs, l)
-		case 2, 3, 5: // gauge, counter, untyped: field 1 is the value
-			msg, err := p.message(wire, "Value")
-			if err != nil {
+			return err
+		case 2, 3, 5: // gauge, counter, untyped
+			return eachField(msg, valueWire, func(p *pbReader, field int32) error {
+				v, err := p.fixed64()
+				if field == 1 {
+					m.value = math.Float64frombits(v)
+				}
 				return err
-			}
-			if m.value, err = decodeDouble(msg, 1); err != nil {
-				return err
-			}
-			m.valueField = field
+			})
 		case 4:
-			if m.summary, err = p.message(wire, "Summary"); err != nil {
-				return err
-			}
+			m.summary = append(m.summary, msg)
 		case 7:
-			if m.histogram, err = p.message(wire, "Histogram"); err != nil {
-				return err
-			}
-		case 6: // timestamp_ms
-			if wire != 0 {
-				return fmt.Errorf("proto: wrong wireType = %d for field TimestampMs", wire)
-			}
-			v, err := p.varint()
-			if err != nil {
-				return err
-			}
-			m.ts, m.hasTS = int64(v), true
-		default:
-			if err := p.skip(wire); err != nil {
-				return err
-			}
+			m.histogram = append(m.histogram, msg)
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if !m.hasTS {
 		m.ts = now
 	}
 	switch f.typ {
 	case familySummary:
-		return d.convertSummary(f.name, &m)
+		err = d.convertSummary(f.name, &m)
 	case familyHistogram, familyGaugeHistogram:
-		return d.convertHistogram(f.name, &m)
+		err = d.convertHistogram(f.name, &m)
 	default: // counter, gauge, untyped and unknown types: the value as it is
 		d.emit(f.name, &m, "", "", m.value)
-		return nil
 	}
+	return err
 }
 
 func (d *familyRequest) convertSummary(name string, m *metric) error {
 	var count uint64
 	var sum float64
-	p := pbReader{b: m.summary}
-	for !p.done() {
-		field, wire, err := p.tag()
+	for _, part := range m.summary {
+		err := eachField(part, summaryWire, func(p *pbReader, field int32) error {
+			switch field {
+			case 1:
+				v, err := p.varint()
+				count = v
+				return err
+			case 2:
+				v, err := p.fixed64()
+				sum = math.Float64frombits(v)
+				return err
+			}
+			msg, err := p.bytes()
+			if err != nil {
+				return err
+			}
+			var q, v float64
+			err = eachField(msg, valueWire, func(p *pbReader, field int32) error {
+				b, err := p.fixed64()
+				if field == 1 {
+					q = math.Float64frombits(b)
+				} else {
+					v = math.Float64frombits(b)
+				}
+				return err
+			})
+			if err == nil {
+				d.emit(name, m, model.QuantileLabel, formatFloat(q), v)
+			}
+			return err
+		})
 		if err != nil {
 			return err
-		}
-		switch field {
-		case 1:
-			if count, err = readUvarint(&p, wire, "SampleCount"); err != nil {
-				return err
-			}
-		case 2:
-			if sum, err = readDouble(&p, wire, "SampleSum"); err != nil {
-				return err
-			}
-		case 3:
-			msg, err := p.message(wire, "Quantile")
-			if err != nil {
-				return err
-			}
-			q, err := decodeDouble(msg, 1)
-			if err != nil {
-				return err
-			}
-			v, err := decodeDouble(msg, 2)
-			if err != nil {
-				return err
-			}
-			d.emit(name, m, model.QuantileLabel, formatFloat(q), v)
-		default:
-			if err := p.skip(wire); err != nil {
-				return err
-			}
 		}
 	}
 	d.emit(name+"_sum", m, "", "", sum)
@@ -318,54 +390,46 @@ func (d *familyRequest) convertSummary(name string, m *metric) error {
 
 func (d *familyRequest) convertHistogram(name string, m *metric) error {
 	var (
-		count, countFloat float64
-		sum               float64
-		sawInf            bool
+		count, countFloat, sum float64
+		sawInf                 bool
 	)
 	bucket := name + "_bucket"
-	p := pbReader{b: m.histogram}
-	for !p.done() {
-		field, wire, err := p.tag()
-		if err != nil {
-			return err
-		}
-		switch field {
-		case 1:
-			c, err := readUvarint(&p, wire, "SampleCount")
-			if err != nil {
+	for _, part := range m.histogram {
+		err := eachField(part, histogramWire, func(p *pbReader, field int32) error {
+			switch field {
+			case 1:
+				v, err := p.varint()
+				count = float64(v)
+				return err
+			case 2, 4:
+				v, err := p.fixed64()
+				if field == 2 {
+					sum = math.Float64frombits(v)
+				} else {
+					countFloat = math.Float64frombits(v)
+				}
 				return err
 			}
-			count = float64(c)
-		case 4:
-			if countFloat, err = readDouble(&p, wire, "SampleCountFloat"); err != nil {
-				return err
-			}
-		case 2:
-			if sum, err = readDouble(&p, wire, "SampleSum"); err != nil {
-				return err
-			}
-		case 3:
-			msg, err := p.message(wire, "Bucket")
+			msg, err := p.bytes()
 			if err != nil {
 				return err
 			}
 			ub, v, err := decodeBucket(msg)
-			if err != nil {
-				return err
+			if err == nil {
+				sawInf = sawInf || math.IsInf(ub, 1)
+				d.emit(bucket, m, model.BucketLabel, formatFloat(ub), v)
 			}
-			sawInf = sawInf || math.IsInf(ub, 1)
-			d.emit(bucket, m, model.BucketLabel, formatFloat(ub), v)
-		default: // native histogram fields, exemplars, created timestamp
-			if err := p.skip(wire); err != nil {
-				return err
-			}
+			return err
+		})
+		if err != nil {
+			return err
 		}
 	}
 	if countFloat > 0 {
 		count = countFloat
 	}
-	if !sawInf {
-		d.emit(bucket, m, model.BucketLabel, "+Inf", count) // as Prometheus adds it when scraping
+	if !sawInf { // as Prometheus adds it when it scrapes a classic histogram
+		d.emit(bucket, m, model.BucketLabel, "+Inf", count)
 	}
 	d.emit(name+"_sum", m, "", "", sum)
 	d.emit(name+"_count", m, "", "", count)
@@ -376,37 +440,24 @@ func (d *familyRequest) convertHistogram(name string, m *metric) error {
 // float count when set).
 func decodeBucket(raw []byte) (upper, count float64, err error) {
 	var countFloat float64
-	p := pbReader{b: raw}
-	for !p.done() {
-		field, wire, err := p.tag()
-		if err != nil {
-			return 0, 0, err
+	err = eachField(raw, bucketWire, func(p *pbReader, field int32) error {
+		if field == 1 {
+			v, err := p.varint()
+			count = float64(v)
+			return err
 		}
-		switch field {
-		case 1:
-			c, err := readUvarint(&p, wire, "CumulativeCount")
-			if err != nil {
-				return 0, 0, err
-			}
-			count = float64(c)
-		case 2:
-			if upper, err = readDouble(&p, wire, "UpperBound"); err != nil {
-				return 0, 0, err
-			}
-		case 4:
-			if countFloat, err = readDouble(&p, wire, "CumulativeCountFloat"); err != nil {
-				return 0, 0, err
-			}
-		default:
-			if err := p.skip(wire); err != nil {
-				return 0, 0, err
-			}
+		v, err := p.fixed64()
+		if field == 2 {
+			upper = math.Float64frombits(v)
+		} else {
+			countFloat = math.Float64frombits(v)
 		}
-	}
+		return err
+	})
 	if countFloat > 0 {
 		count = countFloat
 	}
-	return upper, count, nil
+	return upper, count, err
 }
 
 // emit appends one series: __name__=name, the metric's label pairs, and extraName=
@@ -450,42 +501,4 @@ func formatFloat(f float64) string {
 	default:
 		return strconv.FormatFloat(f, 'g', -1, 64)
 	}
-}
-
-// decodeDouble returns the double field of raw, a small message (Gauge,
-// Counter, Untyped, Quantile), or 0 when it is absent.
-func decodeDouble(raw []byte, want int32) (float64, error) {
-	var v float64
-	p := pbReader{b: raw}
-	for !p.done() {
-		field, wire, err := p.tag()
-		if err != nil {
-			return 0, err
-		}
-		if field != want {
-			if err := p.skip(wire); err != nil {
-				return 0, err
-			}
-			continue
-		}
-		if v, err = readDouble(&p, wire, "Value"); err != nil {
-			return 0, err
-		}
-	}
-	return v, nil
-}
-
-func readDouble(p *pbReader, wire int, name string) (float64, error) {
-	if wire != 1 {
-		return 0, fmt.Errorf("proto: wrong wireType = %d for field %s", wire, name)
-	}
-	v, err := p.fixed64()
-	return math.Float64frombits(v), err
-}
-
-func readUvarint(p *pbReader, wire int, name string) (uint64, error) {
-	if wire != 0 {
-		return 0, fmt.Errorf("proto: wrong wireType = %d for field %s", wire, name)
-	}
-	return p.varint()
 }
