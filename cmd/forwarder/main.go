@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"encoding/csv"
 	"errors"
 	"flag"
 	"fmt"
@@ -50,14 +51,40 @@ type listFlag []string
 func (l *listFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
+// sliceFlag is a repeatable flag whose values are also comma-separated
+// lists, read as CSV like pflag's StringSlice (telemeter-client's --label,
+// --rename and --anonymize-labels). An empty value adds nothing.
+type sliceFlag []string
+
+func (l *sliceFlag) String() string { return strings.Join(*l, ",") }
+func (l *sliceFlag) Set(v string) error {
+	if v == "" {
+		return nil
+	}
+	rec, err := csv.NewReader(strings.NewReader(v)).Read()
+	if err != nil {
+		return fmt.Errorf("want a comma-separated list: %w", err)
+	}
+	*l = append(*l, rec...)
+	return nil
+}
+
 type flags struct {
 	from, fromTokenFile, fromCAFile  string
 	to, toTokenFile, toCAFile        string
 	id                               string
-	matches, labels, renames         listFlag
+	matches                          listFlag
+	labels, renames, anonymizeLabels sliceFlag
 	matchFile                        string
 	interval                         time.Duration
-	anonymizeLabels, saltFile        string
+	saltFile                         string
+	// telemeter-client's flags without a counterpart of ours.
+	fromToken, toToken, salt         string // inline secrets
+	toUpload, toAuth                 string
+	limitBytes                       int64
+	tlsCertFile, tlsKeyFile          string
+	verbose                          bool
+	protocol                         string
 	listen, configFile, gatheringURL string
 	queueDir                         string
 	queueMaxBytes                    units.Base2Bytes
@@ -81,13 +108,22 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	fs.StringVar(&f.authorize, "authorize", forward.AuthorizeAuto, "Exchange the --to-token-file token at <to>/authorize for a short-lived cluster credential: auto (if the receiver has /authorize), always, or never (use the token directly).")
 	fs.StringVar(&f.rwVersion, "remote-write.version", forward.VersionAuto, "Remote-write protocol: auto (2.0, falling back to 1.0 on a 415 or a 1.0 receiver, remembered in --queue.dir), 1 (e.g. Prometheus <= 2.x, which answers 2.0 with 400) or 2.")
 	fs.StringVar(&f.id, "id", "", "Raw cluster id; only its keyed hash leaves the cluster, as label _id.")
+	fs.StringVar(&f.protocol, "to-protocol", forward.ProtocolAuto, "Delivery protocol: remote-write (<to>/api/v1/write), telemeter (telemeter-client's /authorize + /upload, for a stock telemeter-server) or auto: telemeter if --to-upload or --to-auth is given; remote-write without a fleet token or with --authorize=never; otherwise the /authorize answer decides, telemeter only if it has telemeter-server's fields alone (no tenant, no expires_in_seconds).")
+	fs.StringVar(&f.toUpload, "to-upload", "", "telemeter-client: the upload URL of a telemeter-server (default <to>/upload); implies --to-protocol=telemeter under auto.")
+	fs.StringVar(&f.toAuth, "to-auth", "", "telemeter-client: the authorize URL of a telemeter-server (default <to>/authorize); its id parameter is always the hashed id. Implies --to-protocol=telemeter under auto.")
+	fs.StringVar(&f.toToken, "to-token", "", "telemeter-client: the fleet token inline (accepted with a warning; prefer --to-token-file). Overrides --to-token-file.")
+	fs.StringVar(&f.fromToken, "from-token", "", "telemeter-client: the bearer token for --from inline (accepted with a warning; prefer --from-token-file). Overrides --from-token-file.")
+	fs.StringVar(&f.tlsCertFile, "tls-cert-file", "", "telemeter-client: client certificate (PEM) presented to --from; re-read when it changes. Needs --tls-private-key-file.")
+	fs.StringVar(&f.tlsKeyFile, "tls-private-key-file", "", "telemeter-client: private key (PEM) of --tls-cert-file.")
+	fs.Int64Var(&f.limitBytes, "limit-bytes", 0, "telemeter-client: bytes of a federate response kept per cycle (overrides federate.max_bytes; 0 = no cap). Beyond it samples are counted as dropped, the cycle is not failed.")
 	fs.Var(&f.matches, "match", "Series selector to federate and allow (repeatable).")
 	fs.StringVar(&f.matchFile, "match-file", "", "File with one series selector per line ('#' comments).")
 	fs.DurationVar(&f.interval, "interval", 4*time.Minute+30*time.Second, "Time between collections (jittered by ±10%).")
-	fs.StringVar(&f.anonymizeLabels, "anonymize-labels", "", "Comma-separated label names whose values are replaced by their keyed hash.")
+	fs.Var(&f.anonymizeLabels, "anonymize-labels", "Label names whose values are replaced by their keyed hash (comma-separated, repeatable; empty is allowed).")
 	fs.StringVar(&f.saltFile, "anonymize-salt-file", "", "File with the secret per-cluster anonymization salt (>= 16 bytes).")
-	fs.Var(&f.labels, "label", "Extra label key=value for every series (repeatable).")
-	fs.Var(&f.renames, "rename", "Metric rename old=new (repeatable; default ALERTS=alerts).")
+	fs.StringVar(&f.salt, "anonymize-salt", "", "telemeter-client: the salt inline (accepted with a warning; prefer --anonymize-salt-file). Overrides --anonymize-salt-file.")
+	fs.Var(&f.labels, "label", "Extra label key=value for every series (comma-separated, repeatable).")
+	fs.Var(&f.renames, "rename", "Metric rename old=new (comma-separated, repeatable; default ALERTS=alerts).")
 	fs.StringVar(&f.listen, "listen", ":9002", "Address for /metrics, /healthz and /readyz.")
 	fs.StringVar(&f.listen, "web.listen-address", ":9002", "Alias of --listen.")
 	fs.StringVar(&f.configFile, "config.file", "", "Optional YAML file: relabel_configs, limits, queue and send settings.")
@@ -95,6 +131,9 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	fs.StringVar(&f.queueDir, "queue.dir", "data/queue", "Directory of the on-disk queue.")
 	fs.TextVar(&f.queueMaxBytes, "queue.max-bytes", 256*units.MiB, "Bound of the on-disk queue, e.g. 256MiB (overrides queue.max_bytes).")
 	fs.StringVar(&f.logLevel, "log.level", "info", "debug, info, warn or error.")
+	fs.StringVar(&f.logLevel, "log-level", "info", "Alias of --log.level (telemeter-client).")
+	fs.BoolVar(&f.verbose, "v", false, "telemeter-client: verbose output, i.e. --log.level=debug unless a level is given.")
+	fs.BoolVar(&f.verbose, "verbose", false, "Alias of -v.")
 	fs.StringVar(&f.logFormat, "log.format", "json", "json or logfmt.")
 	fs.BoolVar(&f.checkConfig, "check-config", false, "Validate flags and configuration, print ok and exit.")
 	fs.BoolVar(&f.disabled, "disabled", false, "Opt out of telemetry: collect and send nothing.")
@@ -105,7 +144,18 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
 	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	if f.verbose && !f.set["log.level"] && !f.set["log-level"] {
+		f.logLevel = "debug"
+	}
 	return f, nil
+}
+
+// inlineSecrets are telemeter-client's inline secret flags and the file
+// flag recommended instead.
+var inlineSecrets = []struct{ flag, file string }{
+	{"from-token", "from-token-file"},
+	{"to-token", "to-token-file"},
+	{"anonymize-salt", "anonymize-salt-file"},
 }
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
@@ -134,6 +184,10 @@ type setup struct {
 	file           forward.FileConfig
 	fromClient     *http.Client
 	toClient       *http.Client
+	// protocol is forward.ProtocolRemoteWrite, ProtocolTelemeter, or
+	// ProtocolAuto when the /authorize answer decides.
+	protocol string
+	toUpload string // the telemeter upload URL
 }
 
 // load validates every flag and the config file, reporting all problems at once.
@@ -160,7 +214,7 @@ func load(f *flags) (*setup, error) {
 	switch {
 	case f.disabled:
 		s.disabledReason = "--disabled"
-	case f.to == "":
+	case f.to == "" && f.toUpload == "" && f.toAuth == "":
 		s.disabledReason = "no --to"
 	}
 	enabled := s.disabledReason == ""
@@ -180,20 +234,61 @@ func load(f *flags) (*setup, error) {
 	}
 	s.from = parseURL("from", f.from, enabled)
 	s.to = parseURL("to", f.to, false)
+	if s.from != nil {
+		// telemeter-client takes the federate URL itself as well.
+		s.from.Path = strings.TrimSuffix(strings.TrimSuffix(s.from.Path, "/"), "/federate")
+	}
+	if u := parseURL("to-upload", f.toUpload, false); u != nil {
+		s.toUpload = u.String()
+	} else if s.to != nil {
+		u := *s.to
+		u.Path = strings.TrimSuffix(u.Path, "/") + "/upload"
+		s.toUpload = u.String()
+	}
+	parseURL("to-auth", f.toAuth, false)
+	if f.to == "" && (f.toUpload == "") != (f.toAuth == "") {
+		add(errors.New("--to-upload and --to-auth: both are needed without --to"))
+	}
 	if u := parseURL("gathering-url", f.gatheringURL, false); u != nil {
 		s.gatheringURL = u.String()
 	}
 	if enabled && f.id == "" {
 		add(errors.New("--id: required"))
 	}
+	fleetToken := f.toTokenFile != "" || f.toToken != ""
 	switch f.authorize {
 	case forward.AuthorizeAuto, forward.AuthorizeNever:
 	case forward.AuthorizeAlways:
-		if f.toTokenFile == "" {
+		if !fleetToken {
 			add(errors.New("--authorize=always: needs --to-token-file (the fleet token to exchange)"))
 		}
 	default:
 		add(fmt.Errorf("--authorize %q: want auto, always or never", f.authorize))
+	}
+	telemeterURLs := f.toUpload != "" || f.toAuth != ""
+	switch s.protocol = f.protocol; f.protocol {
+	case forward.ProtocolAuto:
+		switch {
+		case telemeterURLs:
+			s.protocol = forward.ProtocolTelemeter
+		case !fleetToken || f.authorize == forward.AuthorizeNever:
+			s.protocol = forward.ProtocolRemoteWrite // nothing to ask /authorize with
+		}
+	case forward.ProtocolRemoteWrite:
+		if telemeterURLs {
+			add(errors.New("--to-upload/--to-auth: telemeter endpoints, not for --to-protocol=remote-write"))
+		}
+	case forward.ProtocolTelemeter:
+	default:
+		add(fmt.Errorf("--to-protocol %q: want auto, remote-write or telemeter", f.protocol))
+	}
+	if s.protocol == forward.ProtocolTelemeter && enabled {
+		if !fleetToken {
+			add(errors.New("telemeter protocol: needs --to-token-file (the fleet token for /authorize)"))
+		}
+		if f.authorize == forward.AuthorizeNever {
+			add(errors.New("telemeter protocol: needs /authorize, not --authorize=never"))
+		}
 	}
 	switch f.rwVersion {
 	case forward.VersionAuto, forward.VersionV1, forward.VersionV2:
@@ -221,6 +316,23 @@ func load(f *flags) (*setup, error) {
 	}
 	if s.fromClient != nil {
 		s.fromClient.Timeout = time.Duration(s.file.Federate.Timeout)
+		switch {
+		case f.tlsCertFile != "" && f.tlsKeyFile != "":
+			if err := forward.WithClientCertificate(s.fromClient, f.tlsCertFile, f.tlsKeyFile); err != nil {
+				add(fmt.Errorf("--tls-cert-file/--tls-private-key-file: %w", err))
+			}
+		case f.tlsCertFile != "" || f.tlsKeyFile != "":
+			add(errors.New("--tls-cert-file and --tls-private-key-file: give both or neither"))
+		}
+		if f.fromToken != "" {
+			forward.WithBearerToken(s.fromClient, f.fromToken)
+		}
+	}
+	if f.set["limit-bytes"] {
+		if f.limitBytes < 0 {
+			add(fmt.Errorf("--limit-bytes %d: must not be negative", f.limitBytes))
+		}
+		s.file.Federate.MaxBytes = units.Base2Bytes(f.limitBytes)
 	}
 
 	// Allowlist: --match, --match-file, then the config file's matches.
@@ -248,13 +360,15 @@ func load(f *flags) (*setup, error) {
 	if enabled {
 		rc.ID = f.id
 	}
-	for _, n := range strings.Split(f.anonymizeLabels, ",") {
+	for _, n := range f.anonymizeLabels {
 		if n = strings.TrimSpace(n); n != "" {
 			rc.AnonymizeLabels = append(rc.AnonymizeLabels, n)
 		}
 	}
 	rc.AnonymizeLabels = append(rc.AnonymizeLabels, s.file.AnonymizeLabels...)
-	if f.saltFile != "" {
+	if f.salt != "" {
+		rc.Salt = []byte(f.salt) // inline wins, as in telemeter-client
+	} else if f.saltFile != "" {
 		b, err := os.ReadFile(f.saltFile)
 		if err != nil {
 			add(fmt.Errorf("--anonymize-salt-file: %w", err))
@@ -262,8 +376,8 @@ func load(f *flags) (*setup, error) {
 		rc.Salt = []byte(strings.TrimRight(string(b), "\r\n"))
 	}
 	renames := f.renames
-	if !f.set["rename"] {
-		renames = listFlag{"ALERTS=alerts"}
+	if len(renames) == 0 { // as telemeter-client, also for an empty --rename=
+		renames = sliceFlag{"ALERTS=alerts"}
 	}
 	for _, kv := range renames {
 		k, v, ok := strings.Cut(kv, "=")
@@ -285,9 +399,6 @@ func load(f *flags) (*setup, error) {
 		add(fmt.Errorf("relabeling: %w", err))
 	}
 	s.relabel = rc
-	if s.gatheringURL != "" && s.file.Gathering.CacheFile == "" {
-		s.file.Gathering.CacheFile = filepath.Join(f.queueDir, "gathering-definition.json")
-	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -313,6 +424,12 @@ func run(args []string, stderr io.Writer) int {
 		logger.Error("invalid configuration", "file", f.configFile, "err", err)
 		return 2
 	}
+	for _, sec := range inlineSecrets {
+		if f.set[sec.flag] {
+			logger.Warn("a secret was given inline on the command line, where other processes can read it; use the file flag instead",
+				"flag", "--"+sec.flag, "instead", "--"+sec.file, "file_flag_ignored", f.set[sec.file])
+		}
+	}
 	if f.checkConfig {
 		fmt.Fprintln(stderr, "ok")
 		return 0
@@ -326,10 +443,32 @@ func run(args []string, stderr io.Writer) int {
 	)
 
 	var (
-		fwd        *forward.Forwarder
-		authorizer *forward.Authorizer
-		creds      forward.Credentials = forward.TokenFile(f.toTokenFile)
+		fwd         *forward.Forwarder
+		authorizer  *forward.Authorizer
+		creds       forward.Credentials = forward.TokenFile(f.toTokenFile)
+		fromToken                       = f.fromTokenFile
+		toTokenFile                     = f.toTokenFile
 	)
+	if f.toToken != "" { // inline wins, as in telemeter-client
+		creds, toTokenFile = forward.StaticToken(f.toToken), ""
+	}
+	if f.fromToken != "" {
+		fromToken = "" // sent by the client itself (forward.WithBearerToken)
+	}
+	if s.disabledReason == "" && !f.set["queue.dir"] {
+		// A deployment made for telemeter-client has no --queue.dir and
+		// perhaps no writable working directory: queue in the temporary
+		// directory rather than fail to start.
+		if err := os.MkdirAll(f.queueDir, 0o700); err != nil {
+			tmp := filepath.Join(os.TempDir(), "phonehome-forwarder-queue")
+			logger.Warn("default --queue.dir is not writable, queueing in the temporary directory (set --queue.dir to a volume to keep the queue across restarts)",
+				"dir", f.queueDir, "err", err, "using", tmp)
+			f.queueDir = tmp
+		}
+	}
+	if s.gatheringURL != "" && s.file.Gathering.CacheFile == "" {
+		s.file.Gathering.CacheFile = filepath.Join(f.queueDir, "gathering-definition.json")
+	}
 	if s.disabledReason == "" {
 		q, err := forward.OpenQueue(f.queueDir, logger.With("component", "queue"), reg, forward.QueueOptions{
 			MaxBytes: int64(s.file.Queue.MaxBytes), SegmentBytes: int64(s.file.Queue.SegmentBytes),
@@ -344,13 +483,30 @@ func run(args []string, stderr io.Writer) int {
 			}
 		}()
 		src := forward.NewFederator(s.from, s.fromClient, forward.FederateOptions{
-			Matches: s.policy.Allow.Selectors(), TokenFile: f.fromTokenFile,
+			Matches: s.policy.Allow.Selectors(), TokenFile: fromToken,
 			MaxBytes: int64(s.file.Federate.MaxBytes), UserAgent: userAgent,
 		})
-		if f.authorize != forward.AuthorizeNever && f.toTokenFile != "" {
+		// Authorize: for remote-write as --authorize says; for telemeter
+		// (and auto, which the answer decides) at the telemeter URL with
+		// the hashed id in the query, as telemeter-client sends it.
+		authMode, authBase, authURL := f.authorize, s.to, ""
+		if s.protocol != forward.ProtocolRemoteWrite {
+			if s.protocol == forward.ProtocolTelemeter {
+				authMode = forward.AuthorizeAlways // a telemeter-server always has /authorize
+			}
+			authURL, err = forward.TelemeterAuthorizeURL(s.to, f.toAuth, s.policy.Rules.HashedID())
+			if err != nil {
+				logger.Error("authorize URL", "err", err) // validated by load
+				return 2
+			}
+			if authBase == nil {
+				authBase, _ = url.Parse(authURL)
+			}
+		}
+		if s.protocol != forward.ProtocolRemoteWrite || (f.authorize != forward.AuthorizeNever && f.toTokenFile+f.toToken != "") {
 			ac := s.file.Authorize
-			authorizer = forward.NewAuthorizer(logger.With("component", "authorize"), reg, s.to, s.toClient, forward.AuthorizerOptions{
-				Mode: f.authorize, TokenFile: f.toTokenFile,
+			authorizer = forward.NewAuthorizer(logger.With("component", "authorize"), reg, authBase, s.toClient, forward.AuthorizerOptions{
+				Mode: authMode, TokenFile: toTokenFile, Token: f.toToken, URL: authURL,
 				ClusterID: s.policy.Rules.HashedID(), // never the raw id
 				RenewAt:   ac.RenewAt, Jitter: forward.JitterOption(ac.Jitter),
 				MinBackoff: time.Duration(ac.MinBackoff), MaxBackoff: time.Duration(ac.MaxBackoff),
@@ -358,12 +514,24 @@ func run(args []string, stderr io.Writer) int {
 			})
 			creds = authorizer
 		}
-		sender := forward.NewHTTPSender(s.to, s.toClient, forward.HTTPSenderOptions{
-			Credentials: creds, UserAgent: userAgent, Timeout: time.Duration(s.file.Send.Timeout),
-			Version:   f.rwVersion,
-			StateFile: filepath.Join(f.queueDir, "remote-write-version.json"),
-			Logger:    logger.With("component", "remote_write"), Registerer: reg,
-		})
+		po := forward.ProtocolSenderOptions{
+			Protocol: s.protocol, Authorizer: authorizer,
+			Logger: logger.With("component", "deliver"), Registerer: reg,
+		}
+		if s.to != nil && s.protocol != forward.ProtocolTelemeter {
+			po.RemoteWrite = forward.NewHTTPSender(s.to, s.toClient, forward.HTTPSenderOptions{
+				Credentials: creds, UserAgent: userAgent, Timeout: time.Duration(s.file.Send.Timeout),
+				Version:   f.rwVersion,
+				StateFile: filepath.Join(f.queueDir, "remote-write-version.json"),
+				Logger:    logger.With("component", "remote_write"), Registerer: reg,
+			})
+		}
+		if s.protocol != forward.ProtocolRemoteWrite {
+			po.Telemeter = forward.NewTelemeterSender(s.toUpload, s.toClient, authorizer, forward.TelemeterSenderOptions{
+				UserAgent: userAgent, Timeout: time.Duration(s.file.Send.Timeout), Registerer: reg,
+			})
+		}
+		sender := forward.NewProtocolSender(po)
 		initial := s.policy
 		if s.gatheringURL != "" {
 			initial.DefinitionVersion = "local"

@@ -1,0 +1,318 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/phonehome/phonehome/forward"
+	"github.com/phonehome/phonehome/forward/telemetertest"
+)
+
+const (
+	rawClusterID = "5f6c2a9e-3b1d-4c7e-9a0f-2d8e4b6c1a73"
+	testSalt     = "0123456789abcdef-salt"
+	hashedID     = "sUTqYf4UzU0SdM5NcdUhdA" // of rawClusterID with testSalt
+)
+
+// cmoFiles are stand-ins for the files the CMO deployment mounts.
+type cmoFiles struct {
+	dir                  string
+	cert, key, ca        string
+	saToken, token, salt string
+}
+
+func newCMOFiles(t *testing.T) *cmoFiles {
+	t.Helper()
+	dir := t.TempDir()
+	c := &cmoFiles{
+		dir: dir, cert: filepath.Join(dir, "tls.crt"), key: filepath.Join(dir, "tls.key"),
+		ca: filepath.Join(dir, "service-ca.crt"), saToken: filepath.Join(dir, "sa-token"),
+		token: filepath.Join(dir, "token"), salt: filepath.Join(dir, "salt"),
+	}
+	writeKeyPair(t, c.cert, c.key)
+	require.NoError(t, os.WriteFile(c.ca, mustRead(t, c.cert), 0o600)) // replaced where a server is real
+	require.NoError(t, os.WriteFile(c.saToken, []byte("from-token\n"), 0o600))
+	require.NoError(t, os.WriteFile(c.token, []byte("fleet-token\n"), 0o600))
+	require.NoError(t, os.WriteFile(c.salt, []byte(testSalt), 0o600))
+	return c
+}
+
+func mustRead(t *testing.T, p string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	require.NoError(t, err)
+	return b
+}
+
+// cmoArgs is the fixture's argument list as the kubelet would run it: the
+// command dropped, $(VAR) expanded from env, the mounted paths mapped to files.
+func cmoArgs(t *testing.T, env map[string]string, files *cmoFiles) []string {
+	t.Helper()
+	f, err := os.Open("testdata/cmo-telemeter-client-args.txt")
+	require.NoError(t, err)
+	defer f.Close()
+	paths := strings.NewReplacer(
+		"/etc/tls/private/tls.crt", files.cert,
+		"/etc/tls/private/tls.key", files.key,
+		"/etc/serving-certs-ca-bundle/service-ca.crt", files.ca,
+		"/var/run/secrets/kubernetes.io/serviceaccount/token", files.saToken,
+		"/etc/telemeter/token", files.token,
+		"/etc/telemeter/salt", files.salt,
+	)
+	var args []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if args == nil { // the command
+			require.Equal(t, "/usr/bin/telemeter-client", line)
+			args = []string{}
+			continue
+		}
+		for k, v := range env {
+			line = strings.ReplaceAll(line, "$("+k+")", v)
+		}
+		require.NotContains(t, line, "$(", "unexpanded variable")
+		args = append(args, paths.Replace(line))
+	}
+	require.NoError(t, sc.Err())
+	return args
+}
+
+func cmoEnv(from, to string) map[string]string {
+	return map[string]string{"ID": rawClusterID, "FROM": from, "TO": to, "ANONYMIZE_LABELS": ""}
+}
+
+func TestCMODeploymentArgsAccepted(t *testing.T) {
+	files := newCMOFiles(t)
+	args := cmoArgs(t, cmoEnv("https://prometheus-k8s.openshift-monitoring.svc:9091", "https://infogw.api.openshift.com"), files)
+	require.Len(t, args, 11+211+1)
+	require.Contains(t, args, "--anonymize-labels=")
+
+	var stderr bytes.Buffer
+	require.Equal(t, 0, run(append(args, "--check-config"), &stderr), stderr.String())
+	require.Equal(t, "ok\n", stderr.String(), "no warning: every secret comes from a file")
+
+	f, err := parseFlags(args, io.Discard)
+	require.NoError(t, err)
+	s, err := load(f)
+	require.NoError(t, err)
+	require.Len(t, f.matches, 211)
+	require.Empty(t, f.anonymizeLabels)
+	require.Equal(t, "localhost:8080", f.listen)
+	require.EqualValues(t, 5242880, s.file.Federate.MaxBytes)
+	require.Equal(t, forward.ProtocolAuto, s.protocol, "the /authorize answer decides")
+	require.Equal(t, "https://infogw.api.openshift.com/upload", s.toUpload)
+	require.Equal(t, hashedID, s.policy.Rules.HashedID())
+}
+
+func TestTelemeterClientFlags(t *testing.T) {
+	files := newCMOFiles(t)
+	var stderr bytes.Buffer
+	code := run([]string{
+		"--from=https://prometheus.example:9091/federate", "--from-token=inline-from-secret",
+		"--to-upload=https://infogw.example/upload", "--to-auth=https://infogw.example/authorize?id=" + rawClusterID,
+		"--to-token=inline-to-secret", "--to-token-file=" + files.token,
+		"--id=" + rawClusterID, "--anonymize-salt=" + testSalt + "-inline",
+		"--anonymize-labels=namespace,pod", "--anonymize-labels", "node",
+		"--label=a=1,b=2", "--label", "c=3", "--rename=ALERTS=alerts,up=up2",
+		"--match={__name__=\"up\"}", "--match={__name__=~\"a|b\",job=\"x,y\"}",
+		"-v", "--log-level=warn", "--limit-bytes=204800",
+		"--check-config",
+	}, &stderr)
+	require.Equal(t, 0, code, stderr.String())
+	out := stderr.String()
+	for _, flag := range []string{"--from-token", "--to-token", "--anonymize-salt"} {
+		require.Contains(t, out, `"flag":"`+flag+`"`)
+	}
+	require.Contains(t, out, `"file_flag_ignored":true`, "--to-token overrides --to-token-file")
+	for _, secret := range []string{"inline-from-secret", "inline-to-secret", testSalt} {
+		require.NotContains(t, out, secret)
+	}
+
+	f, err := parseFlags([]string{
+		"--to=https://t.example", "--label=a=1,b=2", "--label", "c=3", "--anonymize-labels=namespace,pod",
+		"--anonymize-labels=", "--rename=", "-v",
+	}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, sliceFlag{"a=1", "b=2", "c=3"}, f.labels)
+	require.Equal(t, sliceFlag{"namespace", "pod"}, f.anonymizeLabels)
+	require.Empty(t, f.renames)
+	require.Equal(t, "debug", f.logLevel, "-v without a level")
+	f, err = parseFlags([]string{"--verbose", "--log.level=error"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, "error", f.logLevel)
+
+	f, err = parseFlags([]string{
+		"--from=https://p.example/federate", "--to-upload=https://u.example/upload", "--to-auth=https://u.example/authorize",
+		"--to-token-file=" + files.token, "--id=x", "--anonymize-salt-file=" + files.salt, "--match=up",
+	}, io.Discard)
+	require.NoError(t, err)
+	s, err := load(f)
+	require.NoError(t, err)
+	require.Equal(t, forward.ProtocolTelemeter, s.protocol, "--to-upload/--to-auth: telemeter")
+	require.Equal(t, "https://p.example", s.from.String(), "a federate URL is accepted")
+	require.Equal(t, "https://u.example/upload", s.toUpload)
+	require.Equal(t, "ALERTS=alerts", func() string {
+		for k, v := range s.relabel.Rename {
+			return k + "=" + v
+		}
+		return ""
+	}())
+}
+
+func TestTelemeterFlagProblemsExit2(t *testing.T) {
+	files := newCMOFiles(t)
+	var stderr bytes.Buffer
+	code := run([]string{
+		"--from=http://127.0.0.1:1", "--id=x", "--anonymize-salt-file=" + files.salt, "--match=up",
+		"--to-upload=http://127.0.0.1:2/upload", "--to-protocol=remote-write",
+		"--tls-cert-file=" + files.cert, "--limit-bytes=-1",
+	}, &stderr)
+	require.Equal(t, 2, code)
+	out := stderr.String()
+	for _, want := range []string{
+		"--to-upload and --to-auth: both are needed without --to",
+		"not for --to-protocol=remote-write",
+		"give both or neither",
+		"--limit-bytes -1",
+	} {
+		require.Contains(t, out, want)
+	}
+
+	stderr.Reset()
+	code = run([]string{
+		"--from=http://127.0.0.1:1", "--to=http://127.0.0.1:2", "--id=x", "--anonymize-salt-file=" + files.salt,
+		"--match=up", "--to-protocol=telemeter", "--tls-cert-file=" + files.key, "--tls-private-key-file=" + files.cert,
+	}, &stderr)
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr.String(), "telemeter protocol: needs --to-token-file")
+	require.Contains(t, stderr.String(), "--tls-cert-file/--tls-private-key-file")
+
+	stderr.Reset()
+	require.Equal(t, 2, run([]string{"--to-protocol=grpc", "--check-config"}, &stderr))
+	require.Contains(t, stderr.String(), `--to-protocol \"grpc\"`)
+}
+
+// TestCMODeploymentDeliversToTelemeterServer runs the forwarder with the
+// CMO-rendered arguments (unchanged but for the environment, a free port and
+// a shorter interval), against a
+// Prometheus that wants the client certificate and the service-account token,
+// and a telemeter-server stand-in. The working directory is not writable, as
+// in the telemeter-client image, so the queue goes to the temporary directory.
+func TestCMODeploymentDeliversToTelemeterServer(t *testing.T) {
+	fixture := mustRead(t, "../../bench/testdata/federate-sample.prom")
+	fixtureTS := map[int64]bool{}
+	for _, line := range strings.Split(string(fixture), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fields := strings.Fields(line)
+		ts, err := strconv.ParseInt(fields[len(fields)-1], 10, 64)
+		require.NoError(t, err)
+		fixtureTS[ts] = true
+	}
+	prom := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/federate" || r.Header.Get("Authorization") != "Bearer from-token" {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		if len(r.TLS.PeerCertificates) == 0 {
+			http.Error(w, "no client certificate", http.StatusForbidden)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		_, _ = w.Write(fixture)
+	}))
+	prom.TLS = &tls.Config{ClientAuth: tls.RequireAnyClientCert, MinVersion: tls.VersionTLS12}
+	prom.StartTLS()
+	defer prom.Close()
+	telemeter := telemetertest.NewServer("fleet-token")
+	defer telemeter.Close()
+
+	files := newCMOFiles(t)
+	require.NoError(t, os.WriteFile(files.ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: prom.Certificate().Raw}), 0o600))
+	args := cmoArgs(t, cmoEnv(prom.URL, telemeter.URL), files)
+	for i, a := range args {
+		if a == "--listen=localhost:8080" {
+			args[i] = "--listen=127.0.0.1:0" // a free port
+		}
+	}
+	cwd := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(cwd, "data"), nil, 0o600)) // no data/queue here
+	tmp := t.TempDir()
+	// The one addition: --interval=1m instead of the default 4m30s, so the
+	// randomly delayed first collection comes within 6s, and a second one
+	// not before 54s, after this test.
+	s := startSelfIn(t, cwd, []string{"TMPDIR=" + tmp}, append(args, "--interval=1m")...)
+
+	eventually(t, func() bool { return telemeter.Samples() >= 224 }, "224 samples at the telemeter-server")
+	var metrics string
+	eventually(t, func() bool {
+		_, metrics = get(t, "http://"+s.addr+"/metrics")
+		return strings.Contains(metrics, "phonehome_forward_sent_samples_total 224")
+	}, "224 samples counted as sent")
+	require.Contains(t, metrics, `phonehome_forward_delivery_protocol{protocol="telemeter"} 1`)
+	s.stop(t)
+
+	require.Equal(t, 224, telemeter.Samples())
+	require.Empty(t, telemeter.Rejections())
+	for _, id := range telemeter.AuthorizeIDs() {
+		require.Equal(t, hashedID, id, "only the hashed id leaves the cluster")
+	}
+	for _, mf := range telemeter.Families() {
+		for _, m := range mf.GetMetric() {
+			require.True(t, fixtureTS[m.GetTimestampMs()], "original timestamp kept: %d", m.GetTimestampMs())
+			for _, l := range m.GetLabel() {
+				require.NotContains(t, l.GetValue(), rawClusterID)
+				if l.GetName() == "_id" {
+					require.Equal(t, hashedID, l.GetValue())
+				}
+			}
+		}
+	}
+	log := s.log()
+	require.Contains(t, log, "queueing in the temporary directory")
+	require.Contains(t, log, `"protocol":"telemeter"`)
+	require.DirExists(t, filepath.Join(tmp, "phonehome-forwarder-queue"))
+	require.NotContains(t, log, "fleet-token")
+	require.NotContains(t, log, testSalt)
+}
+
+func writeKeyPair(t *testing.T, certFile, keyFile string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "telemeter-client"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	kb, err := x509.MarshalECPrivateKey(key)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
+	require.NoError(t, os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600))
+}
