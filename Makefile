@@ -60,6 +60,11 @@ bench-fleet-smoke: ## Quick check of the fleet benchmark harness (10 clusters ×
 	$(GO) build -tags=$(RECEIVER_TAGS) -o bench/tmp/receiver ./cmd/receiver
 	$(GO) run ./bench/cmd/benchrun --size=smoke --no-record
 
+.PHONY: bench-fleetstart
+bench-fleetstart: ## Catch-up with 500 real forwarders started together, with and without jitter (bench/results/jitter.md); ~3.5 min.
+	$(GO) build -tags=$(RECEIVER_TAGS) -o bench/tmp/receiver ./cmd/receiver
+	$(GO) run ./bench/cmd/fleetstart --clusters=500 --backlog=27 --interval=270s
+
 .PHONY: bench-fleet-report
 bench-fleet-report: ## Regenerate bench/results/README.md from the recorded JSON.
 	$(GO) run ./bench/cmd/benchrun --report-only
