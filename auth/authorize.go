@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"regexp"
 	"time"
@@ -138,7 +139,7 @@ func (h *AuthorizeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.results.WithLabelValues("issued").Inc()
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	expiresIn := int64(time.Until(exp).Seconds())
+	expiresIn := int64(math.Round(time.Until(exp).Seconds())) // 3600, not 3599: telemeter-client caches only >= 60
 	_ = json.NewEncoder(w).Encode(AuthorizeResponse{
 		Token: signed, ExpiresAt: exp.UTC(), ExpiresInSeconds: expiresIn,
 		Tenant: tenant, ClusterID: clusterID,

@@ -72,6 +72,16 @@ type Process struct {
 	done     chan struct{}
 	stopOnce sync.Once
 	exitErr  error
+
+	logMu sync.Mutex
+	logs  []string // every line of output so far
+}
+
+// Logs returns every line the process has written so far.
+func (p *Process) Logs() []string {
+	p.logMu.Lock()
+	defer p.logMu.Unlock()
+	return append([]string(nil), p.logs...)
 }
 
 // startBinary starts one of our binaries with args, waits for its "listening"
@@ -113,6 +123,9 @@ func launchProcess(t *testing.T, path, name string, args []string, match func(li
 		for sc.Scan() {
 			line := sc.Text()
 			t.Logf("%s: %s", name, line)
+			p.logMu.Lock()
+			p.logs = append(p.logs, line)
+			p.logMu.Unlock()
 			if addr, ok := match(line); ok {
 				select {
 				case addrc <- addr:

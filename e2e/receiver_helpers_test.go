@@ -77,7 +77,12 @@ func encodeWrite(t testing.TB, req *prompb.WriteRequest) []byte {
 // client does; hdr overrides or (with an empty value) removes headers.
 // It returns the status and the response body.
 func postWrite(client *http.Client, base, token string, body []byte, hdr map[string]string) (int, string, error) {
-	r, err := http.NewRequest(http.MethodPost, base+"/api/v1/write", bytes.NewReader(body))
+	return postWriteTo(client, base+"/api/v1/write", token, body, hdr)
+}
+
+// postWriteTo is postWrite to any remote-write URL.
+func postWriteTo(client *http.Client, url, token string, body []byte, hdr map[string]string) (int, string, error) {
+	r, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return 0, "", err
 	}
