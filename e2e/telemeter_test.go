@@ -29,6 +29,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/phonehome/phonehome/allowlist"
+	"github.com/phonehome/phonehome/relabel"
 )
 
 // Telemeter drop-in, end to end: the receiver takes what today's OpenShift
@@ -63,9 +64,14 @@ func writeTelemeterReceiverConfig(t *testing.T, dir, extra string) string {
 	var b strings.Builder
 	b.WriteString("auth:\n  tokens_file: tokens.yaml\n  keys_file: keys.yaml\n  credential_ttl: 1m\n  reload_interval: 1s\n")
 	b.WriteString("  cluster_id_hash:\n    secret_file: cluster-id-key\n  telemeter:\n    token_cache_ttl: 5s\n")
+	// The allowlist clusters gather by, and its ALERTS selectors renamed to
+	// alerts: telemeter-client and the forwarder rename ALERTS by default.
 	b.WriteString("allowlist:\n")
 	for _, s := range telemetryAllowlist(t) {
 		fmt.Fprintf(&b, "  - %q\n", s)
+		if r := strings.Replace(s, `__name__="ALERTS"`, `__name__="alerts"`, 1); r != s {
+			fmt.Fprintf(&b, "  - %q\n", r)
+		}
 	}
 	b.WriteString(extra)
 	p := filepath.Join(dir, "receiver.yaml")
@@ -590,4 +596,36 @@ func TestTelemeterRemoteWritePrometheusE2E(t *testing.T) {
 	prom.Stop()
 	recv.Stop()
 	requireNoRawID(t, data, logs)
+}
+
+// TestForwarderTelemeterModeToReceiverE2E runs the forwarder in
+// telemeter-client's protocol (--to-protocol=telemeter, as a cluster that
+// switched its image before the fleet side moved) against the receiver that
+// replaced telemeter-server: the fixture arrives through /authorize and
+// /upload, bound to the forwarder's pseudonym, which the receiver's own
+// cluster-id hash leaves as it is.
+func TestForwarderTelemeterModeToReceiverE2E(t *testing.T) {
+	hashedID := relabel.Anonymize([]byte(fwdSalt), fwdClusterID)
+	want := expectedSeries(t, hashedID)
+	prom := startFixturePrometheus(t, fixtureExporter(t))
+	waitFederated(t, prom.URL())
+
+	dir := t.TempDir()
+	recv := startReceiver(t, writeTelemeterReceiverConfig(t, dir, ""), filepath.Join(dir, "data"))
+	tok := filepath.Join(dir, "fleet-token")
+	require.NoError(t, os.WriteFile(tok, []byte(telemeterFleetToken+"\n"), 0o600))
+	fwd := startBinary(t, "forwarder", append(forwarderArgs(t, prom.URL(), recv.URL(), filepath.Join(dir, "queue"), "--interval=1s"),
+		"--to-token-file="+tok, "--to-protocol=telemeter")...)
+
+	eventually(t, time.Minute, func() error {
+		got := storedLabelSets(t, recv.URL(), time.Now(), "job", "instance")
+		if strings.Join(got, "\n") != strings.Join(want, "\n") {
+			return fmt.Errorf("%d of %d series stored", len(got), len(want))
+		}
+		return nil
+	})
+	require.Equal(t, 1.0, metricsValue(t, fwd.URL(), "phonehome_forward_delivery_protocol", map[string]string{"protocol": "telemeter"}))
+	require.Positive(t, metricsValue(t, recv.URL(), "phonehome_receive_decoded_requests_total", map[string]string{"proto": "io.prometheus.client.MetricFamily"}))
+	require.Zero(t, metricsValue(t, recv.URL(), "phonehome_receive_decoded_requests_total", map[string]string{"proto": "prometheus.WriteRequest"}))
+	requireNoForwarderDrops(t, fwd)
 }
