@@ -470,6 +470,9 @@ func run(args []string, stderr io.Writer) int {
 		s.file.Gathering.CacheFile = filepath.Join(f.queueDir, "gathering-definition.json")
 	}
 	if s.disabledReason == "" {
+		// The pseudonym is what the fleet sees as _id; logging it lets an
+		// operator link this cluster's series across a move (docs/migrating-from-telemeter.md).
+		logger.Info("cluster pseudonym", "_id", s.policy.Rules.HashedID())
 		q, err := forward.OpenQueue(f.queueDir, logger.With("component", "queue"), reg, forward.QueueOptions{
 			MaxBytes: int64(s.file.Queue.MaxBytes), SegmentBytes: int64(s.file.Queue.SegmentBytes),
 		})
