@@ -88,21 +88,7 @@ func readBody(r *http.Request, maxBody, maxDecoded int64, buf *bytes.Buffer, dst
 	if int64(buf.Len()) > maxBody {
 		return nil, fmt.Errorf("body exceeds the limit of %d bytes: %w", maxBody, errTooLarge)
 	}
-	n, err := snappy.DecodedLen(buf.Bytes())
-	if err != nil {
-		return nil, fmt.Errorf("snappy header: %w: %w", errBadRequest, err)
-	}
-	if int64(n) > maxDecoded {
-		return nil, fmt.Errorf("decoded size of %d bytes exceeds the limit of %d bytes: %w", n, maxDecoded, errTooLarge)
-	}
-	if cap(dst) < n {
-		dst = make([]byte, n)
-	}
-	out, err := snappy.Decode(dst[:cap(dst)], buf.Bytes())
-	if err != nil {
-		return nil, fmt.Errorf("snappy decode: %w: %w", errBadRequest, err)
-	}
-	return out, nil
+	return decodeBlock(buf.Bytes(), maxDecoded, dst)
 }
 
 // Bounds on what a pooled buffer keeps: a rare huge request (up to the

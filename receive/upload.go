@@ -114,7 +114,8 @@ func readStream(body *io.LimitedReader, maxBody, maxDecoded int64, buf *bytesBuf
 	return out, nil
 }
 
-// decodeBlock decodes a snappy block, checking its declared size first.
+// decodeBlock decodes a snappy block (remote-write's format) into dst,
+// checking its declared size before allocating anything for it.
 func decodeBlock(b []byte, maxDecoded int64, dst []byte) ([]byte, error) {
 	n, err := snappy.DecodedLen(b)
 	if err != nil {
