@@ -28,7 +28,8 @@ func (h *Handler) ServeUpload(w http.ResponseWriter, r *http.Request) {
 // negotiateUpload checks an upload's Content-Type and Content-Encoding:
 // telemeter-client sends application/vnd.google.protobuf with
 // proto=io.prometheus.client.MetricFamily and encoding=delimited, in a
-// snappy stream. The parameters are not required; other values are 415.
+// snappy stream. The parameters are not required, and a body without
+// Content-Encoding is taken as uncompressed; other values are 415.
 func negotiateUpload(hdr http.Header) error {
 	if enc := hdr.Get("Content-Encoding"); enc != "" && enc != "snappy" {
 		return fmt.Errorf("content-encoding %q, only snappy is supported: %w", enc, errUnsupported)
@@ -66,6 +67,15 @@ func readUpload(r *http.Request, maxBody, maxDecoded int64, buf *bytesBuffer, ds
 	}
 	body := &io.LimitedReader{R: r.Body, N: maxBody + 1}
 	defer func() { sentBytes = maxBody + 1 - body.N }()
+	if r.Header.Get("Content-Encoding") == "" { // uncompressed: both caps apply to the same bytes
+		out, err = readAtMost(body, dst[:0], min(maxBody, maxDecoded))
+		if errors.Is(err, errTooLarge) {
+			err = fmt.Errorf("body exceeds the limit of %d bytes: %w", min(maxBody, maxDecoded), errTooLarge)
+		} else if err != nil {
+			err = fmt.Errorf("read body: %w: %w", errBadRequest, err)
+		}
+		return out, 0, err
+	}
 	out, err = readStream(body, maxBody, maxDecoded, buf, dst)
 	return out, 0, err
 }

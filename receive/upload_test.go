@@ -213,11 +213,18 @@ func TestServeUploadRunsTheRemoteWritePipeline(t *testing.T) {
 	require.Equal(t, "1", rec.Header().Get(headerSamplesWritten))
 	require.InDelta(t, 2, testutil.ToFloat64(h.metrics.requestsByProto.WithLabelValues(protoFamilies)), 0)
 
+	// Uncompressed, without Content-Encoding.
+	rec = httptest.NewRecorder()
+	plain := uploadRequest(delimited(t, gauge("up", 4, 4000, "job", "a")), id)
+	plain.Header.Del("Content-Encoding")
+	h.ServeUpload(rec, plain)
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+
 	// Block-format snappy (what remote-write clients send) is accepted too.
 	rec = httptest.NewRecorder()
 	h.ServeUpload(rec, uploadRequest(snappy.Encode(nil, delimited(t, gauge("up", 3, 3000, "job", "a"))), id))
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
-	require.Len(t, w.series, 3)
+	require.Len(t, w.series, 4)
 }
 
 func TestServeUploadRewritesTheClusterIDSentInClear(t *testing.T) {
@@ -261,6 +268,7 @@ func TestServeUploadBadInput(t *testing.T) {
 		}, wantCode: http.StatusUnsupportedMediaType},
 		{name: "gzip", body: valid, mod: func(r *http.Request) { r.Header.Set("Content-Encoding", "gzip") }, wantCode: http.StatusUnsupportedMediaType},
 		{name: "not snappy", body: []byte("hello, this is not snappy"), wantCode: http.StatusBadRequest},
+		{name: "uncompressed over the cap", body: bytes.Repeat([]byte{1}, 5<<10), mod: func(r *http.Request) { r.Header.Del("Content-Encoding") }, wantCode: http.StatusRequestEntityTooLarge},
 	}
 	w := &fakeWriter{}
 	h := NewHandler(discard(), nil, w, newLimiter(small), Options{})
