@@ -39,10 +39,13 @@ const (
 	PermRead                             // the query API
 	PermAuthorize                        // exchange for a cluster credential at /authorize
 	PermPush                             // the installer's aggregation push endpoint
-	PermAll       = PermWrite | PermRead | PermAuthorize | PermPush
+	PermAdmin                            // /api/v1/admin/... (erasure); never implied, only given by name
+	// PermAll is every permission a token without an `allow` list gets:
+	// PermAdmin is not part of it.
+	PermAll = PermWrite | PermRead | PermAuthorize | PermPush
 )
 
-var permNames = map[string]Permission{"write": PermWrite, "read": PermRead, "authorize": PermAuthorize, "push": PermPush}
+var permNames = map[string]Permission{"write": PermWrite, "read": PermRead, "authorize": PermAuthorize, "push": PermPush, "admin": PermAdmin}
 
 // ErrForbidden means the credential is valid but may not do this.
 var ErrForbidden = errors.New("forbidden")
@@ -117,7 +120,7 @@ func Middleware(a Authenticator, need Permission, onReject func(r *http.Request,
 
 func (p Permission) String() string {
 	var names []string
-	for _, n := range []string{"write", "read", "authorize", "push"} {
+	for _, n := range []string{"write", "read", "authorize", "push", "admin"} {
 		if p&permNames[n] != 0 {
 			names = append(names, n)
 		}

@@ -22,7 +22,7 @@ import (
 //	  - token: plaintext-token     # or the token itself
 //	    tenant: acme
 //	    cluster_id: 3kq...         # optional: bind writes to this _id
-//	    allow: [authorize]         # optional: write, read, authorize, push (default: all)
+//	    allow: [authorize]         # optional: write, read, authorize, push, admin (default: all but admin)
 type TokensFile struct {
 	Tokens []TokenEntry `yaml:"tokens"`
 }
@@ -112,7 +112,7 @@ func NewTokens(entries []TokenEntry) (*Tokens, error) {
 			for k, a := range e.Allow {
 				p, ok := permNames[a]
 				if !ok {
-					errs = append(errs, fmt.Errorf("%s.allow[%d]: %q, want write, read, authorize or push", path, k, a))
+					errs = append(errs, fmt.Errorf("%s.allow[%d]: %q, want write, read, authorize, push or admin", path, k, a))
 				}
 				allow |= p
 			}
