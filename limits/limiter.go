@@ -36,6 +36,7 @@ type Limiter struct {
 	tenants sync.Map  // string → *tenant
 	tracked atomic.Int64
 	m       *metrics
+	track   atomic.Pointer[tracker] // nil until TrackClusters (status.go)
 }
 
 // New returns a Limiter enforcing cfg, which should have passed Validate
@@ -91,7 +92,10 @@ func (l *Limiter) Run(ctx context.Context) error {
 // series_idle_timeout, so its slot in the cluster, tenant and metric counts
 // frees up, and garbage-collects cluster and metric names without series and
 // cluster rate buckets that have refilled completely (dropping a full bucket
-// changes nothing). It returns the number of series it forgot.
+// changes nothing). It returns the number of series it forgot. With
+// TrackClusters on, a cluster without series is kept until it has been
+// silent for ClusterRetention, and the clusters' samples/s are updated once
+// per RateWindow.
 //
 // It locks one series shard at a time, so writes to other shards proceed.
 func (l *Limiter) Expire() int {
@@ -108,6 +112,7 @@ func (l *Limiter) Expire() int {
 	})
 	l.tracked.Add(-int64(expired))
 	l.m.expired.Add(float64(expired))
+	l.rollRates(now)
 	return expired
 }
 

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/prometheus/model/labels"
 )
@@ -56,7 +57,8 @@ type shard struct {
 type counted struct {
 	n    atomic.Int64
 	name string
-	dead bool // removed from the interner; guarded by tenant.mu
+	dead bool                        // removed from the interner; guarded by tenant.mu
+	stat atomic.Pointer[clusterStat] // clusters only, with TrackClusters (status.go)
 }
 
 // interner maps names to small ids. Guarded by tenant.mu.
@@ -94,9 +96,12 @@ func (in *interner) add(name string) (uint32, *counted) {
 
 // gc forgets names without series. tenant.mu must be held for writing, so no
 // admission is between looking a name up and counting a series on it.
-func (in *interner) gc() {
+func (in *interner) gc() { in.gcKeep(nil) }
+
+// gcKeep is gc, sparing names without series for which keep is true.
+func (in *interner) gcKeep(keep func(*counted) bool) {
 	for id, c := range in.byID {
-		if c != nil && c.n.Load() == 0 {
+		if c != nil && c.n.Load() == 0 && (keep == nil || !keep(c)) {
 			c.dead = true
 			delete(in.ids, c.name)
 			in.byID[id] = nil
@@ -121,6 +126,8 @@ type tenant struct {
 
 	inflightMu sync.Mutex
 	inflight   map[string]int // cluster → write requests in flight; no zero entries
+
+	tstat atomic.Pointer[tenantStat] // with TrackClusters (status.go)
 }
 
 func newTenant(name string) *tenant {
@@ -190,7 +197,8 @@ func (t *tenant) expire(now, idle uint32) int {
 	}
 	t.series.Add(-int64(n))
 	t.mu.Lock()
-	t.clusters.gc()
+	retention := uint32(ClusterRetention / time.Second)
+	t.clusters.gcKeep(func(c *counted) bool { return keepCluster(c, now, retention) })
 	t.metrics.gc()
 	t.mu.Unlock()
 	return n
@@ -210,6 +218,12 @@ type Session struct {
 	cid     uint32
 	cs      *counted
 	errs    [3]*LimitError // reused refusals: cluster, tenant, metric
+
+	// Cluster tracking (status.go).
+	samples  int64        // admitted, not yet published by Done
+	def      string       // gathering-definition version seen
+	reported uint64       // reasons already in the ring, by index
+	st       *clusterStat // the cluster's, once looked up
 }
 
 // Session starts admitting series of cluster in tenant.
