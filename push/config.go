@@ -37,6 +37,9 @@ type Config struct {
 	MaxLabelValueLength int `yaml:"max_label_value_length"`
 	// RateLimit bounds pushes per credential (per bearer token).
 	RateLimit RateLimit `yaml:"rate_limit"`
+	// SeriesTTL drops an aggregated series from the state (and stops
+	// writing it) once no push has added to it for this long. Default 30d.
+	SeriesTTL model.Duration `yaml:"series_ttl"`
 }
 
 // RateLimit is a token bucket: RequestsPerSecond refill, Burst capacity.
@@ -70,6 +73,7 @@ const (
 	defaultMaxLabelValueLength = 256
 	defaultRequestsPerSecond   = 50
 	defaultBurst               = 100
+	defaultSeriesTTL           = 30 * 24 * time.Hour
 )
 
 // SetDefaults fills every unset field.
@@ -107,6 +111,9 @@ func (c *Config) SetDefaults() {
 	if c.RateLimit.Burst == 0 {
 		c.RateLimit.Burst = defaultBurst
 	}
+	if c.SeriesTTL == 0 {
+		c.SeriesTTL = model.Duration(defaultSeriesTTL)
+	}
 }
 
 // Validate reports every problem with its YAML path.
@@ -127,6 +134,9 @@ func (c *Config) Validate() error {
 	}
 	if c.FlushInterval < model.Duration(time.Second) {
 		errs = append(errs, fmt.Errorf("push.flush_interval: %s is shorter than 1s", c.FlushInterval))
+	}
+	if c.SeriesTTL < c.FlushInterval {
+		errs = append(errs, fmt.Errorf("push.series_ttl: %s is shorter than push.flush_interval (%s)", c.SeriesTTL, c.FlushInterval))
 	}
 	positive := func(path string, v int64) {
 		if v <= 0 {

@@ -15,6 +15,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,10 +27,21 @@ import (
 	"github.com/phonehome/phonehome/storage"
 )
 
+// ReplicaLabel is the label that distinguishes the partial sums of receiver
+// replicas on the aggregated series they write (Options.Replica). Pushes may
+// not carry it. Queries and dashboards sum over it.
+const ReplicaLabel = "push_replica"
+
 // Options are the Gateway's optional dependencies.
 type Options struct {
-	// Now is the clock (rate limits, flush timestamps). Default time.Now.
+	// Now is the clock (rate limits, flush timestamps, expiry). Default time.Now.
 	Now func() time.Time
+	// Replica names this receiver among the replicas that share a bucket
+	// (storage.external_labels.replica). When set, every aggregated series
+	// is written with ReplicaLabel=Replica: each replica holds the partial
+	// sum of the pushes it received, and the exact total is the sum over
+	// ReplicaLabel. Empty (one receiver): no label is added.
+	Replica string
 }
 
 // Gateway is the push endpoint. It is an http.Handler that must be mounted
@@ -42,6 +55,7 @@ type Gateway struct {
 	cfg     Config
 	now     func() time.Time
 	metrics *metrics
+	replica string
 	allowed map[string]bool
 	limiter *limiter
 
@@ -61,7 +75,7 @@ func Open(logger *slog.Logger, reg prometheus.Registerer, dir string, w storage.
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	state, seq, l, err := openState(logger, dir)
+	state, seq, l, err := openState(logger, dir, opts.Now().UnixMilli())
 	if err != nil {
 		return nil, err
 	}
@@ -70,6 +84,7 @@ func Open(logger *slog.Logger, reg prometheus.Registerer, dir string, w storage.
 		w:       w,
 		cfg:     cfg,
 		now:     opts.Now,
+		replica: opts.Replica,
 		allowed: make(map[string]bool, len(cfg.AllowedMetrics)),
 		limiter: newLimiter(cfg.RateLimit),
 		state:   state,
@@ -162,6 +177,7 @@ func (g *Gateway) appendLocked(rec *record) error {
 		return reject(reasonSeriesLimit, errInvalid, "push would create %d new series; the tenant's limit of %d aggregated series would be exceeded", len(newSeries), g.cfg.MaxSeriesPerTenant)
 	}
 	rec.Seq = g.seq + 1
+	rec.Time = g.now().UnixMilli()
 	if err := g.log.append(rec); err != nil {
 		// The log was rewound; if that failed too, stop accepting.
 		if errors.Is(err, errRewind) {
@@ -193,9 +209,10 @@ func (g *Gateway) Run(ctx context.Context) error {
 	}
 }
 
-// Flush compacts the log into a snapshot and writes every aggregated series
-// with the current time into its tenant's TSDB. Failures are logged and
-// counted; the next flush retries.
+// Flush drops the series no push has touched for Config.SeriesTTL, compacts
+// the log into a snapshot and writes every aggregated series with the
+// current time (and ReplicaLabel, see Options.Replica) into its tenant's
+// TSDB. Failures are logged and counted; the next flush retries.
 func (g *Gateway) Flush(ctx context.Context) {
 	ts := g.now().UnixMilli()
 	batches, err := g.compactAndCopy(ts)
@@ -218,8 +235,19 @@ func (g *Gateway) Flush(ctx context.Context) {
 func (g *Gateway) compactAndCopy(ts int64) (map[string][]prompb.TimeSeries, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	expired := 0
+	cutoff := ts - time.Duration(g.cfg.SeriesTTL).Milliseconds()
+	for tenant, st := range g.state {
+		expired += st.expire(cutoff)
+		if len(st.Series) == 0 && len(st.Layouts) == 0 {
+			delete(g.state, tenant)
+		}
+	}
+	g.metrics.expiredSeries.Add(float64(expired))
 	var err error
-	if g.log.size > 0 && g.broken == nil {
+	// Expiry changes the state without a log record: snapshot it too, or
+	// a restart would bring the expired series back until the next flush.
+	if (g.log.size > 0 || expired > 0) && g.broken == nil {
 		if err = g.log.compact(g.state, g.seq); err == nil {
 			g.metrics.compactions.WithLabelValues("success").Inc()
 		}
@@ -234,13 +262,26 @@ func (g *Gateway) compactAndCopy(ts int64) (map[string][]prompb.TimeSeries, erro
 			if math.IsNaN(it.Value) {
 				continue
 			}
-			pl := make([]prompb.Label, 0, it.Labels.Len())
+			pl := make([]prompb.Label, 0, it.Labels.Len()+1)
 			it.Labels.Range(func(l labels.Label) { pl = append(pl, prompb.Label{Name: l.Name, Value: l.Value}) })
+			if g.replica != "" {
+				pl = withReplica(pl, g.replica)
+			}
 			series = append(series, prompb.TimeSeries{Labels: pl, Samples: []prompb.Sample{{Value: it.Value, Timestamp: ts}}})
 		}
 		out[tenant] = series
 	}
 	return out, err
+}
+
+// withReplica sets ReplicaLabel in the sorted labels pl.
+func withReplica(pl []prompb.Label, replica string) []prompb.Label {
+	i, found := slices.BinarySearchFunc(pl, ReplicaLabel, func(l prompb.Label, name string) int { return strings.Compare(l.Name, name) })
+	if found { // only in a state from before the label was reserved
+		pl[i].Value = replica
+		return pl
+	}
+	return slices.Insert(pl, i, prompb.Label{Name: ReplicaLabel, Value: replica})
 }
 
 // Close closes the log. Call it after Run has returned.

@@ -78,14 +78,15 @@ func (a tokenAuth) Authenticate(r *http.Request) (auth.Identity, error) {
 }
 
 type fixture struct {
-	t   *testing.T
-	dir string
-	cfg Config
-	w   *fakeWriter
-	now time.Time
-	reg *prometheus.Registry
-	gw  *Gateway
-	srv *httptest.Server
+	t       *testing.T
+	replica string // Options.Replica
+	dir     string
+	cfg     Config
+	w       *fakeWriter
+	now     time.Time
+	reg     *prometheus.Registry
+	gw      *Gateway
+	srv     *httptest.Server
 }
 
 func testConfig() Config {
@@ -105,7 +106,7 @@ func (f *fixture) open() {
 	f.t.Helper()
 	require.NoError(f.t, f.cfg.Validate())
 	f.reg = prometheus.NewRegistry()
-	gw, err := Open(slog.New(slog.DiscardHandler), f.reg, f.dir, f.w, f.cfg, Options{Now: func() time.Time { return f.now }})
+	gw, err := Open(slog.New(slog.DiscardHandler), f.reg, f.dir, f.w, f.cfg, Options{Now: func() time.Time { return f.now }, Replica: f.replica})
 	require.NoError(f.t, err)
 	f.gw = gw
 	mux := http.NewServeMux()
@@ -243,6 +244,8 @@ func TestPushRejectionsChangeNothing(t *testing.T) {
 		{"label conflict", "/metrics/job/i/platform/x", "tok-a", "", counterText, 400, reasonLabelConflict},
 		{"job label conflict", "/metrics/job/i", "tok-a", "", "# TYPE installs_total counter\ninstalls_total{job=\"j\"} 1\n", 400, reasonLabelConflict},
 		{"reserved label", "/metrics/job/i", "tok-a", "", "# TYPE installs_total counter\ninstalls_total{__x=\"1\"} 1\n", 400, reasonInvalidLabel},
+		{"replica label", "/metrics/job/i", "tok-a", "", "# TYPE installs_total counter\ninstalls_total{push_replica=\"r9\"} 1\n", 400, reasonInvalidLabel},
+		{"replica grouping label", "/metrics/job/i/push_replica/r9", "tok-a", "", counterText, 400, reasonInvalidLabel},
 		{"long label value", "/metrics/job/i", "tok-a", "", "# TYPE installs_total counter\ninstalls_total{a=\"" + strings.Repeat("x", 300) + "\"} 1\n", 400, reasonInvalidLabel},
 		{"cluster id claimed", "/metrics/job/i", "tok-a", "", "# TYPE installs_total counter\ninstalls_total{_id=\"c1\"} 1\n", 400, reasonClusterID},
 		{"negative counter", "/metrics/job/i", "tok-a", "", "# TYPE installs_total counter\ninstalls_total -1\n", 400, reasonInvalidValue},
@@ -419,8 +422,16 @@ func TestConfigValidate(t *testing.T) {
 	for _, want := range []string{`push.allowed_metrics[1] "1bad"`, `push.allowed_metrics[2] "ok": duplicate`, "push.gauge_policy", "push.flush_interval", "push.max_body_bytes"} {
 		require.Contains(t, err.Error(), want)
 	}
+	short := Config{FlushInterval: mustDuration(t, "1m"), SeriesTTL: mustDuration(t, "30s")}
+	short.SetDefaults()
+	err = short.Validate()
+	require.Error(t, err)
+	for _, want := range []string{"push.series_ttl: 30s is shorter than push.flush_interval (1m)"} {
+		require.Contains(t, err.Error(), want)
+	}
 	def := Config{}
 	def.SetDefaults()
 	require.NoError(t, def.Validate())
 	require.Contains(t, def.AllowedMetrics, "cluster_installation_invocation")
+	require.Equal(t, "30d", def.SeriesTTL.String())
 }

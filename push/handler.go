@@ -276,6 +276,8 @@ func (g *Gateway) seriesLabels(syms *labels.SymbolTable, id auth.Identity, name,
 			return reject(reasonInvalidLabel, errInvalid, "metric %s: value of label %s is not valid UTF-8", name, n)
 		case typ == "histogram" && n == model.BucketLabel:
 			return reject(reasonInvalidLabel, errInvalid, "metric %s: label le is reserved for histogram buckets", name)
+		case n == ReplicaLabel:
+			return reject(reasonInvalidLabel, errInvalid, "metric %s: label %s is reserved: the receiver sets it to tell its replicas' partial sums apart", name, ReplicaLabel)
 		}
 		return nil
 	}

@@ -13,6 +13,7 @@ type metrics struct {
 	flushes        *prometheus.CounterVec // by result
 	flushedSamples prometheus.Counter
 	compactions    *prometheus.CounterVec // by result
+	expiredSeries  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, seriesFn func() float64) *metrics { // nil reg: not registered (tests)
@@ -39,6 +40,9 @@ func newMetrics(reg prometheus.Registerer, seriesFn func() float64) *metrics { /
 		compactions: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_push_compactions_total", Help: "Compactions of the push log into a snapshot, by result.",
 		}, []string{"result"}),
+		expiredSeries: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_push_expired_series_total", Help: "Aggregated push series dropped because no push touched them for push.series_ttl.",
+		}),
 	}
 	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "phonehome_push_series", Help: "Aggregated push series held, all tenants.",

@@ -47,6 +47,7 @@ var errRewind = errors.New("rewind push log")
 type record struct {
 	Seq     uint64            `json:"seq"`
 	Tenant  string            `json:"tenant"`
+	Time    int64             `json:"time,omitempty"`    // accepted at, Unix ms (0 in logs of older versions)
 	Types   map[string]string `json:"types,omitempty"`   // family name → counter|gauge|histogram
 	Layouts map[string]string `json:"layouts,omitempty"` // histogram series key → bucket bounds
 	Samples []delta           `json:"samples"`
@@ -64,15 +65,19 @@ type tenantState struct {
 	Types   map[string]string   `json:"types"`
 	Layouts map[string]string   `json:"layouts"`
 	Series  map[string]*aggItem `json:"-"` // by labels key
+	// LayoutTouched is when a push last carried each histogram of Layouts
+	// (Unix ms), so a layout expires with its series.
+	LayoutTouched map[string]int64 `json:"-"`
 }
 
 type aggItem struct {
-	Labels labels.Labels `json:"labels"`
-	Value  float64       `json:"value"`
+	Labels  labels.Labels `json:"labels"`
+	Value   float64       `json:"value"`
+	Touched int64         `json:"touched,omitempty"` // last push that added to it, Unix ms
 }
 
 func newTenantState() *tenantState {
-	return &tenantState{Types: map[string]string{}, Layouts: map[string]string{}, Series: map[string]*aggItem{}}
+	return &tenantState{Types: map[string]string{}, Layouts: map[string]string{}, Series: map[string]*aggItem{}, LayoutTouched: map[string]int64{}}
 }
 
 // apply adds rec to the state. rec was validated against the state before.
@@ -82,6 +87,7 @@ func (ts *tenantState) apply(rec *record) {
 	}
 	for k, v := range rec.Layouts {
 		ts.Layouts[k] = v
+		ts.LayoutTouched[k] = rec.Time
 	}
 	for _, d := range rec.Samples {
 		k := seriesKey(d.Labels)
@@ -95,7 +101,28 @@ func (ts *tenantState) apply(rec *record) {
 		} else {
 			it.Value += d.Value
 		}
+		it.Touched = rec.Time
 	}
+}
+
+// expire drops the series and histogram layouts no push has touched since
+// cutoff (Unix ms) and returns how many series went. The family types stay
+// (they are bounded by push.allowed_metrics).
+func (ts *tenantState) expire(cutoff int64) int {
+	n := 0
+	for k, it := range ts.Series {
+		if it.Touched < cutoff {
+			delete(ts.Series, k)
+			n++
+		}
+	}
+	for k, t := range ts.LayoutTouched {
+		if t < cutoff {
+			delete(ts.LayoutTouched, k)
+			delete(ts.Layouts, k)
+		}
+	}
+	return n
 }
 
 func seriesKey(ls labels.Labels) string { return string(ls.Bytes(nil)) }
@@ -107,9 +134,10 @@ type snapshot struct {
 }
 
 type snapshotEntry struct {
-	Types   map[string]string `json:"types"`
-	Layouts map[string]string `json:"layouts"`
-	Series  []aggItem         `json:"series"`
+	Types         map[string]string `json:"types"`
+	Layouts       map[string]string `json:"layouts"`
+	LayoutTouched map[string]int64  `json:"layout_touched,omitempty"`
+	Series        []aggItem         `json:"series"`
 }
 
 // durableLog is the append-only log plus snapshot. Not safe for concurrent
@@ -122,7 +150,9 @@ type durableLog struct {
 
 // openState loads the snapshot and replays the log in dir, creating dir if
 // needed. It returns the state, the last sequence number and the open log.
-func openState(logger *slog.Logger, dir string) (map[string]*tenantState, uint64, *durableLog, error) {
+// Series and records written by versions that did not track when a series
+// was last pushed count as pushed at now (so they expire a full TTL later).
+func openState(logger *slog.Logger, dir string, now int64) (map[string]*tenantState, uint64, *durableLog, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, 0, nil, fmt.Errorf("create push state dir: %w", err)
 	}
@@ -146,9 +176,16 @@ func openState(logger *slog.Logger, dir string) (map[string]*tenantState, uint64
 			}
 			for k, v := range e.Layouts {
 				ts.Layouts[k] = v
+				ts.LayoutTouched[k] = now
+				if t, ok := e.LayoutTouched[k]; ok {
+					ts.LayoutTouched[k] = t
+				}
 			}
 			for _, it := range e.Series {
 				it := it
+				if it.Touched == 0 {
+					it.Touched = now
+				}
 				ts.Series[seriesKey(it.Labels)] = &it
 			}
 			state[name] = ts
@@ -165,6 +202,9 @@ func openState(logger *slog.Logger, dir string) (map[string]*tenantState, uint64
 		if ts == nil {
 			ts = newTenantState()
 			state[rec.Tenant] = ts
+		}
+		if rec.Time == 0 {
+			rec.Time = now
 		}
 		ts.apply(rec)
 		seq = rec.Seq
@@ -276,7 +316,7 @@ func (l *durableLog) rewind() error {
 func (l *durableLog) compact(state map[string]*tenantState, seq uint64) error {
 	s := snapshot{Seq: seq, Tenants: make(map[string]snapshotEntry, len(state))}
 	for name, ts := range state {
-		e := snapshotEntry{Types: ts.Types, Layouts: ts.Layouts, Series: make([]aggItem, 0, len(ts.Series))}
+		e := snapshotEntry{Types: ts.Types, Layouts: ts.Layouts, LayoutTouched: ts.LayoutTouched, Series: make([]aggItem, 0, len(ts.Series))}
 		for _, it := range ts.Series {
 			e.Series = append(e.Series, *it)
 		}
