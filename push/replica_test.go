@@ -43,7 +43,7 @@ func TestPushReplicaPartialsSumExactly(t *testing.T) {
 		}
 	}
 	require.Equal(t, map[string]float64{
-		`{__name__="installs_total", job="installer", platform="aws", result="ok", version="4.2"}`:  pushes,
+		`{__name__="installs_total", job="installer", platform="aws", result="ok", version="4.2"}`:   pushes,
 		`{__name__="installs_total", job="installer", platform="gcp", result="fail", version="4.2"}`: 2 * pushes,
 	}, total)
 
