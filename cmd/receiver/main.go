@@ -230,7 +230,8 @@ func run(args []string, stderr io.Writer) int {
 	if defs != nil { // any credential of a tenant may read it, cluster credentials included
 		mux.Handle("GET /api/v1/gathering", auth.Middleware(a.authn, 0, nil, defs))
 	}
-	pushes, err := push.Open(logger.With("component", "push"), reg, filepath.Join(*storagePath, "push"), db, cfg.Push, push.Options{})
+	pushes, err := push.Open(logger.With("component", "push"), reg, filepath.Join(*storagePath, "push"), db, cfg.Push,
+		push.Options{Replica: cfg.Storage.ExternalLabels["replica"]}) // replicas' partial sums apart (push_replica)
 	if err != nil {
 		logger.Error("open push state", "err", err)
 		return 1
