@@ -77,7 +77,8 @@ func TestReceiverBadInput(t *testing.T) {
 		{name: "too many labels", token: tokenAcme, body: encodeWrite(t, series(tooManyLabels...)), code: 400, reason: "label_limits", inBody: "labels"},
 		{name: "too long value", token: tokenAcme, body: encodeWrite(t, series(lbl("__name__", "m"), lbl("a", strings.Repeat("v", 65)))), code: 400, reason: "label_limits", inBody: "limit"},
 		{name: "too long name", token: tokenAcme, body: encodeWrite(t, series(lbl("__name__", "m"), lbl(strings.Repeat("n", 33), "v"))), code: 400, reason: "label_limits", inBody: "limit"},
-		{name: "unsorted labels", token: tokenAcme, body: encodeWrite(t, series(lbl("__name__", "m"), lbl("b", "1"), lbl("a", "2"))), code: 400, reason: "invalid_labels", inBody: "sorted"},
+		{name: "unsorted labels are sorted", token: tokenAcme, body: encodeWrite(t, series(lbl("__name__", "m"), lbl("b", "1"), lbl("a", "2"))), code: http.StatusNoContent},
+		{name: "unsorted duplicate label", token: tokenAcme, body: encodeWrite(t, series(lbl("b", "1"), lbl("__name__", "m"), lbl("b", "2"))), code: 400, reason: "invalid_labels", inBody: "duplicate"},
 		{name: "duplicate label", token: tokenAcme, body: encodeWrite(t, series(lbl("__name__", "m"), lbl("a", "1"), lbl("a", "2"))), code: 400, reason: "invalid_labels", inBody: "duplicate"},
 		{name: "empty label name", token: tokenAcme, body: encodeWrite(t, series(lbl("", "x"), lbl("__name__", "m"))), code: 400, reason: "invalid_labels", inBody: "empty"},
 		{name: "no metric name", token: tokenAcme, body: encodeWrite(t, series(lbl("job", "x"))), code: 400, reason: "invalid_labels", inBody: "__name__"},
@@ -141,7 +142,12 @@ func TestReceiverBadInput(t *testing.T) {
 		got = append(got, s.Metric["case"])
 	}
 	require.ElementsMatch(t, []string{"first", "partial", "after"}, got)
-	require.Empty(t, instant(t, rcv.URL(), tokenAcme, `{__name__=~"m|bad_input_future|bad_input_old"}`, now.Add(time.Second)).Result)
+	require.Empty(t, instant(t, rcv.URL(), tokenAcme, `{__name__=~"bad_input_future|bad_input_old"}`, now.Add(time.Second)).Result)
+	// Of the series named m, only the one sent unsorted was repaired and stored.
+	ms := instant(t, rcv.URL(), tokenAcme, `m`, now.Add(time.Second)).Result
+	require.Len(t, ms, 1)
+	require.Equal(t, "2", ms[0].Metric["a"])
+	require.Equal(t, "1", ms[0].Metric["b"])
 
 	// Every refusal is counted by code and reason.
 	mfs := scrapeMetrics(t, rcv.URL())
@@ -152,6 +158,7 @@ func TestReceiverBadInput(t *testing.T) {
 		require.Equal(t, float64(wantReasons[reason]), metricValue(mfs, "phonehome_receive_rejected_samples_total", map[string]string{"reason": reason}), "rejected samples with reason %s", reason)
 	}
 	require.Equal(t, float64(wantCodes[401]), metricValue(mfs, "phonehome_receive_unauthenticated_requests_total", nil))
+	require.Equal(t, float64(1), metricValue(mfs, "phonehome_receive_unsorted_series_total", nil))
 	rcv.Stop()
 }
 

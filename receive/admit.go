@@ -9,9 +9,12 @@ import (
 
 // admit decides whether one series may be stored: it must be valid, bound to
 // the caller's cluster, inside the server-side allowlist (and its tenant's gathering definition), and fit the series
-// limits. It rewrites ts in place (empty and elided labels removed, _id added).
+// limits. It rewrites ts in place (labels sorted, empty and elided labels removed, _id added).
 func (h *Handler) admit(ts *prompb.TimeSeries, id auth.Identity, lim *limits.TenantLimits, pol *Policy, sess *sessions) *seriesError {
-	name, serr := validateSeries(ts, lim, id, h.opts.OverwriteClusterID)
+	name, resorted, serr := validateSeries(ts, lim, id, h.opts.OverwriteClusterID)
+	if resorted && serr == nil {
+		h.metrics.unsortedSeries.Inc()
+	}
 	if serr != nil {
 		return serr
 	}
@@ -19,9 +22,11 @@ func (h *Handler) admit(ts *prompb.TimeSeries, id auth.Identity, lim *limits.Ten
 	if !pol.allows(id.Tenant, ts.Labels) {
 		return &seriesError{reasonAllowlist, "series is not in the server-side allowlist"}
 	}
-	if err := sess.get(h.limiter, id.Tenant, clusterOf(ts.Labels)).Admit(name, hashLabels(ts.Labels)); err != nil {
+	s := sess.get(h.limiter, id.Tenant, clusterOf(ts.Labels))
+	if err := s.Admit(name, hashLabels(ts.Labels)); err != nil {
 		return &seriesError{reasonSeriesLimit, "new series refused: " + err.Error()}
 	}
+	tracked(s, name, ts) // status page (track.go)
 	return nil
 }
 

@@ -143,8 +143,9 @@ func zeroLen[T any](s []T, n int) []T {
 
 // convertV2 converts d's request into a batch, checking each series: every
 // symbol reference in range (labels, metadata, exemplars), labels_refs of
-// even length, and samples or histograms but not both. Labels are sorted by
-// name (as ToLabels would); duplicates are left for validateSeries to refuse.
+// even length, and samples or histograms but not both. Labels keep the
+// sender's order: validateSeries sorts (and counts) them as for 1.0, and
+// refuses duplicates.
 // The batch and the series' labels and samples live in d (d.conv) and are
 // valid until d is reused; label strings alias the body like the symbols,
 // except the metadata's and the metric name of a series with metadata, which
@@ -273,24 +274,21 @@ func (c *v2Conversion) ownMetricName(ls []prompb.Label) {
 	}
 }
 
-// appendSymbolLabels appends the labels refs name in symbols to dst, sorted by
-// name, as writev2's ToLabels would build them, but without a labels.Labels
-// (one allocation per series) in between; the strings are the symbols'.
+// appendSymbolLabels appends the labels refs name in symbols to dst, in the
+// sender's order, without a labels.Labels (one allocation per series) in
+// between; the strings are the symbols'. A series' labels are sorted, and
+// counted when they were not, by validateSeries, as 1.0's are; exemplars'
+// by convertExemplars.
 func appendSymbolLabels(dst []prompb.Label, refs []uint32, symbols []string) ([]prompb.Label, error) {
 	if len(refs)%2 != 0 {
 		return dst, fmt.Errorf("invalid labelRefs length %d", len(refs))
 	}
-	start := len(dst)
 	for j := 0; j < len(refs); j += 2 {
 		name, value := refs[j], refs[j+1]
 		if int(name) >= len(symbols) || int(value) >= len(symbols) {
 			return dst, fmt.Errorf("labelRefs %d (name) = %d (value) outside of symbols table (size %d)", name, value, len(symbols))
 		}
 		dst = append(dst, prompb.Label{Name: symbols[name], Value: symbols[value]})
-	}
-	ls := dst[start:]
-	if !slices.IsSortedFunc(ls, compareLabelNames) {
-		slices.SortFunc(ls, compareLabelNames)
 	}
 	return dst, nil
 }
@@ -337,6 +335,9 @@ func convertExemplars(in []writev2.Exemplar, symbols []string) ([]prompb.Exempla
 		ls, err := appendSymbolLabels(nil, e.LabelsRefs, symbols)
 		if err != nil {
 			return nil, err
+		}
+		if !slices.IsSortedFunc(ls, compareLabelNames) {
+			slices.SortFunc(ls, compareLabelNames) // as writev2's ToLabels would
 		}
 		out[i] = prompb.Exemplar{Labels: ls, Value: e.Value, Timestamp: e.Timestamp}
 	}

@@ -154,8 +154,10 @@ func TestHandlerStatus(t *testing.T) {
 		{"no metric name", func() *http.Request {
 			return newRequest(encode(t, prompb.TimeSeries{Labels: []prompb.Label{{Name: "job", Value: "a"}}, Samples: []prompb.Sample{{Value: 1}}}), acme)
 		}, 400, "0", "no metric name"},
-		{"unsorted labels", func() *http.Request { return newRequest(encode(t, series("up", "z", "1", "a", "2")), acme) }, 400, "0", "not sorted"},
+		{"unsorted labels are sorted", func() *http.Request { return newRequest(encode(t, series("up", "z", "1", "a", "2")), acme) }, 204, "1", ""},
 		{"duplicate labels", func() *http.Request { return newRequest(encode(t, series("up", "a", "1", "a", "2")), acme) }, 400, "0", "duplicate"},
+		{"duplicate labels, unsorted", func() *http.Request { return newRequest(encode(t, series("up", "b", "1", "a", "2", "b", "3")), acme) }, 400, "0", "duplicate"},
+		{"empty label name, unsorted", func() *http.Request { return newRequest(encode(t, series("up", "b", "1", "", "2")), acme) }, 400, "0", "empty label name"},
 		{"empty label name", func() *http.Request {
 			ts := series("up")
 			ts.Labels = append([]prompb.Label{{Name: "", Value: "x"}}, ts.Labels...)

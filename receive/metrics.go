@@ -15,6 +15,7 @@ type metrics struct {
 	histograms      prometheus.Counter
 	exemplars       prometheus.Counter
 	seriesAccepted  prometheus.Counter
+	unsortedSeries  prometheus.Counter
 	unauthenticated prometheus.Counter
 }
 
@@ -59,6 +60,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		seriesAccepted: f.NewCounter(prometheus.CounterOpts{
 			Name: "phonehome_receive_series_total",
 			Help: "Series that passed validation, counted once per request they appear in.",
+		}),
+		unsortedSeries: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_receive_unsorted_series_total",
+			Help: "Series that passed validation after their labels, sent out of order by name, were sorted (as Prometheus does), counted once per request they appear in.",
 		}),
 		unauthenticated: f.NewCounter(prometheus.CounterOpts{
 			Name: "phonehome_receive_unauthenticated_requests_total",

@@ -2,6 +2,7 @@ package receive
 
 import (
 	"fmt"
+	"slices"
 	"unicode/utf8"
 
 	"github.com/prometheus/common/model"
@@ -52,11 +53,17 @@ func (e *seriesError) Error() string { return e.msg }
 // id binds a cluster, the series' _id must equal it (or is overwritten with
 // it when overwriteID is set, or when it is the cluster's own id in clear,
 // id.ClusterIDAlias), and is added if missing.
+// Labels out of order by name, as any client that builds them from a map
+// sends them, are sorted in place, as Prometheus does (resorted reports it);
+// only what cannot be repaired (a duplicate or empty name) is refused. A
+// series already in order, the common case, costs no extra pass: the order is
+// checked in the same loop as everything else, which starts again once after
+// a sort.
 // It returns nil if the series may be stored.
-func validateSeries(ts *prompb.TimeSeries, lim *limits.TenantLimits, id auth.Identity, overwriteID bool) (name string, serr *seriesError) {
+func validateSeries(ts *prompb.TimeSeries, lim *limits.TenantLimits, id auth.Identity, overwriteID bool) (name string, resorted bool, serr *seriesError) {
 	clusterID := id.ClusterID
 	if len(ts.Samples) == 0 && len(ts.Histograms) == 0 {
-		return "", &seriesError{reasonNoSamples, "series has no samples"}
+		return "", resorted, &seriesError{reasonNoSamples, "series has no samples"}
 	}
 	ls := ts.Labels[:0]
 	for _, l := range ts.Labels {
@@ -70,30 +77,35 @@ func validateSeries(ts *prompb.TimeSeries, lim *limits.TenantLimits, id auth.Ide
 		count++ // the _id added below counts too
 	}
 	if over(count, lim.MaxLabelNamesPerSeries) {
-		return "", &seriesError{reasonLabelLimits, fmt.Sprintf("series has %d labels, the limit is %d", count, lim.MaxLabelNamesPerSeries)}
+		return "", resorted, &seriesError{reasonLabelLimits, fmt.Sprintf("series has %d labels, the limit is %d", count, lim.MaxLabelNamesPerSeries)}
 	}
 	hasID := false
-	for i, l := range ls {
+	for i := 0; i < len(ls); i++ {
+		l := ls[i]
 		if l.Name == "" {
-			return "", &seriesError{reasonInvalidLabels, "empty label name"}
+			return "", resorted, &seriesError{reasonInvalidLabels, "empty label name"}
 		}
 		if i > 0 && ls[i-1].Name >= l.Name {
 			if ls[i-1].Name == l.Name {
-				return "", &seriesError{reasonInvalidLabels, fmt.Sprintf("duplicate label name %q", l.Name)}
+				return "", resorted, &seriesError{reasonInvalidLabels, fmt.Sprintf("duplicate label name %q", l.Name)}
 			}
-			return "", &seriesError{reasonInvalidLabels, fmt.Sprintf("labels not sorted: %q after %q", l.Name, ls[i-1].Name)}
+			// Out of order: sort and check again from the start. After a
+			// sort only a duplicate name can land here, so this happens once.
+			slices.SortFunc(ls, compareLabelNames)
+			resorted, name, hasID, i = true, "", false, -1
+			continue
 		}
 		if over(len(l.Name), lim.MaxLabelNameLength) {
-			return "", &seriesError{reasonLabelLimits, fmt.Sprintf("label name of %d bytes, the limit is %d", len(l.Name), lim.MaxLabelNameLength)}
+			return "", resorted, &seriesError{reasonLabelLimits, fmt.Sprintf("label name of %d bytes, the limit is %d", len(l.Name), lim.MaxLabelNameLength)}
 		}
 		if over(len(l.Value), lim.MaxLabelValueLength) {
-			return "", &seriesError{reasonLabelLimits, fmt.Sprintf("value of label %q has %d bytes, the limit is %d", l.Name, len(l.Value), lim.MaxLabelValueLength)}
+			return "", resorted, &seriesError{reasonLabelLimits, fmt.Sprintf("value of label %q has %d bytes, the limit is %d", l.Name, len(l.Value), lim.MaxLabelValueLength)}
 		}
 		if !model.LegacyValidation.IsValidLabelName(l.Name) {
-			return "", &seriesError{reasonInvalidLabels, fmt.Sprintf("invalid label name %q", l.Name)}
+			return "", resorted, &seriesError{reasonInvalidLabels, fmt.Sprintf("invalid label name %q", l.Name)}
 		}
 		if !utf8.ValidString(l.Value) {
-			return "", &seriesError{reasonInvalidLabels, fmt.Sprintf("value of label %q is not valid UTF-8", l.Name)}
+			return "", resorted, &seriesError{reasonInvalidLabels, fmt.Sprintf("value of label %q is not valid UTF-8", l.Name)}
 		}
 		switch l.Name {
 		case model.MetricNameLabel:
@@ -102,22 +114,22 @@ func validateSeries(ts *prompb.TimeSeries, lim *limits.TenantLimits, id auth.Ide
 			hasID = true
 			if clusterID != "" && l.Value != clusterID {
 				if !overwriteID && (id.ClusterIDAlias == "" || l.Value != id.ClusterIDAlias) {
-					return "", &seriesError{reasonClusterMismatch, "series _id does not match the authenticated cluster"}
+					return "", resorted, &seriesError{reasonClusterMismatch, "series _id does not match the authenticated cluster"}
 				}
 				ls[i].Value = clusterID
 			}
 		}
 	}
 	if name == "" {
-		return "", &seriesError{reasonInvalidLabels, "series has no metric name (__name__)"}
+		return "", resorted, &seriesError{reasonInvalidLabels, "series has no metric name (__name__)"}
 	}
 	if !model.LegacyValidation.IsValidMetricName(name) {
-		return "", &seriesError{reasonInvalidLabels, fmt.Sprintf("invalid metric name %q", name)}
+		return "", resorted, &seriesError{reasonInvalidLabels, fmt.Sprintf("invalid metric name %q", name)}
 	}
 	if clusterID != "" && !hasID {
 		ts.Labels = insertLabel(ts.Labels, prompb.Label{Name: clusterLabel, Value: clusterID})
 	}
-	return name, nil
+	return name, resorted, nil
 }
 
 // over reports whether n exceeds limit, where a limit of 0 means unlimited.
