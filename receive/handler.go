@@ -177,12 +177,13 @@ func (h *Handler) handle(r *http.Request, upload bool) (storage.Stats, error) {
 	}
 	if retry, err := h.limiter.AllowSamples(id.Tenant, id.ClusterID, n); err != nil {
 		h.metrics.rejected.WithLabelValues(reasonRateLimit).Add(float64(n))
+		h.limiter.Refused(id.Tenant, id.ClusterID, reasonRateLimit, n) // status page
 		return storage.Stats{}, &rateLimitedError{retryAfter: retry, err: err}
 	}
 	if err := h.writeFamilyMetadata(id.Tenant, b.familyMeta); err != nil {
 		return storage.Stats{}, err
 	}
-	return h.write(r, id, &lim, b)
+	return h.write(r, id, &lim, b, proto)
 }
 
 // decode reads r's body into buf and decodes it as proto, within lim's sizes.
@@ -271,7 +272,7 @@ func (e *rateLimitedError) Unwrap() error { return e.err }
 
 // write validates and admits series, stores the valid ones, and reports
 // the rest.
-func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLimits, b *batch) (storage.Stats, error) {
+func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLimits, b *batch, proto string) (storage.Stats, error) {
 	series := b.series
 	valid := series[:0]
 	var meta []metadata.Metadata
@@ -294,6 +295,7 @@ func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLim
 		if serr != nil {
 			rejected += n
 			h.metrics.rejected.WithLabelValues(serr.reason).Add(float64(max(n, 1)))
+			sess.refuse(h.limiter, id, ts, serr.reason, n) // status page (track.go)
 			if len(problems) < maxErrorsInBody {
 				problems = append(problems, fmt.Sprintf("series %d: %s", i, serr.msg))
 			}
@@ -304,6 +306,7 @@ func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLim
 			meta = append(meta, b.meta[i])
 		}
 	}
+	sess.done(proto, r.UserAgent())
 	h.metrics.seriesAccepted.Add(float64(len(valid)))
 
 	var stats storage.Stats
