@@ -3,6 +3,8 @@ package storage
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/prometheus/common/model"
@@ -40,6 +42,48 @@ type Config struct {
 	// MaxExemplars per tenant; 0 disables exemplar storage.
 	MaxExemplars int          `yaml:"max_exemplars"`
 	Bucket       BucketConfig `yaml:"bucket"`
+
+	// BucketRetention removes bucket blocks whose max time is older than
+	// this; 0 (the default) keeps them forever. Tenants override it.
+	BucketRetention model.Duration `yaml:"bucket_retention"`
+	// Tenants holds per-tenant overrides of the storage settings.
+	Tenants map[string]TenantConfig `yaml:"tenants"`
+	// DeletionDelay is the time between a block's deletion-mark.json and its
+	// deletion, so running queries and other readers finish with it (Thanos'
+	// --delete-delay). An upload without meta.json untouched this long is
+	// abandoned and removed too.
+	DeletionDelay model.Duration `yaml:"deletion_delay"`
+	// LifecycleInterval is how often retention, deletion of marked blocks
+	// and compaction run.
+	LifecycleInterval model.Duration `yaml:"lifecycle_interval"`
+}
+
+// TenantConfig overrides storage settings for one tenant. A nil field
+// inherits the global value.
+type TenantConfig struct {
+	// BucketRetention: 0 keeps the tenant's blocks forever.
+	BucketRetention *model.Duration `yaml:"bucket_retention"`
+}
+
+// RetentionFor returns the bucket retention of tenant; 0 means forever.
+func (c *Config) RetentionFor(tenant string) time.Duration {
+	if tc, ok := c.Tenants[tenant]; ok && tc.BucketRetention != nil {
+		return time.Duration(*tc.BucketRetention)
+	}
+	return time.Duration(c.BucketRetention)
+}
+
+// HasRetention reports whether any tenant has a bucket retention.
+func (c *Config) HasRetention() bool {
+	if c.BucketRetention > 0 {
+		return true
+	}
+	for _, tc := range c.Tenants {
+		if tc.BucketRetention != nil && *tc.BucketRetention > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // BucketConfig is a tagged union: Type selects which section is used.
@@ -83,6 +127,8 @@ func (c *Config) SetDefaults() {
 	setDur(&c.ShipInterval, 30*time.Second)
 	setDur(&c.ShutdownUploadTimeout, time.Minute)
 	setDur(&c.MaxFuture, 10*time.Minute)
+	setDur(&c.DeletionDelay, 48*time.Hour)
+	setDur(&c.LifecycleInterval, time.Hour)
 	t := true
 	if c.UploadOnShutdown == nil {
 		c.UploadOnShutdown = &t
@@ -115,6 +161,19 @@ func (c *Config) Validate() error {
 	positive("ship_interval", c.ShipInterval)
 	positive("shutdown_upload_timeout", c.ShutdownUploadTimeout)
 	positive("max_future", c.MaxFuture)
+	positive("deletion_delay", c.DeletionDelay)
+	positive("lifecycle_interval", c.LifecycleInterval)
+	if c.BucketRetention < 0 {
+		bad("bucket_retention", "must not be negative, got %s", c.BucketRetention)
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Tenants)) {
+		if err := validTenant(name); err != nil {
+			bad("tenants."+name, "%v", err)
+		}
+		if r := c.Tenants[name].BucketRetention; r != nil && *r < 0 {
+			bad("tenants."+name+".bucket_retention", "must not be negative, got %s", *r)
+		}
+	}
 	if c.BlockDuration > 0 && time.Duration(c.BlockDuration)%time.Minute != 0 {
 		bad("block_duration", "must be a whole number of minutes, got %s", c.BlockDuration)
 	}

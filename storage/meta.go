@@ -16,35 +16,38 @@ import (
 	"github.com/phonehome/phonehome/atomicfile"
 )
 
-// thanosMeta is meta.json as Thanos reads it (pkg/block/metadata.Meta): the
+// ThanosMeta is meta.json as Thanos reads it (pkg/block/metadata.Meta): the
 // TSDB meta plus a "thanos" section. Field names must match Thanos.
-type thanosMeta struct {
+type ThanosMeta struct {
 	tsdb.BlockMeta
-	Thanos thanosSection `json:"thanos"`
+	Thanos ThanosSection `json:"thanos"`
 }
 
-type thanosSection struct {
+// ThanosSection is meta.json's "thanos" section.
+type ThanosSection struct {
 	Version      int               `json:"version,omitempty"`
 	Labels       map[string]string `json:"labels"`
-	Downsample   thanosDownsample  `json:"downsample"`
+	Downsample   ThanosDownsample  `json:"downsample"`
 	Source       string            `json:"source"`
 	SegmentFiles []string          `json:"segment_files,omitempty"`
-	Files        []thanosFile      `json:"files,omitempty"`
+	Files        []ThanosFile      `json:"files,omitempty"`
 }
 
-type thanosDownsample struct {
+// ThanosDownsample is the resolution of a block; 0 for raw data.
+type ThanosDownsample struct {
 	Resolution int64 `json:"resolution"`
 }
 
-type thanosFile struct {
+// ThanosFile is one object of a block, with its size.
+type ThanosFile struct {
 	RelPath   string `json:"rel_path"`
 	SizeBytes int64  `json:"size_bytes,omitempty"` // omitted for meta.json, as Thanos does
 }
 
 // blockFiles lists the files to upload, relative to the block dir, sorted,
 // excluding meta.json (uploaded last) and tombstones (Thanos ignores them).
-func blockFiles(dir string) ([]thanosFile, error) {
-	var files []thanosFile
+func blockFiles(dir string) ([]ThanosFile, error) {
+	var files []ThanosFile
 	entries, err := os.ReadDir(filepath.Join(dir, "chunks"))
 	if err != nil {
 		return nil, fmt.Errorf("read chunks dir: %w", err)
@@ -54,33 +57,40 @@ func blockFiles(dir string) ([]thanosFile, error) {
 		if err != nil {
 			return nil, fmt.Errorf("stat chunk file: %w", err)
 		}
-		files = append(files, thanosFile{RelPath: "chunks/" + e.Name(), SizeBytes: info.Size()})
+		files = append(files, ThanosFile{RelPath: "chunks/" + e.Name(), SizeBytes: info.Size()})
 	}
 	info, err := os.Stat(filepath.Join(dir, "index"))
 	if err != nil {
 		return nil, fmt.Errorf("stat index: %w", err)
 	}
-	files = append(files, thanosFile{RelPath: "index", SizeBytes: info.Size()})
-	slices.SortFunc(files, func(a, b thanosFile) int { return strings.Compare(a.RelPath, b.RelPath) })
+	files = append(files, ThanosFile{RelPath: "index", SizeBytes: info.Size()})
+	slices.SortFunc(files, func(a, b ThanosFile) int { return strings.Compare(a.RelPath, b.RelPath) })
 	return files, nil
 }
 
+// Sources of uploaded blocks, in meta.json's thanos.source.
+const (
+	SourceReceive   = "receive"   // cut from a receiver's head
+	SourceCompactor = "compactor" // merged by the lifecycle compactor
+	SourceErasure   = "erasure"   // rewritten without an erased cluster
+)
+
 // newThanosMeta builds meta.json for upload from the block's own meta.
-func newThanosMeta(meta tsdb.BlockMeta, labels map[string]string, files []thanosFile) thanosMeta {
+func newThanosMeta(meta tsdb.BlockMeta, labels map[string]string, files []ThanosFile, source string) ThanosMeta {
 	var segments []string
 	for _, f := range files {
 		if name, ok := strings.CutPrefix(f.RelPath, "chunks/"); ok {
 			segments = append(segments, name)
 		}
 	}
-	all := append(slices.Clone(files), thanosFile{RelPath: "meta.json"})
-	slices.SortFunc(all, func(a, b thanosFile) int { return strings.Compare(a.RelPath, b.RelPath) })
-	return thanosMeta{
+	all := append(slices.Clone(files), ThanosFile{RelPath: "meta.json"})
+	slices.SortFunc(all, func(a, b ThanosFile) int { return strings.Compare(a.RelPath, b.RelPath) })
+	return ThanosMeta{
 		BlockMeta: meta,
-		Thanos: thanosSection{
+		Thanos: ThanosSection{
 			Version:      1,
 			Labels:       labels,
-			Source:       "receive",
+			Source:       source,
 			SegmentFiles: segments,
 			Files:        all,
 		},

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"math/rand/v2"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/prometheus/tsdb"
+	"github.com/thanos-io/objstore"
 )
 
 // RunShipper uploads blocks at once, then every ship_interval ± 10 % until
@@ -99,45 +101,58 @@ func (db *DB) shipLocked(ctx context.Context) error {
 // uploadBlock uploads chunks and index, then meta.json last, so readers never
 // see a partial block. A block whose meta.json already exists is uploaded.
 func (db *DB) uploadBlock(ctx context.Context, t *tenant, dir string, meta tsdb.BlockMeta) error {
-	id := meta.ULID.String()
-	exists, err := db.bkt.Exists(ctx, path.Join(id, "meta.json"))
+	exists, err := db.bkt.Exists(ctx, path.Join(meta.ULID.String(), "meta.json"))
 	if err != nil {
 		return fmt.Errorf("check meta.json: %w", err)
 	}
 	if exists {
 		return nil
 	}
-	files, err := blockFiles(dir)
-	if err != nil {
-		return err
-	}
-	for _, f := range files {
-		if err := db.uploadFile(ctx, filepath.Join(dir, filepath.FromSlash(f.RelPath)), path.Join(id, f.RelPath)); err != nil {
-			return err
-		}
-	}
 	labels := maps.Clone(db.cfg.ExternalLabels)
 	if labels == nil {
 		labels = map[string]string{}
 	}
 	labels[tenantLabel] = t.name
-	body, err := json.MarshalIndent(newThanosMeta(meta, labels, files), "", "\t")
+	return UploadBlock(ctx, db.bkt, dir, meta, labels, SourceReceive)
+}
+
+// Uploader is the part of a bucket UploadBlock uses.
+type Uploader interface {
+	Upload(ctx context.Context, name string, r io.Reader, opts ...objstore.ObjectUploadOption) error
+}
+
+// UploadBlock uploads the block in dir (chunks and index) as meta.ULID, then
+// its meta.json last, with the thanos section Thanos needs: labels (the
+// tenant and the external labels), source, and the files with their sizes.
+// Readers treat a block without meta.json as an upload in progress.
+func UploadBlock(ctx context.Context, bkt Uploader, dir string, meta tsdb.BlockMeta, labels map[string]string, source string) error {
+	id := meta.ULID.String()
+	files, err := blockFiles(dir)
+	if err != nil {
+		return err
+	}
+	for _, f := range files {
+		if err := uploadFile(ctx, bkt, filepath.Join(dir, filepath.FromSlash(f.RelPath)), path.Join(id, f.RelPath)); err != nil {
+			return err
+		}
+	}
+	body, err := json.MarshalIndent(newThanosMeta(meta, labels, files, source), "", "\t")
 	if err != nil {
 		return fmt.Errorf("encode meta.json: %w", err)
 	}
-	if err := db.bkt.Upload(ctx, path.Join(id, "meta.json"), bytes.NewReader(body)); err != nil {
+	if err := bkt.Upload(ctx, path.Join(id, "meta.json"), bytes.NewReader(body)); err != nil {
 		return fmt.Errorf("upload meta.json: %w", err)
 	}
 	return nil
 }
 
-func (db *DB) uploadFile(ctx context.Context, src, dst string) error {
+func uploadFile(ctx context.Context, bkt Uploader, src, dst string) error {
 	f, err := os.Open(src)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", src, err)
 	}
 	defer f.Close()
-	if err := db.bkt.Upload(ctx, dst, f); err != nil {
+	if err := bkt.Upload(ctx, dst, f); err != nil {
 		return fmt.Errorf("upload %s: %w", dst, err)
 	}
 	return nil

@@ -38,6 +38,7 @@ import (
 	"github.com/phonehome/phonehome/rules"
 	"github.com/phonehome/phonehome/storage"
 	"github.com/phonehome/phonehome/storage/bucketstore"
+	"github.com/phonehome/phonehome/storage/lifecycle"
 	"github.com/phonehome/phonehome/upstream"
 )
 
@@ -157,6 +158,12 @@ func run(args []string, stderr io.Writer) int {
 		return 1
 	}
 	defer func() { _ = bstore.Close() }() // nil when disabled; Close is nil-safe
+	lc, err := lifecycle.Open(logger.With("component", "lifecycle"), reg, *storagePath, cfg.Storage)
+	if err != nil {
+		logger.Error("open bucket lifecycle", "err", err)
+		return 1
+	}
+	defer func() { _ = lc.Close() }()
 	reader := bucketstore.NewReader(db, bstore)
 
 	var ready atomic.Bool
@@ -331,6 +338,10 @@ func run(args []string, stderr io.Writer) int {
 	if bstore != nil { // Bucket metadata sync, so queries read every replica's blocks.
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return bstore.Run(ctx) }, func(error) { cancel() })
+	}
+	if lc.Active() { // Bucket lifecycle: retention, then deletion of marked blocks after the delay.
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return lc.Run(ctx) }, func(error) { cancel() })
 	}
 	{ // Block shipper.
 		ctx, cancel := context.WithCancel(context.Background())

@@ -54,10 +54,16 @@ type blockMeta struct {
 }
 
 // known is a block seen in the bucket. meta is nil for blocks the store
-// ignores (downsampled, no tenant), remembered so they are not re-read.
+// ignores (downsampled, no tenant, marked for deletion), remembered so they
+// are not re-read.
 type known struct {
-	meta *blockMeta
+	meta   *blockMeta
+	marked bool // has a deletion-mark.json: never read again
 }
+
+// deletionMarkFile is Thanos' marker of a block that will be deleted after a
+// delay (retention, compaction, erasure). Readers stop using the block.
+const deletionMarkFile = "deletion-mark.json"
 
 // entry is a downloaded, open block.
 type entry struct {
@@ -198,9 +204,30 @@ func (s *Store) Sync(ctx context.Context) (err error) {
 	}
 	s.mu.Unlock()
 
+	// Every block not yet known to be marked is checked for a deletion
+	// mark on each sync: a mark can appear at any time after meta.json.
+	s.mu.Lock()
+	var unmarked []ulid.ULID
+	for _, id := range ids {
+		if !s.blocks[id].marked {
+			unmarked = append(unmarked, id)
+		}
+	}
+	s.mu.Unlock()
+	marked, err := s.deletionMarks(ctx, unmarked)
+	if err != nil {
+		return err
+	}
+
 	found := map[ulid.ULID]known{}
 	var errs []error
+	for id := range marked {
+		found[id] = known{marked: true}
+	}
 	for _, id := range fresh {
+		if _, ok := marked[id]; ok {
+			continue
+		}
 		meta, err := s.readMeta(ctx, id)
 		switch {
 		case err != nil && s.bkt.IsObjNotFoundErr(err):
@@ -234,11 +261,42 @@ func (s *Store) Sync(ctx context.Context) (err error) {
 	}
 	s.m.blocks.Set(float64(usable))
 	for id, e := range s.cache {
-		if _, ok := s.blocks[id]; !ok && e.refs == 0 {
+		if s.blocks[id].meta == nil && e.refs == 0 { // gone or marked
 			s.removeLocked(e)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// deletionMarks returns which of ids have a deletion mark, checking up to 16
+// blocks at a time.
+func (s *Store) deletionMarks(ctx context.Context, ids []ulid.ULID) (map[ulid.ULID]struct{}, error) {
+	var (
+		mu     sync.Mutex
+		marked = map[ulid.ULID]struct{}{}
+		errs   []error
+		wg     sync.WaitGroup
+		sem    = make(chan struct{}, 16)
+	)
+	for _, id := range ids {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			ok, err := s.bkt.Exists(ctx, path.Join(id.String(), deletionMarkFile))
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				errs = append(errs, fmt.Errorf("check deletion mark of %s: %w", id, err))
+			case ok:
+				marked[id] = struct{}{}
+			}
+		}()
+	}
+	wg.Wait()
+	return marked, errors.Join(errs...)
 }
 
 // readMeta fetches and decodes <id>/meta.json. It returns nil meta (and no
@@ -276,20 +334,23 @@ func (s *Store) Blocks(tenant string, mint, maxt int64) []tsdb.BlockMeta {
 }
 
 func (s *Store) selectLocked(tenant string, mint, maxt int64, skip map[ulid.ULID]struct{}) []tsdb.BlockMeta {
-	var out []tsdb.BlockMeta
-	for id, k := range s.blocks {
+	var cand []tsdb.BlockMeta
+	for _, k := range s.blocks {
 		m := k.meta
 		if m == nil || m.Thanos.Labels[TenantLabel] != tenant {
-			continue
-		}
-		if _, ok := skip[id]; ok {
 			continue
 		}
 		// Block time ranges are [MinTime, MaxTime).
 		if m.MinTime > maxt || m.MaxTime <= mint {
 			continue
 		}
-		out = append(out, m.BlockMeta)
+		cand = append(cand, m.BlockMeta)
+	}
+	var out []tsdb.BlockMeta
+	for _, m := range withoutReplaced(cand) {
+		if _, ok := skip[m.ULID]; !ok {
+			out = append(out, m)
+		}
 	}
 	slices.SortFunc(out, func(a, b tsdb.BlockMeta) int {
 		if a.MinTime != b.MinTime {
@@ -297,6 +358,49 @@ func (s *Store) selectLocked(tenant string, mint, maxt int64, skip map[ulid.ULID
 		}
 		return a.ULID.Compare(b.ULID)
 	})
+	return out
+}
+
+// withoutReplaced drops every block whose compaction sources are all among
+// another block's sources — a compactor's or an erasure's result replaces
+// it — as Thanos' deduplicate filter does, so the same samples are never
+// read twice while both are in the bucket (until the source is marked and
+// deleted). Of two blocks with the same sources, the newer ULID (the
+// rewrite) is kept. A block that covers another covers its time range too,
+// so the blocks overlapping a query are enough to decide.
+func withoutReplaced(metas []tsdb.BlockMeta) []tsdb.BlockMeta {
+	bySource := map[ulid.ULID][]int{}
+	for i, m := range metas {
+		for _, src := range m.Compaction.Sources {
+			bySource[src] = append(bySource[src], i)
+		}
+	}
+	covers := func(a, b tsdb.BlockMeta) bool { // a replaces b
+		if len(a.Compaction.Sources) < len(b.Compaction.Sources) {
+			return false
+		}
+		for _, src := range b.Compaction.Sources {
+			if !slices.Contains(a.Compaction.Sources, src) {
+				return false
+			}
+		}
+		return len(a.Compaction.Sources) > len(b.Compaction.Sources) || a.ULID.Compare(b.ULID) > 0
+	}
+	out := metas[:0:0]
+	for i, b := range metas {
+		replaced := false
+		if len(b.Compaction.Sources) > 0 {
+			for _, j := range bySource[b.Compaction.Sources[0]] {
+				if j != i && covers(metas[j], b) {
+					replaced = true
+					break
+				}
+			}
+		}
+		if !replaced {
+			out = append(out, b)
+		}
+	}
 	return out
 }
 
@@ -397,8 +501,8 @@ func (s *Store) release(e *entry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e.refs--
-	if _, ok := s.blocks[e.id]; !ok && e.refs == 0 && s.cache[e.id] == e {
-		s.removeLocked(e) // deleted from the bucket meanwhile
+	if s.blocks[e.id].meta == nil && e.refs == 0 && s.cache[e.id] == e {
+		s.removeLocked(e) // deleted from the bucket or marked meanwhile
 	}
 	s.evictLocked()
 }

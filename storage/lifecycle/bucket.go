@@ -1,0 +1,206 @@
+// Package lifecycle manages the blocks in the bucket after the receivers
+// shipped them: retention, the delayed deletion of marked blocks, cleaning
+// abandoned uploads, compaction and erasure. It follows Thanos' on-bucket
+// conventions (meta.json uploaded last, deletion-mark.json before a delete),
+// so a Thanos Compactor or Store Gateway can share or take over the bucket.
+package lifecycle
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/thanos-io/objstore"
+
+	"github.com/phonehome/phonehome/storage"
+)
+
+// Object names inside a block directory.
+const (
+	MetaFile         = "meta.json"
+	DeletionMarkFile = "deletion-mark.json"
+)
+
+// DeletionMark is Thanos' deletion-mark.json (pkg/block/metadata): the block
+// is deleted DeletionDelay after DeletionTime; readers stop using it at once.
+type DeletionMark struct {
+	ID ulid.ULID `json:"id"`
+	// DeletionTime is when the mark was written, in Unix seconds.
+	DeletionTime int64  `json:"deletion_time"`
+	Version      int    `json:"version"`
+	Details      string `json:"details,omitempty"`
+}
+
+// block is one block directory found in the bucket.
+type block struct {
+	id   ulid.ULID
+	meta *storage.ThanosMeta // nil: no meta.json (upload in progress, abandoned, or being deleted)
+	mark *DeletionMark       // nil: not marked
+}
+
+func (b block) tenant() string {
+	if b.meta == nil {
+		return ""
+	}
+	return b.meta.Thanos.Labels[tenantLabel]
+}
+
+// tenantLabel is the thanos.labels key of the tenant.
+const tenantLabel = "tenant_id"
+
+// scan lists the block directories of the bucket root and reads each one's
+// meta.json and deletion mark, 16 blocks at a time.
+func scan(ctx context.Context, bkt objstore.BucketReader) ([]block, error) {
+	var ids []ulid.ULID
+	if err := bkt.Iter(ctx, "", func(name string) error {
+		if id, err := ulid.ParseStrict(strings.TrimSuffix(name, "/")); err == nil {
+			ids = append(ids, id)
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("list bucket: %w", err)
+	}
+	blocks := make([]block, len(ids))
+	errs := make([]error, len(ids))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for i, id := range ids {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			blocks[i].id = id
+			var meta storage.ThanosMeta
+			switch ok, err := readJSON(ctx, bkt, path.Join(id.String(), MetaFile), &meta); {
+			case err != nil:
+				errs[i] = err
+				return
+			case ok:
+				if meta.ULID != id {
+					errs[i] = fmt.Errorf("%s/meta.json names block %s", id, meta.ULID)
+					return
+				}
+				blocks[i].meta = &meta
+			}
+			var mark DeletionMark
+			switch ok, err := readJSON(ctx, bkt, path.Join(id.String(), DeletionMarkFile), &mark); {
+			case err != nil:
+				errs[i] = err
+			case ok:
+				blocks[i].mark = &mark
+			}
+		}()
+	}
+	wg.Wait()
+	return blocks, errors.Join(errs...)
+}
+
+// readJSON decodes the object name into v; ok is false if it does not exist.
+func readJSON(ctx context.Context, bkt objstore.BucketReader, name string, v any) (ok bool, err error) {
+	r, err := bkt.Get(ctx, name)
+	if bkt.IsObjNotFoundErr(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("get %s: %w", name, err)
+	}
+	defer r.Close()
+	if err := json.NewDecoder(io.LimitReader(r, 16<<20)).Decode(v); err != nil {
+		return false, fmt.Errorf("decode %s: %w", name, err)
+	}
+	return true, nil
+}
+
+// markForDeletion writes id's deletion-mark.json unless it has one. Readers
+// stop using the block at their next sync; it is deleted after the delay.
+func markForDeletion(ctx context.Context, bkt objstore.Bucket, id ulid.ULID, details string, now time.Time) error {
+	name := path.Join(id.String(), DeletionMarkFile)
+	exists, err := bkt.Exists(ctx, name)
+	if err != nil {
+		return fmt.Errorf("check deletion mark of %s: %w", id, err)
+	}
+	if exists {
+		return nil
+	}
+	b, err := json.Marshal(DeletionMark{ID: id, DeletionTime: now.Unix(), Version: 1, Details: details})
+	if err != nil {
+		return err
+	}
+	if err := bkt.Upload(ctx, name, strings.NewReader(string(b))); err != nil {
+		return fmt.Errorf("upload deletion mark of %s: %w", id, err)
+	}
+	return nil
+}
+
+// deleteBlock deletes every object of block id, in Thanos' order: meta.json
+// first (from then on every reader treats the block as a partial upload),
+// the deletion mark last (so a crash half-way leaves a marked block that the
+// next run finishes deleting). It returns the bytes deleted.
+func deleteBlock(ctx context.Context, bkt objstore.Bucket, id ulid.ULID) (int64, error) {
+	var names []string
+	if err := bkt.Iter(ctx, id.String(), func(name string) error {
+		names = append(names, name)
+		return nil
+	}, objstore.WithRecursiveIter()); err != nil {
+		return 0, fmt.Errorf("list block %s: %w", id, err)
+	}
+	meta, mark := path.Join(id.String(), MetaFile), path.Join(id.String(), DeletionMarkFile)
+	ordered := make([]string, 0, len(names))
+	hasMark := false
+	for _, n := range names {
+		switch n {
+		case meta:
+			ordered = append([]string{n}, ordered...)
+		case mark:
+			hasMark = true
+		default:
+			ordered = append(ordered, n)
+		}
+	}
+	if hasMark {
+		ordered = append(ordered, mark)
+	}
+	var bytes int64
+	for _, n := range ordered {
+		if attrs, err := bkt.Attributes(ctx, n); err == nil {
+			bytes += attrs.Size
+		}
+		if err := bkt.Delete(ctx, n); err != nil && !bkt.IsObjNotFoundErr(err) {
+			return bytes, fmt.Errorf("delete %s: %w", n, err)
+		}
+	}
+	return bytes, nil
+}
+
+// lastModified returns the newest modification time of block id's objects.
+func lastModified(ctx context.Context, bkt objstore.Bucket, id ulid.ULID) (time.Time, error) {
+	var names []string
+	if err := bkt.Iter(ctx, id.String(), func(name string) error {
+		names = append(names, name)
+		return nil
+	}, objstore.WithRecursiveIter()); err != nil {
+		return time.Time{}, fmt.Errorf("list block %s: %w", id, err)
+	}
+	var newest time.Time
+	for _, n := range names {
+		attrs, err := bkt.Attributes(ctx, n)
+		if bkt.IsObjNotFoundErr(err) {
+			continue
+		}
+		if err != nil {
+			return time.Time{}, fmt.Errorf("attributes of %s: %w", n, err)
+		}
+		if attrs.LastModified.After(newest) {
+			newest = attrs.LastModified
+		}
+	}
+	return newest, nil
+}
