@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +22,7 @@ import (
 	"github.com/prometheus/prometheus/prompb"
 
 	"github.com/phonehome/phonehome/atomicfile"
+	"github.com/phonehome/phonehome/webtls"
 )
 
 // Sender delivers one remote-write request.
@@ -474,13 +474,9 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 func NewHTTPClient(caFile string) (*http.Client, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
+		pool, err := webtls.LoadCAFile(caFile)
 		if err != nil {
-			return nil, fmt.Errorf("read CA file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("CA file %s: no PEM certificate found", caFile)
+			return nil, err
 		}
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}

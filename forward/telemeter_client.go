@@ -4,11 +4,9 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"net/http"
-	"os"
-	"sync"
-	"time"
+
+	"github.com/phonehome/phonehome/webtls"
 )
 
 // Helpers for telemeter-client's flags that have no counterpart in our
@@ -19,57 +17,21 @@ import (
 // WithClientCertificate makes client (built by NewHTTPClient) present the
 // certificate in certFile and keyFile. The pair is loaded now, so a bad pair
 // fails at start, and re-loaded when either file changes on disk, so a
-// rotated certificate is picked up without a restart.
+// rotated certificate is picked up without a restart (webtls.ClientCertificate).
 func WithClientCertificate(client *http.Client, certFile, keyFile string) error {
 	tr, ok := client.Transport.(*http.Transport)
 	if !ok {
 		return errors.New("client certificate: unexpected transport")
 	}
-	cc := &certCache{certFile: certFile, keyFile: keyFile}
-	if _, err := cc.get(); err != nil {
+	get, err := webtls.ClientCertificate(certFile, keyFile)
+	if err != nil {
 		return err
 	}
 	if tr.TLSClientConfig == nil {
 		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
-	tr.TLSClientConfig.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-		return cc.get()
-	}
+	tr.TLSClientConfig.GetClientCertificate = get
 	return nil
-}
-
-// certCache holds a key pair and the modification times it was loaded at.
-type certCache struct {
-	certFile, keyFile string
-
-	mu                sync.Mutex
-	cert              *tls.Certificate
-	certTime, keyTime time.Time
-}
-
-func (c *certCache) get() (*tls.Certificate, error) {
-	ci, err := os.Stat(c.certFile)
-	if err != nil {
-		return nil, fmt.Errorf("client certificate: %w", err)
-	}
-	ki, err := os.Stat(c.keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("client key: %w", err)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.cert != nil && ci.ModTime().Equal(c.certTime) && ki.ModTime().Equal(c.keyTime) {
-		return c.cert, nil
-	}
-	pair, err := tls.LoadX509KeyPair(c.certFile, c.keyFile)
-	if err != nil {
-		if c.cert != nil { // mid-rotation: keep the last good pair
-			return c.cert, nil
-		}
-		return nil, fmt.Errorf("client certificate: %w", err)
-	}
-	c.cert, c.certTime, c.keyTime = &pair, ci.ModTime(), ki.ModTime()
-	return c.cert, nil
 }
 
 // WithBearerToken makes client send token as a bearer token on every
