@@ -557,3 +557,39 @@ func (l *Limiter) Reasons() []string {
 	}
 	return nil
 }
+
+// ClustersSeen counts the clusters of tenant last seen at or after each
+// of since, without copying them; zeros without tracking.
+func (l *Limiter) ClustersSeen(tenantName string, since ...time.Time) []int {
+	out := make([]int, len(since))
+	v, ok := l.tenants.Load(tenantName)
+	if l.track.Load() == nil || !ok {
+		return out
+	}
+	secs := make([]uint32, len(since))
+	for i, t := range since {
+		secs[i] = l.seconds(t) + 1
+		if t.Before(l.epoch) {
+			secs[i] = 1
+		}
+	}
+	t := v.(*tenant)
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	for _, c := range t.clusters.byID {
+		if c == nil {
+			continue
+		}
+		st := c.stat.Load()
+		if st == nil {
+			continue
+		}
+		seen := st.lastSeen.Load()
+		for i, s := range secs {
+			if seen >= s {
+				out[i]++
+			}
+		}
+	}
+	return out
+}

@@ -211,3 +211,14 @@ func TestTrackingConcurrent(t *testing.T) {
 	wg.Wait()
 	require.Len(t, l.Clusters("acme"), 37)
 }
+
+func TestClustersSeen(t *testing.T) {
+	l, clock := trackedLimiter(t, unlimitedSeries())
+	t0 := clock.Now()
+	request(t, l, "acme", "a", hashes(0, 1), 1)
+	clock.Advance(time.Hour)
+	request(t, l, "acme", "b", hashes(10, 1), 1)
+	now := clock.Now()
+	require.Equal(t, []int{2, 1, 0}, l.ClustersSeen("acme", t0.Add(-time.Hour), now, now.Add(time.Second)))
+	require.Equal(t, []int{0}, l.ClustersSeen("nobody", t0))
+}

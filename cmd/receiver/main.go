@@ -36,6 +36,7 @@ import (
 	"github.com/phonehome/phonehome/query"
 	"github.com/phonehome/phonehome/receive"
 	"github.com/phonehome/phonehome/rules"
+	"github.com/phonehome/phonehome/status"
 	"github.com/phonehome/phonehome/storage"
 	"github.com/phonehome/phonehome/storage/bucketstore"
 	"github.com/phonehome/phonehome/storage/lifecycle"
@@ -174,6 +175,7 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 	limiter := limits.New(reg, cfg.Limits, nil)
+	limiter.TrackClusters(receive.Reasons()) // per-cluster state for the status page (status/)
 	var sink storage.Writer = db
 	var up *upstream.Writer // forward mode: validated writes also (or only) go upstream
 	if cfg.Upstream.Enabled() {
@@ -223,10 +225,28 @@ func run(args []string, stderr io.Writer) int {
 		Rules: ruler.RulesRetriever, Alertmanagers: ruler.AlertmanagerRetriever,
 		Metadata: db,
 	})
+	fleet := status.New(logger.With("component", "status"), reg, status.Options{
+		Limiter: limiter, Reader: reader, Engine: engine, Gatherer: reg, Tenants: db.Tenants,
+		Definition: func(tenant string) string {
+			if defs == nil { // no gathering definitions configured
+				return ""
+			}
+			if c := defs.Current(tenant); c != nil {
+				return c.Def.Version
+			}
+			return ""
+		},
+	})
 
 	mux := http.NewServeMux()
 	mux.Handle("POST /api/v1/write", auth.Middleware(a.authn, auth.PermWrite, writes.CountUnauthenticated, writes))
 	mux.Handle("/api/v1/", auth.Middleware(a.authn, auth.PermRead, nil, api))
+	for _, p := range status.Patterns { // fleet status API: read (own tenant) or admin (any), checked by status
+		mux.Handle(p, auth.Middleware(a.authn, 0, nil, fleet.Handler()))
+	}
+	for _, p := range status.UIPatterns { // the status page: static, holds no data
+		mux.Handle(p, fleet.UI())
+	}
 	if a.authorize != nil {
 		mux.Handle("POST /authorize", a.authorize)
 	}
@@ -295,6 +315,10 @@ func run(args []string, stderr io.Writer) int {
 	{ // Push aggregation: periodic write of the aggregated state into storage.
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return pushes.Run(ctx) }, func(error) { cancel() })
+	}
+	{ // Status page history: each tenant's totals every minute.
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return fleet.Run(ctx) }, func(error) { cancel() })
 	}
 	{ // Idle series stop counting towards the series limits.
 		ctx, cancel := context.WithCancel(context.Background())
