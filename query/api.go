@@ -44,7 +44,8 @@ type Options struct {
 }
 
 // Paths are the API endpoints served, relative to /api/v1. Everything else
-// of Prometheus' API (admin, targets, remote read, ...) is deliberately absent.
+// of Prometheus' API (admin, targets, ...) is deliberately absent; remote
+// read (/api/v1/read) is NewReadHandler.
 var Paths = []string{
 	"/query", "/query_range", "/series", "/labels", "/label/{name}/values",
 	"/metadata", "/status/buildinfo", "/format_query", "/parse_query",

@@ -95,8 +95,3 @@ func (q *tenantQuerier) Close() error {
 	q.opened = nil
 	return errors.Join(errs...)
 }
-
-// ChunkQuerier is needed only by remote read, which the receiver does not serve.
-func (tenantQueryable) ChunkQuerier(int64, int64) (promstorage.ChunkQuerier, error) {
-	return nil, errors.New("remote read is not supported")
-}

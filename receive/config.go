@@ -15,6 +15,7 @@ import (
 
 	"github.com/phonehome/phonehome/allowlist"
 	"github.com/phonehome/phonehome/limits"
+	"github.com/phonehome/phonehome/peers"
 	"github.com/phonehome/phonehome/push"
 	"github.com/phonehome/phonehome/rules"
 	"github.com/phonehome/phonehome/storage"
@@ -44,6 +45,9 @@ type Config struct {
 	RemoteWrite RemoteWriteConfig `yaml:"remote_write"`
 	// Gathering serves and enforces a gathering definition.
 	Gathering GatheringConfig `yaml:"gathering"`
+	// Peers are the other replicas, read for fresh fleet-wide queries;
+	// see docs/scale-out.md.
+	Peers peers.Config `yaml:"peers"`
 }
 
 // AuthConfig names where credentials come from. Relative paths are
@@ -170,6 +174,7 @@ func LoadConfig(path string) (*Config, error) {
 		cfg.Rules.ResolvePaths(filepath.Dir(path))
 		cfg.Upstream.ResolvePaths(filepath.Dir(path))
 		cfg.Gathering.ResolvePaths(filepath.Dir(path))
+		cfg.Peers.ResolvePaths(filepath.Dir(path))
 	}
 	cfg.BucketStore.SetDefaults()
 	cfg.Upstream.SetDefaults()
@@ -180,7 +185,8 @@ func LoadConfig(path string) (*Config, error) {
 	cfg.Rules.SetDefaults()
 	cfg.RemoteWrite.SetDefaults()
 	cfg.Gathering.SetDefaults()
-	if err := errors.Join(cfg.Gathering.Validate(), cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate(), cfg.Push.Validate(), cfg.Rules.Validate(), cfg.BucketStore.Validate(), cfg.Upstream.Validate(), cfg.RemoteWrite.Validate(), cfg.validatePolicy()); err != nil {
+	cfg.Peers.SetDefaults()
+	if err := errors.Join(cfg.Gathering.Validate(), cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate(), cfg.Push.Validate(), cfg.Rules.Validate(), cfg.BucketStore.Validate(), cfg.Upstream.Validate(), cfg.RemoteWrite.Validate(), cfg.Peers.Validate(), cfg.validatePolicy()); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return cfg, nil

@@ -27,6 +27,12 @@ type Config struct {
 	// ExternalURL is the base of the alerts' generator URLs (usually Grafana's
 	// or the receiver's public URL). Optional.
 	ExternalURL string `yaml:"external_url"`
+	// Evaluate, true by default (nil means unset), makes this receiver
+	// evaluate the rules. With several replicas exactly one evaluates
+	// (true there, false on the others): it reads the fleet through its
+	// peers and the bucket, writes the results once and sends each alert
+	// once. See docs/rules.md for what happens while it is down.
+	Evaluate *bool `yaml:"evaluate"`
 }
 
 // AlertmanagerConfig is one Alertmanager, by its base URL.
@@ -47,6 +53,10 @@ func (c *Config) SetDefaults() {
 	}
 	if c.ReloadInterval == 0 {
 		c.ReloadInterval = model.Duration(30 * time.Second)
+	}
+	if c.Evaluate == nil {
+		t := true
+		c.Evaluate = &t
 	}
 	for i := range c.Alertmanagers {
 		if c.Alertmanagers[i].Timeout == 0 {
@@ -107,5 +117,8 @@ func (c *Config) Validate() error {
 
 // enabled reports whether any rule files are configured.
 func (c *Config) enabled() bool { return len(c.Files) > 0 }
+
+// evaluates reports whether this receiver evaluates the configured rules.
+func (c *Config) evaluates() bool { return c.enabled() && (c.Evaluate == nil || *c.Evaluate) }
 
 func trimSlash(s string) string { return strings.TrimRight(s, "/") }

@@ -23,6 +23,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -55,8 +56,25 @@ const TenantLabel = "tenant"
 // and writes per tenant, and the tenants that exist. *storage.DB satisfies it.
 type Storage interface {
 	storage.Writer
-	Querier(tenant string, mint, maxt int64) (promstorage.Querier, error)
+	Reader
 	Tenants() []string
+}
+
+// Reader opens queriers over one tenant's data (query.Reader).
+type Reader interface {
+	Querier(tenant string, mint, maxt int64) (promstorage.Querier, error)
+}
+
+// Options are the optional dependencies of a Manager.
+type Options struct {
+	// Reader, when set, is what rules query instead of the Storage: with
+	// replicas, the fleet-wide view (peers and bucket), so that the one
+	// evaluating replica computes fleet answers.
+	Reader Reader
+	// Tenants, when set, are further sources of tenants to evaluate besides
+	// the Storage's (tenants whose data is in the bucket or only in a
+	// peer's head).
+	Tenants []func() []string
 }
 
 // Manager runs the rule evaluation of every tenant. Create it with New, run
@@ -67,6 +85,8 @@ type Manager struct {
 	cfg      Config
 	engine   promql.QueryEngine
 	store    Storage
+	reader   Reader
+	sources  []func() []string
 	parser   parser.Parser
 	notifier *notifier.Manager // nil without Alertmanagers
 	metrics  *metrics
@@ -116,17 +136,25 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 // New loads the rule files named by cfg and prepares the notifier. An invalid
 // rule file at start is an error (the receiver refuses to start, like a bad
 // config). engine is shared with the query API.
-func New(logger *slog.Logger, reg prometheus.Registerer, engine promql.QueryEngine, store Storage, cfg Config) (*Manager, error) {
+func New(logger *slog.Logger, reg prometheus.Registerer, engine promql.QueryEngine, store Storage, cfg Config, opts Options) (*Manager, error) {
 	m := &Manager{
 		logger:  logger,
 		cfg:     cfg,
 		engine:  engine,
 		store:   store,
+		reader:  opts.Reader,
+		sources: append([]func() []string{store.Tenants}, opts.Tenants...),
 		parser:  parser.NewParser(parser.Options{}),
 		metrics: newMetrics(reg),
 		tenants: map[string]*promrules.Manager{},
 	}
-	if !cfg.enabled() {
+	if m.reader == nil {
+		m.reader = store
+	}
+	if !cfg.evaluates() {
+		if cfg.enabled() {
+			logger.Info("rules.evaluate is false: another replica evaluates the fleet rules")
+		}
 		return m, nil
 	}
 	m.groupMet = promrules.NewGroupMetrics(reg)
@@ -203,7 +231,7 @@ func (s *snapshot) equal(o *snapshot) bool {
 // picking up new tenants every reload interval. It returns nil once every
 // evaluation has stopped and pending alerts have been handed to the notifier.
 func (m *Manager) Run(ctx context.Context) error {
-	if !m.cfg.enabled() {
+	if !m.cfg.evaluates() {
 		<-ctx.Done()
 		return nil
 	}
@@ -241,7 +269,7 @@ func (m *Manager) Run(ctx context.Context) error {
 // switches to them; if any is invalid, the error is logged and counted and
 // the previous rules stay in force. It returns the load error, if any.
 func (m *Manager) Reload() error {
-	if !m.cfg.enabled() {
+	if !m.cfg.evaluates() {
 		return nil
 	}
 	snap, err := m.readFiles()
@@ -281,7 +309,7 @@ func (m *Manager) update(tenant string, mgr *promrules.Manager) error {
 func (m *Manager) syncTenants(ctx context.Context) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, tenant := range m.store.Tenants() {
+	for _, tenant := range m.allTenants() {
 		if _, ok := m.tenants[tenant]; ok {
 			continue
 		}
@@ -300,9 +328,19 @@ func (m *Manager) syncTenants(ctx context.Context) {
 	m.metrics.tenants.Set(float64(len(m.tenants)))
 }
 
+// allTenants is the union of every tenant source.
+func (m *Manager) allTenants() []string {
+	var all []string
+	for _, f := range m.sources {
+		all = append(all, f()...)
+	}
+	slices.Sort(all)
+	return slices.Compact(all)
+}
+
 func (m *Manager) newTenantManager(ctx context.Context, tenant string) *promrules.Manager {
 	queryable := promstorage.QueryableFunc(func(mint, maxt int64) (promstorage.Querier, error) {
-		return m.store.Querier(tenant, mint, maxt)
+		return m.reader.Querier(tenant, mint, maxt)
 	})
 	notify := func(context.Context, string, ...*promrules.Alert) {}
 	if m.notifier != nil {

@@ -81,7 +81,7 @@ func TestManagerRecordsPerTenantAndKeepsRulesOnInvalidReload(t *testing.T) {
 	cfg := Config{Files: []string{filepath.Join(dir, "*.yaml")}, EvaluationInterval: model.Duration(50 * time.Millisecond), ReloadInterval: model.Duration(time.Hour)}
 	cfg.SetDefaults()
 	// 50ms is below the 1s the config allows; fine for a unit test.
-	m, err := New(slog.New(slog.DiscardHandler), reg, engine, store, cfg)
+	m, err := New(slog.New(slog.DiscardHandler), reg, engine, store, cfg, Options{})
 	require.NoError(t, err)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -129,7 +129,7 @@ func TestNewRejectsInvalidRuleFile(t *testing.T) {
 	cfg := Config{Files: []string{filepath.Join(dir, "*.yaml")}}
 	cfg.SetDefaults()
 	require.Error(t, CheckFiles(cfg))
-	_, err := New(slog.New(slog.DiscardHandler), nil, nil, &fakeStore{}, cfg)
+	_, err := New(slog.New(slog.DiscardHandler), nil, nil, &fakeStore{}, cfg, Options{})
 	require.ErrorContains(t, err, "bad.yaml")
 }
 
@@ -141,4 +141,61 @@ func TestConfigValidate(t *testing.T) {
 	require.ErrorContains(t, err, "rules.alertmanagers[0].url")
 	require.ErrorContains(t, err, "rules.external_url")
 	require.ErrorContains(t, err, "rules.evaluation_interval")
+}
+
+// TestEvaluateFalseAndExtraTenants: a replica with rules.evaluate false
+// evaluates nothing and serves no rules; the evaluating one evaluates the
+// tenants of every source (here one only a peer or the bucket knows), over
+// the Reader it is given.
+func TestEvaluateFalseAndExtraTenants(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "r.yaml"), []byte("groups:\n- name: g\n  rules:\n  - record: answer\n    expr: count(up) or vector(1)\n"), 0o600))
+	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 1000, Timeout: time.Second})
+	run := func(m *Manager) func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- m.Run(ctx) }()
+		return func() {
+			cancel()
+			require.NoError(t, <-done)
+		}
+	}
+
+	off := false
+	cfg := Config{Files: []string{filepath.Join(dir, "*.yaml")}, EvaluationInterval: model.Duration(50 * time.Millisecond), ReloadInterval: model.Duration(time.Hour), Evaluate: &off}
+	cfg.SetDefaults()
+	passive := &fakeStore{tenants: []string{"a"}}
+	m, err := New(slog.New(slog.DiscardHandler), nil, engine, passive, cfg, Options{})
+	require.NoError(t, err)
+	stop := run(m)
+	require.NoError(t, m.Reload())
+	require.Empty(t, m.RulesRetriever(auth.WithIdentity(context.Background(), auth.Identity{Tenant: "a"})).RuleGroups())
+	stop()
+	require.Empty(t, passive.written, "a passive replica writes nothing")
+
+	on := true
+	cfg.Evaluate = &on
+	active := &fakeStore{tenants: []string{"a"}}
+	var queried sync.Map
+	reader := readerFunc(func(tenant string, _, _ int64) (promstorage.Querier, error) {
+		queried.Store(tenant, true)
+		return promstorage.NoopQuerier(), nil
+	})
+	m, err = New(slog.New(slog.DiscardHandler), nil, engine, active, cfg, Options{Reader: reader, Tenants: []func() []string{func() []string { return []string{"b", "a"} }}})
+	require.NoError(t, err)
+	defer run(m)()
+	eventually(t, func() bool {
+		_, a := active.value("a", "answer")
+		_, b := active.value("b", "answer")
+		return a && b
+	})
+	// Queries go to the given reader, for every tenant.
+	_, ok := queried.Load("b")
+	require.True(t, ok)
+}
+
+type readerFunc func(tenant string, mint, maxt int64) (promstorage.Querier, error)
+
+func (f readerFunc) Querier(tenant string, mint, maxt int64) (promstorage.Querier, error) {
+	return f(tenant, mint, maxt)
 }

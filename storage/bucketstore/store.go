@@ -22,6 +22,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -96,6 +97,8 @@ type Store struct {
 	closer io.Closer // the bucket, when Open made it
 
 	syncMtx sync.Mutex // serialises Sync
+	// syncedFrom is when the last successful Sync started (UnixNano).
+	syncedFrom atomic.Int64
 
 	mu        sync.Mutex
 	blocks    map[ulid.ULID]known
@@ -176,6 +179,7 @@ func (s *Store) Run(ctx context.Context) error {
 func (s *Store) Sync(ctx context.Context) (err error) {
 	s.syncMtx.Lock()
 	defer s.syncMtx.Unlock()
+	start := time.Now()
 	defer func() {
 		if err != nil {
 			s.m.syncs.WithLabelValues("error").Inc()
@@ -183,6 +187,7 @@ func (s *Store) Sync(ctx context.Context) (err error) {
 		}
 		s.m.syncs.WithLabelValues("success").Inc()
 		s.m.lastSync.SetToCurrentTime()
+		s.syncedFrom.Store(start.UnixNano())
 	}()
 
 	var ids []ulid.ULID

@@ -1,0 +1,292 @@
+package peers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	config_util "github.com/prometheus/common/config"
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/prompb"
+	promstorage "github.com/prometheus/prometheus/storage"
+	"github.com/prometheus/prometheus/storage/remote"
+	"github.com/prometheus/prometheus/util/annotations"
+)
+
+// peer is one other replica.
+type peer struct {
+	addr    string
+	self    atomic.Bool
+	chunked promstorage.SampleAndChunkQueryable // streamed XOR chunks: Selects with samples
+	sampled promstorage.SampleAndChunkQueryable // sampled: series-only Selects (streaming drops series without chunks)
+
+	mu      sync.Mutex
+	horizon map[string]observation // by tenant
+}
+
+// observation is a horizon a peer reported, and when it arrived.
+type observation struct {
+	horizon int64
+	at      time.Time
+}
+
+func (s *Set) newPeer(addr string) (*peer, error) {
+	u, err := url.Parse(s.cfg.Scheme + "://" + addr + "/api/v1/read")
+	if err != nil {
+		return nil, err
+	}
+	p := &peer{addr: addr, horizon: map[string]observation{}}
+	client := func(types ...prompb.ReadRequest_ResponseType) (promstorage.SampleAndChunkQueryable, error) {
+		rc, err := remote.NewReadClient("peer", &remote.ClientConfig{
+			URL:                   &config_util.URL{URL: u},
+			Timeout:               s.cfg.Timeout,
+			HTTPClientConfig:      config_util.DefaultHTTPClientConfig,
+			ChunkedReadLimit:      50 << 20,
+			AcceptedResponseTypes: types,
+		})
+		if err != nil {
+			return nil, err
+		}
+		c, ok := rc.(*remote.Client)
+		if !ok {
+			return nil, fmt.Errorf("unexpected read client %T", rc)
+		}
+		// Our transport (client TLS, peer headers), not the one built
+		// from the HTTP client config.
+		c.Client = &http.Client{Transport: &transport{set: s, peer: p}}
+		return remote.NewSampleAndChunkQueryableClient(c, labels.EmptyLabels(), nil, true, nil), nil
+	}
+	if p.chunked, err = client(prompb.ReadRequest_STREAMED_XOR_CHUNKS, prompb.ReadRequest_SAMPLES); err != nil {
+		return nil, err
+	}
+	if p.sampled, err = client(prompb.ReadRequest_SAMPLES); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *peer) observe(tenant string, h int64, at time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.horizon[tenant] = observation{horizon: h, at: at}
+}
+
+// covered reports whether the peer can be skipped for a query of tenant
+// ending at maxt: it reported, less than ttl ago, a horizon after maxt, and
+// the bucket view has synced since (so the blocks it uploaded before
+// reporting are visible).
+func (p *peer) covered(tenant string, maxt int64, now time.Time, ttl time.Duration, synced func(time.Time) bool) bool {
+	if synced == nil {
+		return false
+	}
+	p.mu.Lock()
+	o, ok := p.horizon[tenant]
+	p.mu.Unlock()
+	return ok && maxt < o.horizon && now.Sub(o.at) < ttl && synced(o.at)
+}
+
+type tenantKey struct{}
+
+// transport adds the peer protocol's headers and credential for the tenant
+// of the request's context, and records what the peer reports.
+type transport struct {
+	set  *Set
+	peer *peer
+}
+
+func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	tenant, _ := req.Context().Value(tenantKey{}).(string)
+	req = req.Clone(req.Context())
+	req.Header.Set(ScopeHeader, ScopeLocal)
+	if tok, replica := t.set.credential(tenant); tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+		if replica {
+			req.Header.Set(TenantHeader, tenant)
+		}
+	}
+	start := t.set.now()
+	resp, err := t.set.base.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	t.set.m.duration.Observe(time.Since(start).Seconds())
+	if id := resp.Header.Get(InstanceHeader); id == t.set.instance {
+		if !t.peer.self.Swap(true) {
+			t.set.logger.Info("peer is this receiver, not reading from it", "peer", t.peer.addr)
+		}
+	}
+	if resp.StatusCode/100 == 2 {
+		if h, err := strconv.ParseInt(resp.Header.Get(HorizonHeader), 10, 64); err == nil {
+			t.peer.observe(tenant, h, t.set.now())
+		}
+	}
+	return resp, nil
+}
+
+// Reader answers queries over an inner reader (this receiver's local data
+// and the bucket) and every peer's local data. It implements query.Reader.
+type Reader struct {
+	set   *Set
+	inner interface {
+		Querier(tenant string, mint, maxt int64) (promstorage.Querier, error)
+	}
+	synced func(time.Time) bool
+}
+
+// NewReader returns the fleet reader. synced reports whether the bucket
+// view has completed a sync that started after the given time; nil (no
+// bucket store) never skips a peer.
+func (s *Set) NewReader(inner interface {
+	Querier(tenant string, mint, maxt int64) (promstorage.Querier, error)
+}, synced func(time.Time) bool,
+) *Reader {
+	return &Reader{set: s, inner: inner, synced: synced}
+}
+
+// Querier merges the inner querier (primary: its errors fail the query)
+// with one querier per peer not covered by the bucket (secondaries: their
+// errors are warnings).
+func (r *Reader) Querier(tenant string, mint, maxt int64) (promstorage.Querier, error) {
+	iq, err := r.inner.Querier(tenant, mint, maxt)
+	if err != nil {
+		return nil, err
+	}
+	var qs []promstorage.Querier
+	now := r.set.now()
+	for _, p := range r.set.snapshot() {
+		if p.covered(tenant, maxt, now, time.Duration(r.set.cfg.HorizonTTL), r.synced) {
+			r.set.m.reads.WithLabelValues("skipped").Inc()
+			continue
+		}
+		qs = append(qs, &peerQuerier{set: r.set, peer: p, tenant: tenant, mint: mint, maxt: maxt})
+	}
+	if len(qs) == 0 {
+		return iq, nil
+	}
+	return promstorage.NewMergeQuerier([]promstorage.Querier{iq}, qs, promstorage.ChainedSeriesMerge), nil
+}
+
+// peerQuerier reads one tenant's local data of one peer.
+type peerQuerier struct {
+	set        *Set
+	peer       *peer
+	tenant     string
+	mint, maxt int64
+}
+
+func (q *peerQuerier) Select(ctx context.Context, sortSeries bool, hints *promstorage.SelectHints, ms ...*labels.Matcher) promstorage.SeriesSet {
+	ctx = context.WithValue(ctx, tenantKey{}, q.tenant)
+	src := q.peer.chunked
+	if hints != nil && hints.Func == "series" {
+		src = q.peer.sampled
+	}
+	inner, err := src.Querier(q.mint, q.maxt)
+	if err != nil {
+		return q.failed(err)
+	}
+	return &peerSeriesSet{SeriesSet: inner.Select(ctx, sortSeries, hints, ms...), q: q}
+}
+
+func (q *peerQuerier) failed(err error) promstorage.SeriesSet {
+	q.set.m.reads.WithLabelValues("error").Inc()
+	q.set.logger.Debug("peer read failed", "peer", q.peer.addr, "err", err)
+	return promstorage.ErrSeriesSet(fmt.Errorf("peer %s unavailable, its data is missing: %w", q.peer.addr, err))
+}
+
+// LabelValues and LabelNames are answered from the peer's series (remote
+// read has no label calls).
+func (q *peerQuerier) LabelValues(ctx context.Context, name string, hints *promstorage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	seen := map[string]struct{}{}
+	ws, err := q.eachSeries(ctx, ms, func(ls labels.Labels) {
+		if v := ls.Get(name); v != "" {
+			seen[v] = struct{}{}
+		}
+	})
+	return sortedLimited(seen, hints), ws, err
+}
+
+func (q *peerQuerier) LabelNames(ctx context.Context, hints *promstorage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	seen := map[string]struct{}{}
+	ws, err := q.eachSeries(ctx, ms, func(ls labels.Labels) {
+		ls.Range(func(l labels.Label) { seen[l.Name] = struct{}{} })
+	})
+	return sortedLimited(seen, hints), ws, err
+}
+
+func (q *peerQuerier) eachSeries(ctx context.Context, ms []*labels.Matcher, f func(labels.Labels)) (annotations.Annotations, error) {
+	if len(ms) == 0 {
+		ms = []*labels.Matcher{labels.MustNewMatcher(labels.MatchRegexp, model.MetricNameLabel, ".+")}
+	}
+	ss := q.Select(ctx, false, &promstorage.SelectHints{Start: q.mint, End: q.maxt, Func: "series"}, ms...)
+	for ss.Next() {
+		f(ss.At().Labels())
+	}
+	return ss.Warnings(), ss.Err()
+}
+
+func sortedLimited(set map[string]struct{}, hints *promstorage.LabelHints) []string {
+	out := make([]string, 0, len(set))
+	for v := range set {
+		out = append(out, v)
+	}
+	slices.Sort(out)
+	if hints != nil && hints.Limit > 0 && len(out) > hints.Limit {
+		out = out[:hints.Limit]
+	}
+	return out
+}
+
+func (*peerQuerier) Close() error { return nil }
+
+// peerSeriesSet counts the read and names the peer in its error. An error
+// after the first series (the peer died mid-stream) becomes a warning too:
+// the secondary merge only turns errors of the first Next into warnings.
+type peerSeriesSet struct {
+	promstorage.SeriesSet
+	q       *peerQuerier
+	started bool
+	err     error
+	done    bool
+}
+
+func (s *peerSeriesSet) Next() bool {
+	if s.done {
+		return false
+	}
+	if s.SeriesSet.Next() {
+		s.started = true
+		return true
+	}
+	s.done = true
+	if err := s.SeriesSet.Err(); err != nil && !errors.Is(err, context.Canceled) {
+		s.q.set.m.reads.WithLabelValues("error").Inc()
+		s.q.set.logger.Debug("peer read failed", "peer", s.q.peer.addr, "err", err)
+		s.err = fmt.Errorf("peer %s unavailable, its data is missing: %w", s.q.peer.addr, err)
+	} else {
+		s.q.set.m.reads.WithLabelValues("success").Inc()
+	}
+	return false
+}
+
+func (s *peerSeriesSet) Err() error {
+	if s.started {
+		return nil // reported as a warning instead
+	}
+	return s.err
+}
+
+func (s *peerSeriesSet) Warnings() annotations.Annotations {
+	ws := s.SeriesSet.Warnings()
+	if s.started && s.err != nil {
+		ws = ws.Add(s.err)
+	}
+	return ws
+}

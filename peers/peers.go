@@ -1,0 +1,365 @@
+// Package peers makes every receiver replica answer for the whole fleet.
+//
+// Each replica serves its local data (head and local blocks) over the
+// Prometheus remote-read protocol. A replica configured with its peers reads
+// their local data for every query and merges it with its own and the
+// bucket's, deduplicating as the bucket merge does: series equal in their
+// labels are one series with the union of their samples, one per timestamp
+// (promstorage.ChainedSeriesMerge). A peer that fails is a warning in the
+// response, never a failed query (Prometheus' partial response for remote
+// storage), and is counted.
+//
+// A peer reports, with each answer, its horizon: the time before which all
+// it holds and can still accept is in the bucket. Queries that end before it
+// skip that peer, once this replica's bucket view has synced since.
+//
+// Peers authenticate to each other either with a read token per tenant or
+// with a replica token that reads only local data; see Config.
+package peers
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// Header names of the peer protocol, on top of remote read.
+const (
+	// ScopeHeader: "local" asks a receiver for its local data only (head
+	// and local blocks), not its fleet view, so that peers never recurse.
+	ScopeHeader = "X-Phonehome-Read-Scope"
+	// TenantHeader names the tenant of a replica-token request. It is
+	// ignored with any other credential.
+	TenantHeader = "X-Phonehome-Tenant"
+	// HorizonHeader (response) is the tenant's horizon in milliseconds.
+	HorizonHeader = "X-Phonehome-Horizon"
+	// InstanceHeader (response) is the answering process' random id.
+	InstanceHeader = "X-Phonehome-Instance"
+)
+
+// ScopeLocal is the value of ScopeHeader for local reads.
+const ScopeLocal = "local"
+
+// Options are the optional dependencies of a Set.
+type Options struct {
+	// HTTPClient, when set, is the transport to peers (for example one
+	// with client TLS); its Transport is wrapped with the peer headers and
+	// its Timeout left as is (Config.Timeout bounds each read).
+	HTTPClient *http.Client
+	// TLSConfig, when set and HTTPClient is not, is the client TLS of a
+	// transport built like http.DefaultTransport.
+	TLSConfig *tls.Config
+	// Resolver resolves dns+ and dnssrv+ endpoints; nil is net.DefaultResolver.
+	Resolver Resolver
+	// Now is the clock; nil is time.Now.
+	Now func() time.Time
+}
+
+// Resolver is the part of *net.Resolver discovery uses.
+type Resolver interface {
+	LookupIPAddr(ctx context.Context, host string) ([]net.IPAddr, error)
+	LookupSRV(ctx context.Context, service, proto, name string) (string, []*net.SRV, error)
+}
+
+// Set is the receiver's view of its peers: discovery, credentials, the
+// remote-read clients and what each peer reported. Its methods are safe for
+// concurrent use. Run refreshes it until its context ends.
+type Set struct {
+	logger    *slog.Logger
+	cfg       Config
+	instance  string
+	base      http.RoundTripper
+	resolver  Resolver
+	now       func() time.Time
+	m         *metrics
+	endpoints []endpoint
+
+	replicaToken atomic.Pointer[string]
+	tenantTokens atomic.Pointer[map[string]string]
+
+	mu    sync.Mutex
+	peers map[string]*peer // by host:port
+}
+
+// New builds the peer set of cfg (defaults applied, validated): static
+// endpoints are known at once, DNS ones after the first refresh (Run does one
+// before it waits). reg may be nil.
+func New(logger *slog.Logger, reg prometheus.Registerer, cfg Config, opts Options) (*Set, error) {
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	s := &Set{
+		logger:   logger,
+		cfg:      cfg,
+		instance: hex.EncodeToString(id[:]),
+		resolver: opts.Resolver,
+		now:      opts.Now,
+		m:        newMetrics(reg),
+		peers:    map[string]*peer{},
+	}
+	if s.resolver == nil {
+		s.resolver = net.DefaultResolver
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	switch {
+	case opts.HTTPClient != nil && opts.HTTPClient.Transport != nil:
+		s.base = opts.HTTPClient.Transport
+	case opts.HTTPClient != nil:
+		s.base = http.DefaultTransport
+	default:
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.TLSClientConfig = opts.TLSConfig
+		s.base = t
+	}
+	for _, e := range cfg.Endpoints {
+		ep, err := parseEndpoint(e)
+		if err != nil {
+			return nil, err
+		}
+		s.endpoints = append(s.endpoints, ep)
+	}
+	if err := s.loadTokens(); err != nil {
+		return nil, err
+	}
+	var static []string
+	for _, ep := range s.endpoints {
+		if ep.kind == "" {
+			static = append(static, net.JoinHostPort(ep.host, ep.port))
+		}
+	}
+	s.setPeers(static)
+	return s, nil
+}
+
+// Instance is this process' random id, sent in InstanceHeader so that a
+// receiver that discovers itself (a headless Service lists every pod) can
+// tell.
+func (s *Set) Instance() string { return s.instance }
+
+// Enabled reports whether any peer endpoint is configured.
+func (s *Set) Enabled() bool { return len(s.endpoints) > 0 }
+
+// Run resolves the DNS endpoints and re-reads the token files every refresh
+// interval until ctx ends. Failures are logged and counted; the previous
+// peers and tokens stay.
+func (s *Set) Run(ctx context.Context) error {
+	for {
+		s.Refresh(ctx)
+		t := time.NewTimer(time.Duration(s.cfg.RefreshInterval))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Refresh resolves the endpoints and re-reads the token files once.
+func (s *Set) Refresh(ctx context.Context) {
+	if err := s.loadTokens(); err != nil {
+		s.logger.Warn("re-read peer token files, keeping the previous tokens", "err", err)
+	}
+	if !s.Enabled() {
+		return
+	}
+	var (
+		addrs  []string
+		failed bool
+	)
+	for _, ep := range s.endpoints {
+		got, err := s.resolve(ctx, ep)
+		if err != nil {
+			failed = true
+			s.logger.Warn("resolve peers", "endpoint", ep.host, "err", err)
+			continue
+		}
+		addrs = append(addrs, got...)
+	}
+	if failed {
+		// Keep every peer known before: a DNS hiccup must not drop peers.
+		s.m.discoveries.WithLabelValues("error").Inc()
+		s.mu.Lock()
+		for a := range s.peers {
+			addrs = append(addrs, a)
+		}
+		s.mu.Unlock()
+	} else {
+		s.m.discoveries.WithLabelValues("success").Inc()
+	}
+	s.setPeers(addrs)
+}
+
+func (s *Set) resolve(ctx context.Context, ep endpoint) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	switch ep.kind {
+	case "":
+		return []string{net.JoinHostPort(ep.host, ep.port)}, nil
+	case "dns":
+		ips, err := s.resolver.LookupIPAddr(ctx, ep.host)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]string, 0, len(ips))
+		for _, ip := range ips {
+			out = append(out, net.JoinHostPort(ip.IP.String(), ep.port))
+		}
+		return out, nil
+	default: // dnssrv
+		_, srvs, err := s.resolver.LookupSRV(ctx, "", "", ep.host)
+		if err != nil {
+			return nil, err
+		}
+		var out []string
+		for _, srv := range srvs {
+			ips, err := s.resolver.LookupIPAddr(ctx, srv.Target)
+			if err != nil {
+				return nil, fmt.Errorf("resolve SRV target %s: %w", srv.Target, err)
+			}
+			for _, ip := range ips {
+				out = append(out, net.JoinHostPort(ip.IP.String(), strconv.Itoa(int(srv.Port))))
+			}
+		}
+		return out, nil
+	}
+}
+
+// setPeers replaces the peer set, keeping the state of peers that stay.
+func (s *Set) setPeers(addrs []string) {
+	slices.Sort(addrs)
+	addrs = slices.Compact(addrs)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := make(map[string]*peer, len(addrs))
+	for _, a := range addrs {
+		if p, ok := s.peers[a]; ok {
+			next[a] = p
+			continue
+		}
+		p, err := s.newPeer(a)
+		if err != nil { // only an unparsable URL; validated endpoints never are
+			s.logger.Warn("peer client", "peer", a, "err", err)
+			continue
+		}
+		next[a] = p
+	}
+	s.peers = next
+	n := 0
+	for _, p := range next {
+		if !p.self.Load() {
+			n++
+		}
+	}
+	s.m.peers.Set(float64(n))
+}
+
+// snapshot returns the current peers other than this receiver.
+func (s *Set) snapshot() []*peer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*peer, 0, len(s.peers))
+	for _, p := range s.peers {
+		if !p.self.Load() {
+			out = append(out, p)
+		}
+	}
+	slices.SortFunc(out, func(a, b *peer) int { return strings.Compare(a.addr, b.addr) })
+	return out
+}
+
+func (s *Set) loadTokens() error {
+	if f := s.cfg.ReplicaTokenFile; f != "" {
+		tok, err := readToken(f)
+		if err != nil {
+			return fmt.Errorf("peers.replica_token_file: %w", err)
+		}
+		s.replicaToken.Store(&tok)
+	}
+	toks := map[string]string{}
+	for t, f := range s.cfg.TenantTokenFiles {
+		tok, err := readToken(f)
+		if err != nil {
+			return fmt.Errorf("peers.tenant_token_files.%s: %w", t, err)
+		}
+		toks[t] = tok
+	}
+	s.tenantTokens.Store(&toks)
+	return nil
+}
+
+// credential returns the Authorization token for reading tenant from a
+// peer, and whether it is the replica token (which needs TenantHeader).
+func (s *Set) credential(tenant string) (token string, replica bool) {
+	if m := s.tenantTokens.Load(); m != nil {
+		if tok, ok := (*m)[tenant]; ok {
+			return tok, false
+		}
+	}
+	if tok := s.replicaToken.Load(); tok != nil {
+		return *tok, true
+	}
+	return "", false
+}
+
+// Tenants returns the tenants named in peers.tenant_token_files: tenants
+// whose data may live only in a peer's head (see rules).
+func (s *Set) Tenants() []string {
+	var out []string
+	if m := s.tenantTokens.Load(); m != nil {
+		for t := range *m {
+			out = append(out, t)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+type metrics struct {
+	peers       prometheus.Gauge
+	discoveries *prometheus.CounterVec
+	reads       *prometheus.CounterVec
+	duration    prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(reg)
+	m := &metrics{
+		peers: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_peers", Help: "Peer replicas queries read from (this receiver excluded).",
+		}),
+		discoveries: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_peers_discoveries_total", Help: "Resolutions of the peer endpoints, by result.",
+		}, []string{"result"}),
+		reads: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_peers_reads_total",
+			Help: "Reads of a peer's local data by result: success, error (the query answered without that peer, with a warning), skipped (the range is in the bucket).",
+		}, []string{"result"}),
+		duration: f.NewHistogram(prometheus.HistogramOpts{
+			Name: "phonehome_peers_read_duration_seconds", Help: "Time until a peer's remote-read answer started.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 9),
+		}),
+	}
+	for _, r := range []string{"success", "error"} {
+		m.discoveries.WithLabelValues(r)
+	}
+	for _, r := range []string{"success", "error", "skipped"} {
+		m.reads.WithLabelValues(r)
+	}
+	return m
+}

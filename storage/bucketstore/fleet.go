@@ -1,0 +1,34 @@
+package bucketstore
+
+import (
+	"slices"
+	"time"
+)
+
+// SyncedSince reports whether a sync that started after t has succeeded,
+// so every block uploaded before t is known. Peers use it to skip a replica
+// whose data before a time is all in the bucket. A nil Store never has.
+func (s *Store) SyncedSince(t time.Time) bool {
+	if s == nil {
+		return false
+	}
+	return s.syncedFrom.Load() > t.UnixNano()
+}
+
+// Tenants returns the tenants of the blocks known from the last syncs,
+// sorted. A nil Store knows none.
+func (s *Store) Tenants() []string {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, k := range s.blocks {
+		if k.meta != nil {
+			out = append(out, k.meta.Thanos.Labels[TenantLabel])
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
