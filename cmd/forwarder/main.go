@@ -36,6 +36,7 @@ import (
 	"github.com/phonehome/phonehome/forward"
 	"github.com/phonehome/phonehome/gathering"
 	"github.com/phonehome/phonehome/relabel"
+	"github.com/phonehome/phonehome/webtls"
 )
 
 // forwarderVersion is checked against a gathering definition's min_forwarder_version.
@@ -83,6 +84,7 @@ type flags struct {
 	toUpload, toAuth                 string
 	limitBytes                       int64
 	tlsCertFile, tlsKeyFile          string
+	toCertFile, toKeyFile, webConfig string
 	verbose                          bool
 	protocol                         string
 	listen, configFile, gatheringURL string
@@ -105,6 +107,8 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	fs.StringVar(&f.to, "to", "", "Base URL of the fleet receiver. Empty disables telemetry.")
 	fs.StringVar(&f.toTokenFile, "to-token-file", "", "File with the bearer token for --to (re-read on every request).")
 	fs.StringVar(&f.toCAFile, "to-ca-file", "", "PEM CA bundle to verify --to.")
+	fs.StringVar(&f.toCertFile, "to-cert-file", "", "Client certificate (PEM) presented to --to (and --gathering-url), for a receiver that requires one (mTLS); re-read when it changes. Needs --to-key-file.")
+	fs.StringVar(&f.toKeyFile, "to-key-file", "", "Private key (PEM) of --to-cert-file.")
 	fs.StringVar(&f.authorize, "authorize", forward.AuthorizeAuto, "Exchange the --to-token-file token at <to>/authorize for a short-lived cluster credential: auto (if the receiver has /authorize), always, or never (use the token directly).")
 	fs.StringVar(&f.rwVersion, "remote-write.version", forward.VersionAuto, "Remote-write protocol: auto (2.0, falling back to 1.0 on a 415 or a 1.0 receiver, remembered in --queue.dir), 1 (e.g. Prometheus <= 2.x, which answers 2.0 with 400) or 2.")
 	fs.StringVar(&f.id, "id", "", "Raw cluster id; only its keyed hash leaves the cluster, as label _id.")
@@ -126,6 +130,7 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	fs.Var(&f.renames, "rename", "Metric rename old=new (comma-separated, repeatable; default ALERTS=alerts).")
 	fs.StringVar(&f.listen, "listen", ":9002", "Address for /metrics, /healthz and /readyz.")
 	fs.StringVar(&f.listen, "web.listen-address", ":9002", "Alias of --listen.")
+	fs.StringVar(&f.webConfig, "web.config.file", "", "Prometheus exporter-toolkit web config for --listen: TLS, client certificates (mTLS), TLS versions and cipher suites, basic auth; certificates are re-read on change. Empty: plain HTTP.")
 	fs.StringVar(&f.configFile, "config.file", "", "Optional YAML file: relabel_configs, limits, queue and send settings.")
 	fs.StringVar(&f.gatheringURL, "gathering-url", "", "URL of the fleet's gathering definition (e.g. <to>/api/v1/gathering), polled every gathering.interval; it replaces the local selectors, which remain the fallback.")
 	fs.StringVar(&f.queueDir, "queue.dir", "data/queue", "Directory of the on-disk queue.")
@@ -313,6 +318,19 @@ func load(f *flags) (*setup, error) {
 	}
 	if s.toClient, err = forward.NewHTTPClient(f.toCAFile); err != nil {
 		add(fmt.Errorf("--to-ca-file: %w", err))
+	}
+	switch {
+	case f.toCertFile != "" && f.toKeyFile != "":
+		if s.toClient != nil {
+			if err := forward.WithClientCertificate(s.toClient, f.toCertFile, f.toKeyFile); err != nil {
+				add(fmt.Errorf("--to-cert-file/--to-key-file: %w", err))
+			}
+		}
+	case f.toCertFile != "" || f.toKeyFile != "":
+		add(errors.New("--to-cert-file and --to-key-file: give both or neither"))
+	}
+	if err := webtls.ValidateWebConfig(f.webConfig, webtls.ServerOptions{BasicAuth: true}); err != nil {
+		add(fmt.Errorf("--web.config.file: %w", err))
 	}
 	if s.fromClient != nil {
 		s.fromClient.Timeout = time.Duration(s.file.Federate.Timeout)
@@ -611,7 +629,7 @@ func run(args []string, stderr io.Writer) int {
 			if fwd == nil {
 				ready.Store(true) // disabled: nothing to wait for
 			}
-			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			if err := webtls.Serve(ln, srv, f.webConfig, logger.With("component", "web")); !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("serve http: %w", err)
 			}
 			return nil
