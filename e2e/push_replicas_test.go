@@ -66,7 +66,9 @@ func startRoundRobin(t *testing.T) (*roundRobin, string) {
 // installRun is one installer invocation's push.
 type installRun struct{ platform, version, result, duration string }
 
-func (r installRun) key() string { return r.platform + "/" + r.version + "/" + r.result + "/" + r.duration }
+func (r installRun) key() string {
+	return r.platform + "/" + r.version + "/" + r.result + "/" + r.duration
+}
 
 // push sends the run through the load balancer at base: even runs with the
 // installer's client (push/client), odd runs with client_golang's push
