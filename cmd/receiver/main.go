@@ -41,6 +41,7 @@ import (
 	"github.com/phonehome/phonehome/storage/bucketstore"
 	"github.com/phonehome/phonehome/storage/lifecycle"
 	"github.com/phonehome/phonehome/upstream"
+	"github.com/phonehome/phonehome/webtls"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
@@ -63,6 +64,7 @@ func run(args []string, stderr io.Writer) int {
 	var (
 		configFile  = fs.String("config.file", "", "Path to the YAML configuration file. Empty means all defaults.")
 		listenAddr  = fs.String("web.listen-address", ":9291", "Address to listen on for the API, ingest and telemetry.")
+		webConfig   = fs.String("web.config.file", "", "Prometheus exporter-toolkit web config: TLS, client certificates (mTLS), TLS versions and cipher suites; certificates are re-read on change. Empty: plain HTTP. Bearer-token authentication applies on top.")
 		storagePath = fs.String("storage.path", "data", "Directory for the per-tenant TSDBs and, by default, the filesystem bucket.")
 		logLevel    = fs.String("log.level", "info", "Log level: debug, info, warn or error.")
 		logFormat   = fs.String("log.format", "json", "Log format: json or logfmt.")
@@ -114,6 +116,10 @@ func run(args []string, stderr io.Writer) int {
 	}
 	if err := cfg.Gathering.CheckFiles(); err != nil {
 		logger.Error("invalid configuration", "file", *configFile, "err", err)
+		return 2
+	}
+	if err := webtls.ValidateWebConfig(*webConfig, webtls.ServerOptions{}); err != nil {
+		logger.Error("invalid configuration", "file", *webConfig, "err", err)
 		return 2
 	}
 	if *checkOnly {
@@ -297,7 +303,7 @@ func run(args []string, stderr io.Writer) int {
 			// labels: the build tag decides the memory per series (Makefile).
 			logger.Info("listening", "addr", ln.Addr().String(), "labels", labels.ImplementationName)
 			ready.Store(true)
-			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			if err := webtls.Serve(ln, srv, *webConfig, logger.With("component", "web")); !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("serve http: %w", err)
 			}
 			return nil
