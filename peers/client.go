@@ -121,6 +121,9 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if id := resp.Header.Get(InstanceHeader); id == t.set.instance {
 		if !t.peer.self.Swap(true) {
 			t.set.logger.Info("peer is this receiver, not reading from it", "peer", t.peer.addr)
+			t.set.mu.Lock()
+			t.set.countLocked()
+			t.set.mu.Unlock()
 		}
 	}
 	if resp.StatusCode/100 == 2 {

@@ -260,8 +260,13 @@ func (s *Set) setPeers(addrs []string) {
 		next[a] = p
 	}
 	s.peers = next
+	s.countLocked()
+}
+
+// countLocked updates the peers gauge. s.mu must be held.
+func (s *Set) countLocked() {
 	n := 0
-	for _, p := range next {
+	for _, p := range s.peers {
 		if !p.self.Load() {
 			n++
 		}

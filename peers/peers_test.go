@@ -237,8 +237,9 @@ func TestReceiverRecognisesItself(t *testing.T) {
 	require.NoError(t, err)
 	readAll(t, q)
 	require.Empty(t, s.snapshot())
-	s.Refresh(context.Background())
 	require.Equal(t, 0.0, testutil.ToFloat64(s.m.peers))
+	s.Refresh(context.Background())
+	require.Empty(t, s.snapshot(), "still itself after a refresh")
 }
 
 // remoteRead posts a sampled remote-read request for up{} with the given
