@@ -44,8 +44,10 @@ type DB struct {
 	tenantsMtx sync.RWMutex
 	tenants    map[string]*tenant
 
-	shipMtx    sync.Mutex // serialises ship rounds and Close's final round
+	shipMtx    sync.Mutex // serialises ship rounds, Close's final round and EraseLocal
 	shipClosed bool
+
+	deny *denyList // erased clusters, refused by Write
 }
 
 var _ Writer = (*DB)(nil)
@@ -77,6 +79,12 @@ func openWithBucket(logger *slog.Logger, reg prometheus.Registerer, dir string, 
 		m:       newMetrics(reg),
 		tenants: map[string]*tenant{},
 	}
+	deny, err := loadDenyList(filepath.Join(dir, denyFile))
+	if err != nil {
+		return nil, err
+	}
+	db.deny = deny
+	db.m.denied.Set(float64(deny.lenLocked()))
 	tdir := filepath.Join(dir, "tenants")
 	if err := os.MkdirAll(tdir, 0o755); err != nil {
 		return nil, fmt.Errorf("create tenants directory: %w", err)

@@ -12,6 +12,7 @@ const (
 	reasonFuture     = "future"
 	reasonDuplicate  = "duplicate"
 	reasonInvalid    = "invalid"
+	reasonErased     = "erased_cluster"
 )
 
 type metrics struct {
@@ -24,6 +25,7 @@ type metrics struct {
 	uploads            *prometheus.CounterVec // by result
 	bucketLag          prometheus.Gauge
 	pendingBlocks      prometheus.Gauge
+	denied             prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics { // nil reg: not registered (tests)
@@ -56,8 +58,11 @@ func newMetrics(reg prometheus.Registerer) *metrics { // nil reg: not registered
 		pendingBlocks: f.NewGauge(prometheus.GaugeOpts{
 			Name: "phonehome_storage_blocks_pending_upload", Help: "Local blocks not yet uploaded.",
 		}),
+		denied: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_storage_denied_clusters", Help: "Erased clusters whose writes are refused until re-admitted.",
+		}),
 	}
-	for _, r := range []string{reasonOutOfOrder, reasonTooOld, reasonFuture, reasonDuplicate, reasonInvalid} {
+	for _, r := range []string{reasonOutOfOrder, reasonTooOld, reasonFuture, reasonDuplicate, reasonInvalid, reasonErased} {
 		m.rejected.WithLabelValues(r)
 	}
 	for _, r := range []string{"success", "failure"} {

@@ -92,7 +92,7 @@ func openTenant(logger *slog.Logger, reg prometheus.Registerer, dir, name string
 
 	var r prometheus.Registerer
 	if reg != nil {
-		r = prometheus.WrapRegistererWith(prometheus.Labels{"tenant": name}, reg)
+		r = replacingRegisterer{prometheus.WrapRegistererWith(prometheus.Labels{"tenant": name}, reg)}
 	}
 	db, err := tsdb.Open(t.dir, logger.With("tenant", name), r, opts, nil)
 	if err != nil {

@@ -65,9 +65,16 @@ func (db *DB) WriteWithMetadata(ctx context.Context, tenantName string, series [
 		keepExemplars = db.cfg.MaxExemplars > 0
 		// committed are the indexes of series whose metadata is appended.
 		committed []int
+		denied    = db.deny.checker(tenantName)
 	)
 	for i := range series {
 		ts := &series[i]
+		if denied != nil && denied(ts.Labels) {
+			for range len(ts.Samples) + len(ts.Histograms) {
+				rej.add(reasonErased, ErrClusterErased)
+			}
+			continue
+		}
 		sa := seriesAppender{app: app, refs: t.refs, ts: ts, lb: &lb}
 		sa.lookup()
 		for _, s := range ts.Samples {
@@ -266,7 +273,7 @@ func (r *rejections) err() error {
 		return nil
 	}
 	errs := make([]error, 0, len(r.first))
-	for _, reason := range []string{reasonOutOfOrder, reasonTooOld, reasonFuture, reasonDuplicate, reasonInvalid} {
+	for _, reason := range []string{reasonOutOfOrder, reasonTooOld, reasonFuture, reasonDuplicate, reasonInvalid, reasonErased} {
 		if e, ok := r.first[reason]; ok {
 			errs = append(errs, e)
 		}

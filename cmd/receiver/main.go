@@ -30,6 +30,7 @@ import (
 	"github.com/prometheus/prometheus/model/labels"
 
 	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/erasure"
 	"github.com/phonehome/phonehome/gathering"
 	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/push"
@@ -59,6 +60,9 @@ const defaultGOGC = 70
 const defaultTenant = "default"
 
 func run(args []string, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "erase" { // offline erasure (erase.go)
+		return runErase(args[1:], stderr)
+	}
 	fs := flag.NewFlagSet("receiver", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
@@ -171,6 +175,15 @@ func run(args []string, stderr io.Writer) int {
 		return 1
 	}
 	defer func() { _ = lc.Close() }()
+	var afterErase func(context.Context) error // drops the cache's copies of rewritten blocks
+	if bstore != nil {
+		afterErase = bstore.Sync
+	}
+	eraser, err := erasure.New(logger.With("component", "erasure"), reg, db, lc, filepath.Join(*storagePath, erasureDir), erasure.Options{AfterBucket: afterErase})
+	if err != nil {
+		logger.Error("open erasure jobs", "err", err)
+		return 1
+	}
 	reader := bucketstore.NewReader(db, bstore)
 
 	var ready atomic.Bool
@@ -247,6 +260,7 @@ func run(args []string, stderr io.Writer) int {
 	mux := http.NewServeMux()
 	mux.Handle("POST /api/v1/write", auth.Middleware(a.authn, auth.PermWrite, writes.CountUnauthenticated, writes))
 	mux.Handle("/api/v1/", auth.Middleware(a.authn, auth.PermRead, nil, api))
+	mux.Handle("/api/v1/admin/", auth.Middleware(a.authn, auth.PermAdmin, nil, eraser.Handler()))
 	for _, p := range status.Patterns { // fleet status API: read (own tenant) or admin (any), checked by status
 		mux.Handle(p, auth.Middleware(a.authn, 0, nil, fleet.Handler()))
 	}
@@ -368,6 +382,10 @@ func run(args []string, stderr io.Writer) int {
 	if bstore != nil { // Bucket metadata sync, so queries read every replica's blocks.
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return bstore.Run(ctx) }, func(error) { cancel() })
+	}
+	{ // Erasure jobs (admin API), one at a time; unfinished ones resume at start.
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return eraser.Run(ctx) }, func(error) { cancel() })
 	}
 	if lc.Active() { // Bucket lifecycle: retention, then deletion of marked blocks after the delay.
 		ctx, cancel := context.WithCancel(context.Background())

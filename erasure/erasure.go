@@ -1,0 +1,396 @@
+// Package erasure erases one cluster's data (or the series matching a
+// selector) of one tenant everywhere the receiver keeps it: the head, the
+// WAL, the local blocks and every block in the bucket, and refuses the
+// cluster's later writes until it is re-admitted. Jobs are persisted while
+// they run, so a crash resumes them; every step is idempotent.
+package erasure
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/promql/parser"
+
+	"github.com/phonehome/phonehome/atomicfile"
+	"github.com/phonehome/phonehome/storage"
+	"github.com/phonehome/phonehome/storage/lifecycle"
+)
+
+// Local is the receiver's storage as an erasure uses it (*storage.DB).
+type Local interface {
+	EraseLocal(ctx context.Context, tenant string, ms []*labels.Matcher, forbidden []string) (storage.LocalErasure, error)
+	Deny(tenant, clusterID, comment string) error
+	Readmit(tenant, clusterID string) (bool, error)
+}
+
+// Bucket erases from the bucket (*lifecycle.Runner).
+type Bucket interface {
+	EraseBucket(ctx context.Context, tenant string, ms []*labels.Matcher, forbidden []string, workDir string, progress func(done, total int)) (lifecycle.BucketErasure, error)
+}
+
+// Request asks for an erasure: a tenant and either a cluster's _id or a
+// series selector. With a cluster, its writes are refused afterwards unless
+// Deny is false.
+type Request struct {
+	Tenant    string `json:"tenant"`
+	ClusterID string `json:"cluster_id,omitempty"`
+	Selector  string `json:"selector,omitempty"`
+	Deny      *bool  `json:"deny,omitempty"`
+	// RequestedBy is free text for the audit event (a ticket, a person).
+	RequestedBy string `json:"requested_by,omitempty"`
+	// Caller is who submitted it (set by the API: the credential's tenant
+	// and the client address; "offline" for the command).
+	Caller string `json:"-"`
+}
+
+// Job states.
+const (
+	StatePending = "pending"
+	StateLocal   = "local"  // head, WAL, local blocks
+	StateBucket  = "bucket" // bucket blocks
+	StateDone    = "done"
+	StateFailed  = "failed" // retried at the next start
+)
+
+// Status is a job's progress, as the API shows it. It never holds the
+// cluster's id, only its digest (storage.ClusterDigest).
+type Status struct {
+	ID            string    `json:"id"`
+	Tenant        string    `json:"tenant"`
+	ClusterSHA256 string    `json:"cluster_sha256,omitempty"`
+	Selector      string    `json:"selector,omitempty"`
+	RequestedBy   string    `json:"requested_by,omitempty"`
+	Caller        string    `json:"caller,omitempty"`
+	State         string    `json:"state"`
+	BlocksDone    int       `json:"blocks_done"`
+	BlocksTotal   int       `json:"blocks_total"`
+	SeriesRemoved int       `json:"series_removed"`
+	Submitted     time.Time `json:"submitted"`
+	Finished      time.Time `json:"finished,omitzero"`
+	Error         string    `json:"error,omitempty"`
+}
+
+// job is a running or finished erasure. req holds the raw cluster id only
+// while the job runs (and in its state file, deleted when it is done).
+type job struct {
+	req    Request
+	status Status
+}
+
+// state is a job's file under the erasure directory.
+type state struct {
+	Request Request `json:"request"`
+	Status  Status  `json:"status"`
+}
+
+// Eraser runs erasure jobs one at a time.
+//
+// Submit, Readmit, Get and List are safe for concurrent use; Run runs the
+// jobs until its context ends; Do runs one job in the caller's goroutine
+// (the offline command) and must not be used while Run runs.
+type Eraser struct {
+	logger      *slog.Logger
+	local       Local
+	bucket      Bucket
+	dir         string
+	afterBucket func(context.Context) error
+	now         func() time.Time
+	m           *metrics
+
+	mu    sync.Mutex
+	jobs  map[string]*job
+	queue chan string
+}
+
+// Options are the optional parts of an Eraser.
+type Options struct {
+	// AfterBucket runs after a job's bucket step, e.g. the bucket store's
+	// sync, which drops its cached copies of the deleted blocks.
+	AfterBucket func(context.Context) error
+	Now         func() time.Time
+}
+
+// New returns an Eraser keeping job state in dir (created if needed) and
+// queues the unfinished jobs found there. reg may be nil.
+func New(logger *slog.Logger, reg prometheus.Registerer, local Local, bucket Bucket, dir string, opts Options) (*Eraser, error) {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	e := &Eraser{
+		logger: logger, local: local, bucket: bucket, dir: dir, afterBucket: opts.AfterBucket, now: opts.Now,
+		m: newMetrics(reg), jobs: map[string]*job{}, queue: make(chan string, 1024),
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create erasure directory: %w", err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("list erasure jobs: %w", err)
+	}
+	for _, de := range entries {
+		if !strings.HasSuffix(de.Name(), ".json") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, de.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("read erasure job: %w", err)
+		}
+		var st state
+		if err := json.Unmarshal(b, &st); err != nil {
+			return nil, fmt.Errorf("decode erasure job %s: %w", de.Name(), err)
+		}
+		e.jobs[st.Status.ID] = &job{req: st.Request, status: st.Status}
+		e.queue <- st.Status.ID
+		logger.Info("resuming erasure", "job", st.Status.ID, "tenant", st.Status.Tenant, "state", st.Status.State)
+	}
+	return e, nil
+}
+
+// ErrInvalid is a request that cannot be run.
+var ErrInvalid = errors.New("invalid erasure request")
+
+// matchers returns the series to erase and the strings that must not be
+// left anywhere (the cluster's id).
+func (r Request) matchers() ([]*labels.Matcher, []string, error) {
+	switch {
+	case r.Tenant == "":
+		return nil, nil, fmt.Errorf("%w: tenant is required", ErrInvalid)
+	case (r.ClusterID == "") == (r.Selector == ""):
+		return nil, nil, fmt.Errorf("%w: exactly one of cluster_id and selector is required", ErrInvalid)
+	case r.ClusterID != "":
+		return []*labels.Matcher{labels.MustNewMatcher(labels.MatchEqual, "_id", r.ClusterID)}, []string{r.ClusterID}, nil
+	}
+	ms, err := parser.NewParser(parser.Options{}).ParseMetricSelector(r.Selector)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: selector: %w", ErrInvalid, err)
+	}
+	if !slices.ContainsFunc(ms, func(m *labels.Matcher) bool { return !m.Matches("") }) {
+		return nil, nil, fmt.Errorf("%w: selector %q matches every series", ErrInvalid, r.Selector)
+	}
+	var forbidden []string
+	for _, m := range ms {
+		if m.Type == labels.MatchEqual && m.Name == "_id" {
+			forbidden = append(forbidden, m.Value)
+		}
+	}
+	return ms, forbidden, nil
+}
+
+// Submit validates and persists a job, queues it and returns its status.
+func (e *Eraser) Submit(req Request) (Status, error) {
+	if _, _, err := req.matchers(); err != nil {
+		return Status{}, err
+	}
+	if req.Deny == nil {
+		deny := req.ClusterID != ""
+		req.Deny = &deny
+	}
+	st := Status{
+		ID: ulid.MustNew(ulid.Timestamp(e.now()), rand.Reader).String(), Tenant: req.Tenant,
+		Selector: req.Selector, RequestedBy: req.RequestedBy, Caller: req.Caller, State: StatePending, Submitted: e.now().UTC(),
+	}
+	if req.ClusterID != "" {
+		st.ClusterSHA256 = storage.ClusterDigest(req.Tenant, req.ClusterID)
+	}
+	j := &job{req: req, status: st}
+	if err := e.save(j); err != nil {
+		return Status{}, err
+	}
+	e.mu.Lock()
+	e.jobs[st.ID] = j
+	e.mu.Unlock()
+	select {
+	case e.queue <- st.ID:
+	default:
+		return Status{}, errors.New("too many erasure jobs queued")
+	}
+	e.logger.Info("erasure requested", "audit", true, "job", st.ID, "tenant", st.Tenant, "cluster_sha256", st.ClusterSHA256,
+		"selector", st.Selector, "requested_by", st.RequestedBy, "caller", st.Caller, "deny", *req.Deny)
+	return st, nil
+}
+
+// Readmit lifts the deny list entry of an erased cluster.
+func (e *Eraser) Readmit(tenant, clusterID, requestedBy, caller string) (bool, error) {
+	ok, err := e.local.Readmit(tenant, clusterID)
+	if err == nil && ok {
+		e.logger.Info("erased cluster re-admitted", "audit", true, "tenant", tenant,
+			"cluster_sha256", storage.ClusterDigest(tenant, clusterID), "requested_by", requestedBy, "caller", caller)
+	}
+	return ok, err
+}
+
+// Get returns a job's status.
+func (e *Eraser) Get(id string) (Status, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	j, ok := e.jobs[id]
+	if !ok {
+		return Status{}, false
+	}
+	return j.status, true
+}
+
+// List returns the tenant's jobs, oldest first.
+func (e *Eraser) List(tenant string) []Status {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []Status
+	for _, j := range e.jobs {
+		if j.status.Tenant == tenant {
+			out = append(out, j.status)
+		}
+	}
+	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Run runs queued jobs one at a time until ctx ends. A failed job stays on
+// disk and is retried at the next start; Run itself never fails.
+func (e *Eraser) Run(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case id := <-e.queue:
+			if err := e.Do(ctx, id); err != nil && ctx.Err() == nil {
+				e.logger.Error("erasure failed; it is retried at the next start", "job", id, "err", err)
+			}
+		}
+	}
+}
+
+// Do runs job id to the end.
+func (e *Eraser) Do(ctx context.Context, id string) (err error) {
+	e.mu.Lock()
+	j, ok := e.jobs[id]
+	e.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("no erasure job %s", id)
+	}
+	start := e.now()
+	defer func() {
+		if err != nil {
+			e.m.jobs.WithLabelValues("failure").Inc()
+			e.update(j, func(s *Status) { s.State, s.Error = StateFailed, err.Error() })
+			_ = e.save(j)
+		}
+	}()
+	ms, forbidden, err := j.req.matchers()
+	if err != nil {
+		return err
+	}
+	if j.req.ClusterID != "" && j.req.Deny != nil && *j.req.Deny {
+		if err := e.local.Deny(j.req.Tenant, j.req.ClusterID, "erasure "+id); err != nil {
+			return fmt.Errorf("deny: %w", err)
+		}
+	}
+	e.update(j, func(s *Status) { s.State, s.Error = StateLocal, "" })
+	if err := e.save(j); err != nil {
+		return err
+	}
+	lr, err := e.local.EraseLocal(ctx, j.req.Tenant, ms, forbidden)
+	if err != nil {
+		return fmt.Errorf("local: %w", err)
+	}
+	e.update(j, func(s *Status) { s.State, s.SeriesRemoved = StateBucket, lr.Series })
+	if err := e.save(j); err != nil {
+		return err
+	}
+	br, err := e.bucket.EraseBucket(ctx, j.req.Tenant, ms, forbidden, filepath.Join(e.dir, "work"), func(done, total int) {
+		e.update(j, func(s *Status) { s.BlocksDone, s.BlocksTotal = done, total })
+		e.m.blocksDone.Set(float64(done))
+		e.m.blocksTotal.Set(float64(total))
+	})
+	if err != nil {
+		return fmt.Errorf("bucket: %w", err)
+	}
+	if e.afterBucket != nil {
+		if err := e.afterBucket(ctx); err != nil {
+			return fmt.Errorf("after bucket: %w", err)
+		}
+	}
+	e.update(j, func(s *Status) {
+		s.State, s.Finished = StateDone, e.now().UTC()
+		s.SeriesRemoved = lr.Series + br.Series
+	})
+	// The raw id lives only in the state file and this job's request:
+	// both go now.
+	if err := os.Remove(e.stateFile(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove job state: %w", err)
+	}
+	e.mu.Lock()
+	j.req.ClusterID = ""
+	e.mu.Unlock()
+	e.m.jobs.WithLabelValues("success").Inc()
+	e.m.series.Add(float64(lr.Series + br.Series))
+	e.logger.Info("erasure done", "audit", true, "job", id, "tenant", j.status.Tenant, "cluster_sha256", j.status.ClusterSHA256,
+		"selector", j.status.Selector, "requested_by", j.status.RequestedBy, "caller", j.status.Caller,
+		"series_local", lr.Series, "local_blocks_rewritten", lr.BlocksRewritten, "local_blocks_dropped", lr.BlocksDropped,
+		"bucket_blocks", br.Blocks, "bucket_blocks_rewritten", br.Rewritten, "bucket_series", br.Series,
+		"bucket_blocks_deleted", br.Deleted, "duration", e.now().Sub(start).String())
+	return nil
+}
+
+func (e *Eraser) update(j *job, f func(*Status)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	f(&j.status)
+}
+
+func (e *Eraser) stateFile(id string) string { return filepath.Join(e.dir, id+".json") }
+
+func (e *Eraser) save(j *job) error {
+	e.mu.Lock()
+	b, err := json.Marshal(state{Request: j.req, Status: j.status})
+	e.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.Write(e.stateFile(j.status.ID), b, 0o600); err != nil {
+		return fmt.Errorf("save erasure job: %w", err)
+	}
+	return nil
+}
+
+type metrics struct {
+	jobs        *prometheus.CounterVec
+	blocksDone  prometheus.Gauge
+	blocksTotal prometheus.Gauge
+	series      prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(reg)
+	m := &metrics{
+		jobs: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_erasure_jobs_total", Help: "Erasure jobs finished, by result.",
+		}, []string{"result"}),
+		blocksDone: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_erasure_bucket_blocks_done", Help: "Bucket blocks the current (or last) erasure has examined.",
+		}),
+		blocksTotal: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_erasure_bucket_blocks", Help: "Bucket blocks the current (or last) erasure examines.",
+		}),
+		series: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_erasure_series_removed_total", Help: "Series removed by erasures (counted once per block holding them).",
+		}),
+	}
+	for _, r := range []string{"success", "failure"} {
+		m.jobs.WithLabelValues(r)
+	}
+	return m
+}

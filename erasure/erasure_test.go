@@ -1,0 +1,130 @@
+package erasure
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/storage"
+	"github.com/phonehome/phonehome/storage/lifecycle"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const secretID = "raw-cluster-id-9a8b7c"
+
+type fakeLocal struct {
+	erased, denied []string
+	fail           error
+}
+
+func (f *fakeLocal) EraseLocal(_ context.Context, tenant string, ms []*labels.Matcher, forbidden []string) (storage.LocalErasure, error) {
+	if f.fail != nil {
+		return storage.LocalErasure{}, f.fail
+	}
+	f.erased = append(f.erased, tenant+" "+ms[0].String()+" "+strings.Join(forbidden, ","))
+	return storage.LocalErasure{Series: 2}, nil
+}
+
+func (f *fakeLocal) Deny(tenant, id, _ string) error {
+	f.denied = append(f.denied, tenant+" "+id)
+	return nil
+}
+
+func (f *fakeLocal) Readmit(string, string) (bool, error) { return true, nil }
+
+type fakeBucket struct{ calls int }
+
+func (f *fakeBucket) EraseBucket(_ context.Context, _ string, _ []*labels.Matcher, _ []string, _ string, progress func(int, int)) (lifecycle.BucketErasure, error) {
+	f.calls++
+	progress(0, 2)
+	progress(2, 2)
+	return lifecycle.BucketErasure{Blocks: 2, Rewritten: 1, Series: 1}, nil
+}
+
+func TestRequestValidation(t *testing.T) {
+	for _, req := range []Request{
+		{ClusterID: "x"},
+		{Tenant: "acme"},
+		{Tenant: "acme", ClusterID: "x", Selector: "{a=\"b\"}"},
+		{Tenant: "acme", Selector: "{job=~\".*\"}"},
+		{Tenant: "acme", Selector: "up{"},
+	} {
+		_, _, err := req.matchers()
+		require.ErrorIs(t, err, ErrInvalid, "%+v", req)
+	}
+	ms, forbidden, err := Request{Tenant: "acme", Selector: `{_id="abc",job="x"}`}.matchers()
+	require.NoError(t, err)
+	require.Len(t, ms, 2)
+	require.Equal(t, []string{"abc"}, forbidden)
+}
+
+func TestJobResumesAfterACrashAndForgetsTheID(t *testing.T) {
+	dir := t.TempDir()
+	local := &fakeLocal{fail: errors.New("disk on fire")}
+	e, err := New(slog.New(slog.DiscardHandler), nil, local, &fakeBucket{}, dir, Options{})
+	require.NoError(t, err)
+	st, err := e.Submit(Request{Tenant: "acme", ClusterID: secretID})
+	require.NoError(t, err)
+	require.Equal(t, storage.ClusterDigest("acme", secretID), st.ClusterSHA256)
+	require.Error(t, e.Do(context.Background(), st.ID))
+	got, _ := e.Get(st.ID)
+	require.Equal(t, StateFailed, got.State)
+	require.Equal(t, 1.0, testutil.ToFloat64(e.m.jobs.WithLabelValues("failure")))
+
+	// A new process finds the job on disk and finishes it.
+	local.fail = nil
+	bkt := &fakeBucket{}
+	var buf bytes.Buffer
+	e, err = New(slog.New(slog.NewJSONHandler(&buf, nil)), nil, local, bkt, dir, Options{})
+	require.NoError(t, err)
+	require.NoError(t, e.Do(context.Background(), <-e.queue))
+	got, _ = e.Get(st.ID)
+	require.Equal(t, StateDone, got.State)
+	require.Equal(t, 2, got.BlocksDone)
+	require.Equal(t, 3, got.SeriesRemoved)
+	require.Equal(t, 1, bkt.calls)
+	require.Equal(t, []string{"acme " + secretID, "acme " + secretID}, local.denied)
+	require.Equal(t, []string{`acme _id="` + secretID + `" ` + secretID}, local.erased)
+	// Nothing of the id is left: the state file is gone, the log and the
+	// status carry the digest only.
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Empty(t, entries)
+	require.NotContains(t, buf.String(), secretID)
+	require.Contains(t, buf.String(), `"msg":"erasure done"`)
+	require.Contains(t, buf.String(), got.ClusterSHA256)
+}
+
+func TestHandlerScopesToTheCallersTenant(t *testing.T) {
+	e, err := New(slog.New(slog.DiscardHandler), nil, &fakeLocal{}, &fakeBucket{}, filepath.Join(t.TempDir(), "jobs"), Options{})
+	require.NoError(t, err)
+	h := auth.Middleware(auth.Insecure{Tenant: "acme"}, 0, nil, e.Handler())
+	post := func(body string) int {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/api/v1/admin/erase", strings.NewReader(body)))
+		return rec.Code
+	}
+	require.Equal(t, http.StatusForbidden, post(`{"tenant":"other","cluster_id":"x"}`))
+	require.Equal(t, http.StatusBadRequest, post(`{"cluster_id":"x","unknown":1}`))
+	require.Equal(t, http.StatusBadRequest, post(`{}`))
+	require.Equal(t, http.StatusAccepted, post(`{"cluster_id":"x"}`))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/api/v1/admin/erase", nil))
+	require.Equal(t, http.StatusOK, rec.Code)
+	require.Contains(t, rec.Body.String(), `"state":"pending"`)
+	require.NotContains(t, rec.Body.String(), `"x"`)
+}

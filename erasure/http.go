@@ -1,0 +1,123 @@
+package erasure
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/phonehome/phonehome/auth"
+)
+
+// Handler serves the admin API under /api/v1/admin/ (behind an auth
+// middleware requiring the admin permission):
+//
+//	POST /api/v1/admin/erase        {"tenant", "cluster_id" | "selector", "deny", "requested_by"} → 202, the job
+//	GET  /api/v1/admin/erase        the caller's tenant's jobs
+//	GET  /api/v1/admin/erase/<id>   one job's progress
+//	POST /api/v1/admin/readmit      {"tenant", "cluster_id", "requested_by"}
+//
+// An admin credential acts on its own tenant only; an empty tenant means it.
+func (e *Eraser) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /api/v1/admin/erase", func(w http.ResponseWriter, r *http.Request) {
+		var req Request
+		if !decode(w, r, &req) {
+			return
+		}
+		if !ownTenant(w, r, &req.Tenant) {
+			return
+		}
+		req.Caller = caller(r)
+		st, err := e.Submit(req)
+		switch {
+		case errors.Is(err, ErrInvalid):
+			apiError(w, http.StatusBadRequest, err.Error())
+		case err != nil:
+			apiError(w, http.StatusInternalServerError, err.Error())
+		default:
+			respond(w, http.StatusAccepted, st)
+		}
+	})
+	mux.HandleFunc("GET /api/v1/admin/erase", func(w http.ResponseWriter, r *http.Request) {
+		id, _ := auth.FromContext(r.Context())
+		jobs := e.List(id.Tenant)
+		if jobs == nil {
+			jobs = []Status{}
+		}
+		respond(w, http.StatusOK, jobs)
+	})
+	mux.HandleFunc("GET /api/v1/admin/erase/{id}", func(w http.ResponseWriter, r *http.Request) {
+		id, _ := auth.FromContext(r.Context())
+		st, ok := e.Get(r.PathValue("id"))
+		if !ok || st.Tenant != id.Tenant {
+			apiError(w, http.StatusNotFound, "no such erasure job")
+			return
+		}
+		respond(w, http.StatusOK, st)
+	})
+	mux.HandleFunc("POST /api/v1/admin/readmit", func(w http.ResponseWriter, r *http.Request) {
+		var req Request
+		if !decode(w, r, &req) || !ownTenant(w, r, &req.Tenant) {
+			return
+		}
+		if req.ClusterID == "" {
+			apiError(w, http.StatusBadRequest, "cluster_id is required")
+			return
+		}
+		ok, err := e.Readmit(req.Tenant, req.ClusterID, req.RequestedBy, caller(r))
+		if err != nil {
+			apiError(w, http.StatusInternalServerError, err.Error())
+			return
+		}
+		respond(w, http.StatusOK, map[string]bool{"readmitted": ok})
+	})
+	return mux
+}
+
+func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
+		apiError(w, http.StatusUnsupportedMediaType, "want application/json")
+		return false
+	}
+	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		apiError(w, http.StatusBadRequest, "decode request: "+err.Error())
+		return false
+	}
+	return true
+}
+
+// ownTenant fills an empty tenant with the caller's and refuses another.
+func ownTenant(w http.ResponseWriter, r *http.Request, tenant *string) bool {
+	id, _ := auth.FromContext(r.Context())
+	if *tenant == "" {
+		*tenant = id.Tenant
+	}
+	if *tenant != id.Tenant {
+		apiError(w, http.StatusForbidden, "an admin credential acts on its own tenant only")
+		return false
+	}
+	return true
+}
+
+// caller names who called, for the audit event: the admin credential's
+// tenant and the client's address.
+func caller(r *http.Request) string {
+	id, _ := auth.FromContext(r.Context())
+	return "admin of " + id.Tenant + " from " + r.RemoteAddr
+}
+
+func respond(w http.ResponseWriter, code int, data any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(map[string]any{"status": "success", "data": data})
+}
+
+func apiError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(map[string]any{"status": "error", "error": msg})
+}

@@ -1,0 +1,167 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"slices"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/tsdb"
+	"github.com/prometheus/prometheus/tsdb/chunks"
+	"github.com/prometheus/prometheus/tsdb/index"
+)
+
+// Rewrite is what RewriteBlock did to one block.
+type Rewrite struct {
+	// Rewritten is false when the block held neither a matching series nor
+	// a forbidden symbol: it was left alone.
+	Rewritten bool
+	// Series is the number of series removed.
+	Series int
+	// NewBlock is the replacement's ULID; nil when nothing was left.
+	NewBlock *ulid.ULID
+	// Meta is the source block's meta.
+	Meta tsdb.BlockMeta
+}
+
+// RewriteBlock writes the block in srcDir without the series matching ms
+// into a new block in destDir, when the block holds such a series or any
+// forbidden string among its symbols. It writes a tombstones file into
+// srcDir (the caller deletes srcDir afterwards).
+//
+// A TSDB compaction or CleanTombstones keeps the symbol table of its
+// sources: strings of deleted series, and in head-cut blocks even of series
+// without samples in the block, stay in the index. RewriteBlock instead
+// writes only the symbols of the series it keeps, so no byte of an erased
+// cluster's labels is left in the new block.
+func RewriteBlock(ctx context.Context, logger *slog.Logger, srcDir, destDir string, ms []*labels.Matcher, forbidden []string) (res Rewrite, err error) {
+	b, err := tsdb.OpenBlock(logger, srcDir, nil, nil)
+	if err != nil {
+		return res, fmt.Errorf("open block %s: %w", srcDir, err)
+	}
+	defer func() {
+		if cerr := b.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("close block: %w", cerr)
+		}
+	}()
+	res.Meta = b.Meta()
+	ix, err := b.Index()
+	if err != nil {
+		return res, err
+	}
+	kept, removed, found, err := scanIndex(ctx, ix, ms, forbidden)
+	if cerr := ix.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return res, fmt.Errorf("read index of %s: %w", srcDir, err)
+	}
+	if removed == 0 && !found {
+		return res, nil
+	}
+	res.Rewritten, res.Series = true, removed
+	if removed > 0 {
+		if err := b.Delete(ctx, math.MinInt64, math.MaxInt64, ms...); err != nil {
+			return res, fmt.Errorf("tombstone series: %w", err)
+		}
+	}
+	c, err := tsdb.NewLeveledCompactor(ctx, nil, logger, []int64{res.Meta.MaxTime - res.Meta.MinTime}, nil, nil)
+	if err != nil {
+		return res, err
+	}
+	if err := os.MkdirAll(destDir, 0o755); err != nil {
+		return res, err
+	}
+	meta := res.Meta
+	ids, err := c.Write(destDir, symbolFilter{Block: b, symbols: kept}, meta.MinTime, meta.MaxTime, &meta)
+	if err != nil {
+		return res, fmt.Errorf("write rewritten block: %w", err)
+	}
+	if len(ids) > 0 {
+		res.NewBlock = &ids[0]
+	}
+	return res, nil
+}
+
+// scanIndex returns the sorted symbols of the series not matching ms, the
+// number of series matching, and whether any forbidden string is a symbol.
+func scanIndex(ctx context.Context, ix tsdb.IndexReader, ms []*labels.Matcher, forbidden []string) (kept []string, removed int, found bool, err error) {
+	syms := ix.Symbols()
+	for syms.Next() {
+		if slices.Contains(forbidden, syms.At()) {
+			found = true
+			break
+		}
+	}
+	if err := syms.Err(); err != nil {
+		return nil, 0, false, err
+	}
+	name, value := index.AllPostingsKey()
+	p, err := ix.Postings(ctx, name, value)
+	if err != nil {
+		return nil, 0, false, err
+	}
+	set := map[string]struct{}{}
+	var (
+		b    = labels.NewScratchBuilder(0)
+		chks []chunks.Meta
+	)
+	for p.Next() {
+		if err := ix.Series(p.At(), &b, &chks); err != nil {
+			return nil, 0, false, err
+		}
+		ls := b.Labels()
+		if matchesAll(ms, ls) {
+			removed++
+			continue
+		}
+		ls.Range(func(l labels.Label) {
+			set[l.Name] = struct{}{}
+			set[l.Value] = struct{}{}
+		})
+	}
+	if err := p.Err(); err != nil {
+		return nil, 0, false, err
+	}
+	kept = make([]string, 0, len(set))
+	for s := range set {
+		kept = append(kept, s)
+	}
+	slices.Sort(kept)
+	return kept, removed, found, nil
+}
+
+func matchesAll(ms []*labels.Matcher, ls labels.Labels) bool {
+	for _, m := range ms {
+		if !m.Matches(ls.Get(m.Name)) {
+			return false
+		}
+	}
+	return true
+}
+
+// symbolFilter is a block whose index lists only the given symbols, those
+// of the series a rewrite keeps.
+type symbolFilter struct {
+	*tsdb.Block
+	symbols []string
+}
+
+func (f symbolFilter) Index() (tsdb.IndexReader, error) {
+	ix, err := f.Block.Index()
+	if err != nil {
+		return nil, err
+	}
+	return symbolIndex{IndexReader: ix, symbols: f.symbols}, nil
+}
+
+type symbolIndex struct {
+	tsdb.IndexReader
+	symbols []string
+}
+
+func (ix symbolIndex) Symbols() index.StringIter { return index.NewStringListIter(ix.symbols) }
