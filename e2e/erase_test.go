@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -263,4 +264,53 @@ func TestEraseCluster(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, resp)
 	mustWrite(t, r.URL(), tokenAcme, &prompb.WriteRequest{Timeseries: []prompb.TimeSeries{series(gone, now)}})
 	r.Stop()
+}
+
+// TestEraseOffline runs `receiver erase` on a stopped receiver's storage
+// path with the default filesystem bucket: the cluster is gone from the
+// TSDB, the bucket and the block cache, the other stays, and the receiver
+// refuses the cluster's writes when it starts again.
+func TestEraseOffline(t *testing.T) {
+	dir := t.TempDir()
+	cfg := writeReceiverConfig(t, dir, "", "  ship_interval: 1s\n")
+	appendFile(t, cfg, "bucket_store:\n  sync_interval: 1s\n")
+	data := filepath.Join(dir, "data")
+	const gone = "e2e-offline-erase-8c2e4f"
+	now := time.Now()
+	at := now.Truncate(2 * time.Hour).Add(-10*time.Hour + 10*time.Minute) // past the local retention: read from the bucket
+	r := startReceiver(t, cfg, data)
+	for _, ts := range []time.Time{at, now.Add(-5 * time.Minute)} {
+		var ss []prompb.TimeSeries
+		for _, c := range []string{"keep", gone} {
+			ss = append(ss, prompb.TimeSeries{Labels: labelsOf("__name__", "offline_samples", "_id", c), Samples: []prompb.Sample{{Timestamp: ts.UnixMilli(), Value: 1}}})
+		}
+		mustWrite(t, r.URL(), tokenAcme, &prompb.WriteRequest{Timeseries: ss})
+	}
+	r.Stop()
+	r = startReceiver(t, cfg, data) // the bucket block lands in the cache
+	eventually(t, 20*time.Second, func() error {
+		if got := countSamples(t, r.URL(), tokenAcme, "offline_samples", "1d", now); got[gone] != "2" {
+			return fmt.Errorf("counts %v", got)
+		}
+		return nil
+	})
+	r.Stop()
+	require.NotEmpty(t, grepTree(t, filepath.Join(data, "bucket-cache"), []byte(gone)))
+
+	cmd := exec.Command(filepath.Join(binDir, "receiver"), "erase", "--config.file="+cfg, "--storage.path="+data,
+		"--tenant=acme", "--cluster-id="+gone, "--requested-by=e2e")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), `"state": "done"`)
+	require.NotContains(t, string(out), gone)
+	require.Empty(t, grepTree(t, data, []byte(gone)))
+
+	r = startReceiver(t, cfg, data)
+	require.Equal(t, map[string]string{"keep": "2"}, countSamples(t, r.URL(), tokenAcme, "offline_samples", "1d", now))
+	body := encodeWrite(t, &prompb.WriteRequest{Timeseries: []prompb.TimeSeries{{Labels: labelsOf("__name__", "offline_samples", "_id", gone), Samples: []prompb.Sample{{Timestamp: now.UnixMilli(), Value: 1}}}}})
+	code, msg, err := postWrite(http.DefaultClient, r.URL(), tokenAcme, body, nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusBadRequest, code, msg)
+	r.Stop()
+	require.Empty(t, grepTree(t, data, []byte(gone)))
 }
