@@ -28,21 +28,9 @@ const (
 	complianceVersion = "v0.0.0-20260223092825-818283e1171e"
 )
 
-// complianceDeviations are the suite's cases the receiver fails by design,
-// each with the reason and the test of ours that covers what it checks.
-var complianceDeviations = map[string]string{
-	// A MAY-level case: a 1.0 request (without even the version header the
-	// 1.0 spec requires) must report 0 written, i.e. no
-	// X-Prometheus-Remote-Write-*-Written headers, as Prometheus answers 1.0.
-	// The receiver sends them on every response (DESIGN.md), and reports the
-	// 2 samples it wrote. Its labels, built from a map, arrive unsorted: that
-	// they are accepted is checked by TestComplianceUnsortedRW1Labels.
-	"TestRW1BasicCompatibility": "written headers on 1.0 responses (DESIGN.md)",
-}
-
 // TestComplianceRemoteWriteReceiver runs the prometheus/compliance
 // remote-write receiver suite against the real receiver binary. Every case
-// must pass, except the documented deviations above.
+// must pass: none is skipped.
 func TestComplianceRemoteWriteReceiver(t *testing.T) {
 	suite := buildComplianceSuite(t)
 
@@ -52,26 +40,22 @@ func TestComplianceRemoteWriteReceiver(t *testing.T) {
 	require.NoError(t, os.WriteFile(cfg, fmt.Appendf(nil,
 		"remote_write:\n- name: phonehome\n  url: %s/api/v1/write\n  authorization: {credentials: %s}\n", rcv.URL(), tokenAcme), 0o600))
 
-	var skip []string
-	for name := range complianceDeviations {
-		skip = append(skip, "^"+regexp.QuoteMeta(name)+"$")
-	}
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, suite.bin, "-test.v", "-test.count=1", "-test.skip="+strings.Join(skip, "|"))
+	cmd := exec.CommandContext(ctx, suite.bin, "-test.v", "-test.count=1")
 	cmd.Dir = suite.dir // it reads nothing there, but keep it where its files are
 	cmd.Env = append(os.Environ(), "PROMETHEUS_RW2_COMPLIANCE_CONFIG_FILE="+cfg)
 	out, err := cmd.CombinedOutput()
 	t.Logf("compliance suite output:\n%s", out)
 	require.NoError(t, err, "the compliance suite failed; see its output above")
 
-	// Every top-level case ran and passed; the deviations were the only skips.
+	// Every top-level case ran and passed.
 	passed := regexp.MustCompile(`(?m)^--- PASS: (Test\w+)`).FindAllSubmatch(out, -1)
 	skipped := regexp.MustCompile(`(?m)^--- SKIP: (Test\w+)`).FindAllSubmatch(out, -1)
-	require.GreaterOrEqual(t, len(passed), 35, "the suite had 38 cases besides the deviation when this test was written")
-	require.Len(t, skipped, 0, "-test.skip leaves no SKIP line; a SKIP is the suite's own and needs a look")
+	require.GreaterOrEqual(t, len(passed), 39, "the suite had 39 cases when this test was written")
+	require.Empty(t, skipped, "a SKIP is the suite's own and needs a look")
 	require.NotContains(t, string(out), "--- FAIL")
-	t.Logf("compliance: %d cases passed, %d deviations: %v", len(passed), len(complianceDeviations), complianceDeviations)
+	t.Logf("compliance: all %d cases passed", len(passed))
 }
 
 // TestComplianceUnsortedRW1Labels is the suite's TestRW1BasicCompatibility
@@ -105,7 +89,7 @@ func TestComplianceUnsortedRW1Labels(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, resp.Body.Close())
 	require.Equal(t, http.StatusNoContent, resp.StatusCode)
-	require.Equal(t, "2", resp.Header.Get("X-Prometheus-Remote-Write-Samples-Written"))
+	require.Empty(t, resp.Header.Get("X-Prometheus-Remote-Write-Samples-Written"), "1.0 responses carry no counts, as Prometheus'")
 
 	got := instant(t, rcv.URL(), tokenAcme, `{job="testjob"}`, now.Add(time.Second)).Result
 	require.Len(t, got, 2)

@@ -104,16 +104,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // serve handles a remote-write request, or a telemeter-client upload.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, upload bool) {
 	start := time.Now()
-	written, err := h.handle(r, upload)
+	written, proto, err := h.handle(r, upload)
 	code := statusFor(err)
 	if err == nil && upload {
 		code = http.StatusOK // telemeter-client takes nothing else for success
 	}
 
 	hdr := w.Header()
-	hdr.Set(headerSamplesWritten, strconv.Itoa(written.Samples))
-	hdr.Set(headerHistogramsWritten, strconv.Itoa(written.Histograms))
-	hdr.Set(headerExemplarsWritten, strconv.Itoa(written.Exemplars))
+	if proto != protoV1 { // 1.0 responses carry no counts, as Prometheus' (the compliance suite checks it)
+		hdr.Set(headerSamplesWritten, strconv.Itoa(written.Samples))
+		hdr.Set(headerHistogramsWritten, strconv.Itoa(written.Histograms))
+		hdr.Set(headerExemplarsWritten, strconv.Itoa(written.Exemplars))
+	}
 	h.metrics.requests.WithLabelValues(strconv.Itoa(code)).Inc()
 	h.metrics.duration.Observe(time.Since(start).Seconds())
 	if err == nil {
@@ -136,31 +138,31 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, upload bool) {
 	http.Error(w, err.Error(), code)
 }
 
-func (h *Handler) handle(r *http.Request, upload bool) (storage.Stats, error) {
+// handle serves one request and also returns the protobuf message it
+// carried ("" when it was refused before its headers were read).
+func (h *Handler) handle(r *http.Request, upload bool) (written storage.Stats, proto string, err error) {
 	if h.opts.Ready != nil && !h.opts.Ready() {
-		return storage.Stats{}, storage.ErrNotReady
+		return storage.Stats{}, proto, storage.ErrNotReady
 	}
 	id, ok := auth.FromContext(r.Context())
 	if !ok {
-		return storage.Stats{}, errors.New("request reached the write handler without an identity")
+		return storage.Stats{}, proto, errors.New("request reached the write handler without an identity")
 	}
-	proto := protoFamilies
-	var err error
 	if upload {
-		err = negotiateUpload(r.Header)
+		proto, err = protoFamilies, negotiateUpload(r.Header)
 	} else {
 		proto, err = negotiate(r.Header, h.opts.AcceptedMessages)
 	}
 	if err != nil {
-		return storage.Stats{}, err
+		return storage.Stats{}, proto, err
 	}
 
 	if retry, err := h.limiter.CheckExhausted(id.Tenant, id.ClusterID); err != nil {
-		return storage.Stats{}, &rateLimitedError{retryAfter: retry, err: err} // before reading the body: cheap
+		return storage.Stats{}, proto, &rateLimitedError{retryAfter: retry, err: err} // before reading the body: cheap
 	}
 	inflight, err := h.limiter.StartRequest(id.Tenant, id.ClusterID) // also before the body: one cluster cannot hold every handler
 	if err != nil {
-		return storage.Stats{}, &rateLimitedError{retryAfter: limits.InFlightRetryAfter, err: err}
+		return storage.Stats{}, proto, &rateLimitedError{retryAfter: limits.InFlightRetryAfter, err: err}
 	}
 	defer inflight.Done()
 	buf := bufPool.Get().(*bytesBuffer)
@@ -168,7 +170,7 @@ func (h *Handler) handle(r *http.Request, upload bool) (storage.Stats, error) {
 	lim := h.limiter.For(id.Tenant)
 	b, err := h.decode(r, proto, buf, &lim)
 	if err != nil {
-		return storage.Stats{}, err
+		return storage.Stats{}, proto, err
 	}
 	h.metrics.requestsByProto.WithLabelValues(proto).Inc()
 	n := b.samples()
@@ -178,12 +180,13 @@ func (h *Handler) handle(r *http.Request, upload bool) (storage.Stats, error) {
 	if retry, err := h.limiter.AllowSamples(id.Tenant, id.ClusterID, n); err != nil {
 		h.metrics.rejected.WithLabelValues(reasonRateLimit).Add(float64(n))
 		h.limiter.Refused(id.Tenant, id.ClusterID, reasonRateLimit, n) // status page
-		return storage.Stats{}, &rateLimitedError{retryAfter: retry, err: err}
+		return storage.Stats{}, proto, &rateLimitedError{retryAfter: retry, err: err}
 	}
 	if err := h.writeFamilyMetadata(id.Tenant, b.familyMeta); err != nil {
-		return storage.Stats{}, err
+		return storage.Stats{}, proto, err
 	}
-	return h.write(r, id, &lim, b, proto)
+	written, err = h.write(r, id, &lim, b, proto)
+	return written, proto, err
 }
 
 // decode reads r's body into buf and decodes it as proto, within lim's sizes.

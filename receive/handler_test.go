@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,8 +16,10 @@ import (
 	"github.com/golang/snappy"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/value"
 	"github.com/prometheus/prometheus/prompb"
+	writev2 "github.com/prometheus/prometheus/prompb/io/prometheus/write/v2"
 	promstorage "github.com/prometheus/prometheus/storage"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -75,6 +78,17 @@ func (f *fakeWriter) Write(_ context.Context, tenant string, series []prompb.Tim
 		return st, &storage.PartialError{Rejected: rejected, Err: promstorage.ErrOutOfOrderSample}
 	}
 	return st, nil
+}
+
+// samples counts the samples written so far.
+func (f *fakeWriter) samples() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, ts := range f.series {
+		n += len(ts.Samples)
+	}
+	return n
 }
 
 func series(name string, extra ...string) prompb.TimeSeries {
@@ -179,15 +193,40 @@ func TestHandlerStatus(t *testing.T) {
 		}, 400, "1", "out of order"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := NewHandler(discard(), nil, &fakeWriter{}, newLimiter(nil), Options{})
+			w := &fakeWriter{}
+			h := NewHandler(discard(), nil, w, newLimiter(nil), Options{})
 			rec := httptest.NewRecorder()
 			h.ServeHTTP(rec, tc.req())
 			require.Equal(t, tc.want, rec.Code, rec.Body.String())
-			require.Equal(t, tc.samples, rec.Header().Get(headerSamplesWritten))
-			require.NotEmpty(t, rec.Header().Get(headerHistogramsWritten))
+			require.Equal(t, tc.samples, strconv.Itoa(w.samples()))
+			if got := rec.Header().Get(headerSamplesWritten); got != "" { // 1.0 responses carry none
+				require.Equal(t, "0", got, "only requests refused before their version was known carry counts")
+			}
 			require.Contains(t, rec.Body.String(), tc.body)
 		})
 	}
+}
+
+// TestHandlerWrittenCountsFor2Only: 2.0 responses carry the written counts
+// the 2.0 spec asks for; 1.0 responses carry none, as Prometheus' (the
+// compliance suite's RW1 case checks it).
+func TestHandlerWrittenCountsFor2Only(t *testing.T) {
+	id := &auth.Identity{Tenant: "acme"}
+	h := NewHandler(discard(), nil, &fakeWriter{}, newLimiter(nil), Options{})
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t, series("up", "job", "a")), id))
+	require.Equal(t, http.StatusNoContent, rec.Code)
+	for _, hdr := range []string{headerSamplesWritten, headerHistogramsWritten, headerExemplarsWritten} {
+		require.Empty(t, rec.Header().Values(hdr), "1.0: %s", hdr)
+	}
+	b := newV2()
+	b.series(labels.FromStrings("__name__", "up", "job", "b"), func(ts *writev2.TimeSeries) { ts.Samples = []writev2.Sample{{Value: 1, Timestamp: 1000}} })
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequestV2(b.encode(t), id))
+	require.Equal(t, http.StatusNoContent, rec.Code, rec.Body.String())
+	require.Equal(t, "1", rec.Header().Get(headerSamplesWritten))
+	require.Equal(t, "0", rec.Header().Get(headerHistogramsWritten))
+	require.Equal(t, "0", rec.Header().Get(headerExemplarsWritten))
 }
 
 func TestHandlerNotReady(t *testing.T) {

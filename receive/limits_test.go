@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -44,10 +45,11 @@ func TestSeriesLimitIsPartialAndSparesOthers(t *testing.T) {
 		{"another cluster is unaffected", calm, manySeries("calm", 0, 10), 204, "10"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			before := w.samples()
 			rec := httptest.NewRecorder()
 			h.ServeHTTP(rec, newRequest(encode(t, tc.series...), tc.id))
 			require.Equal(t, tc.wantCode, rec.Code, rec.Body.String())
-			require.Equal(t, tc.wantWritten, rec.Header().Get(headerSamplesWritten))
+			require.Equal(t, tc.wantWritten, strconv.Itoa(w.samples()-before))
 			if tc.wantCode == 400 {
 				require.Contains(t, rec.Body.String(), "max_series_per_cluster limit of 10 reached")
 				require.Contains(t, rec.Body.String(), "2 of 7 samples rejected")
@@ -84,7 +86,6 @@ func TestRateLimitAnswers429WithRetryAfter(t *testing.T) {
 	require.Equal(t, http.StatusTooManyRequests, rec.Code)
 	require.NotEmpty(t, rec.Header().Get("Retry-After"))
 	require.Contains(t, rec.Body.String(), "samples_per_second_per_cluster limit of 1")
-	require.Equal(t, "0", rec.Header().Get(headerSamplesWritten))
 	require.Len(t, w.series, 5, "nothing of a rate-limited request is written")
 
 	rec = httptest.NewRecorder()
