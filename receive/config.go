@@ -20,6 +20,7 @@ import (
 	"github.com/phonehome/phonehome/rules"
 	"github.com/phonehome/phonehome/storage"
 	"github.com/phonehome/phonehome/storage/bucketstore"
+	"github.com/phonehome/phonehome/storage/lifecycle"
 	"github.com/phonehome/phonehome/upstream"
 )
 
@@ -39,6 +40,8 @@ type Config struct {
 	Rules rules.Config `yaml:"rules"`
 	// BucketStore reads every replica's blocks from the bucket for queries.
 	BucketStore bucketstore.Config `yaml:"bucket_store"`
+	// Compactor compacts the bucket's blocks (one receiver per bucket).
+	Compactor lifecycle.CompactorConfig `yaml:"compactor"`
 	// Upstream forwards accepted writes to a remote-write endpoint.
 	Upstream upstream.Config `yaml:"upstream"`
 	// RemoteWrite configures the remote-write endpoint (accepted versions).
@@ -177,6 +180,7 @@ func LoadConfig(path string) (*Config, error) {
 		cfg.Peers.ResolvePaths(filepath.Dir(path))
 	}
 	cfg.BucketStore.SetDefaults()
+	cfg.Compactor.SetDefaults()
 	cfg.Upstream.SetDefaults()
 	cfg.Auth.SetDefaults()
 	cfg.Limits.SetDefaults()
@@ -186,7 +190,7 @@ func LoadConfig(path string) (*Config, error) {
 	cfg.RemoteWrite.SetDefaults()
 	cfg.Gathering.SetDefaults()
 	cfg.Peers.SetDefaults()
-	if err := errors.Join(cfg.Gathering.Validate(), cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate(), cfg.Push.Validate(), cfg.Rules.Validate(), cfg.BucketStore.Validate(), cfg.Upstream.Validate(), cfg.RemoteWrite.Validate(), cfg.Peers.Validate(), cfg.validatePolicy()); err != nil {
+	if err := errors.Join(cfg.Gathering.Validate(), cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate(), cfg.Push.Validate(), cfg.Rules.Validate(), cfg.BucketStore.Validate(), cfg.Compactor.Validate(), cfg.Upstream.Validate(), cfg.RemoteWrite.Validate(), cfg.Peers.Validate(), cfg.validatePolicy()); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return cfg, nil

@@ -82,6 +82,7 @@ phonehome_storage_samples_appended_total 1
 # HELP phonehome_storage_samples_rejected_total Samples (floats and histograms) refused by reason.
 # TYPE phonehome_storage_samples_rejected_total counter
 phonehome_storage_samples_rejected_total{reason="duplicate"} 0
+phonehome_storage_samples_rejected_total{reason="erased_cluster"} 0
 phonehome_storage_samples_rejected_total{reason="future"} 1
 phonehome_storage_samples_rejected_total{reason="invalid"} 0
 phonehome_storage_samples_rejected_total{reason="out_of_order"} 0

@@ -83,7 +83,7 @@ func runErase(args []string, stderr io.Writer) int {
 			logger.Error("close storage", "err", err)
 		}
 	}()
-	lc, err := lifecycle.Open(logger.With("component", "lifecycle"), reg, *storagePath, cfg.Storage)
+	lc, err := lifecycle.Open(logger.With("component", "lifecycle"), reg, *storagePath, cfg.Storage, cfg.Compactor)
 	if err != nil {
 		logger.Error("open bucket", "err", err)
 		return 1

@@ -169,7 +169,7 @@ func run(args []string, stderr io.Writer) int {
 		return 1
 	}
 	defer func() { _ = bstore.Close() }() // nil when disabled; Close is nil-safe
-	lc, err := lifecycle.Open(logger.With("component", "lifecycle"), reg, *storagePath, cfg.Storage)
+	lc, err := lifecycle.Open(logger.With("component", "lifecycle"), reg, *storagePath, cfg.Storage, cfg.Compactor)
 	if err != nil {
 		logger.Error("open bucket lifecycle", "err", err)
 		return 1

@@ -190,24 +190,22 @@ func (s *Store) Sync(ctx context.Context) (err error) {
 		s.syncedFrom.Store(start.UnixNano())
 	}()
 
-	var ids []ulid.ULID
-	if err := s.bkt.Iter(ctx, "", func(name string) error {
-		if id, err := ulid.ParseStrict(strings.TrimSuffix(name, "/")); err == nil {
-			ids = append(ids, id)
+	list := func() ([]ulid.ULID, error) {
+		var ids []ulid.ULID
+		if err := s.bkt.Iter(ctx, "", func(name string) error {
+			if id, err := ulid.ParseStrict(strings.TrimSuffix(name, "/")); err == nil {
+				ids = append(ids, id)
+			}
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("list bucket: %w", err)
 		}
-		return nil
-	}); err != nil {
-		return fmt.Errorf("list bucket: %w", err)
+		return ids, nil
 	}
-
-	s.mu.Lock()
-	var fresh []ulid.ULID
-	for _, id := range ids {
-		if _, ok := s.blocks[id]; !ok {
-			fresh = append(fresh, id)
-		}
+	ids, err := list()
+	if err != nil {
+		return err
 	}
-	s.mu.Unlock()
 
 	// Every block not yet known to be marked is checked for a deletion
 	// mark on each sync: a mark can appear at any time after meta.json.
@@ -223,6 +221,21 @@ func (s *Store) Sync(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	// List again after the marks: a compactor or an erasure uploads a
+	// replacement completely before it marks the sources, so the
+	// replacement of every block seen marked is in this listing, and a
+	// source is never hidden before its replacement is known.
+	if ids, err = list(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	var fresh []ulid.ULID
+	for _, id := range ids {
+		if _, ok := s.blocks[id]; !ok {
+			fresh = append(fresh, id)
+		}
+	}
+	s.mu.Unlock()
 
 	found := map[ulid.ULID]known{}
 	var errs []error

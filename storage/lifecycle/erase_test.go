@@ -36,7 +36,7 @@ func shipBlocks(t *testing.T, dir string) map[string]int {
 	cfg.Bucket.Filesystem.Directory = dir
 	db, err := storage.Open(discard, nil, t.TempDir(), cfg)
 	require.NoError(t, err)
-	base := time.Now().Truncate(2*time.Hour).Add(-6*time.Hour + 10*time.Minute)
+	base := time.Now().Truncate(2 * time.Hour).Add(-6*time.Hour + 10*time.Minute)
 	want := map[string]int{}
 	for w := range 3 {
 		var ss []prompb.TimeSeries

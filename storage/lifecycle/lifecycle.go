@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,16 +31,23 @@ const (
 // RunOnce). Several Runners on one bucket (one per replica) are safe: every
 // step is idempotent. The bucket is the caller's.
 type Runner struct {
-	logger *slog.Logger
-	bkt    objstore.Bucket
-	cfg    storage.Config
-	m      *metrics
-	now    func() time.Time
-	closer io.Closer // the bucket, when Open made it
+	logger  *slog.Logger
+	bkt     objstore.Bucket
+	cfg     storage.Config
+	comp    CompactorConfig
+	workDir string
+	m       *metrics
+	now     func() time.Time
+	closer  io.Closer // the bucket, when Open made it
 }
 
 // Options are the optional parts of a Runner.
 type Options struct {
+	// Compactor enables compaction (defaults applied, validated).
+	Compactor CompactorConfig
+	// WorkDir holds blocks while they are compacted; required with
+	// compaction.
+	WorkDir string
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
 }
@@ -50,7 +58,10 @@ func New(logger *slog.Logger, reg prometheus.Registerer, bkt objstore.Bucket, cf
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Runner{logger: logger, bkt: bkt, cfg: cfg, m: newMetrics(reg), now: opts.Now}
+	if opts.Compactor.Enabled == nil {
+		opts.Compactor.SetDefaults()
+	}
+	return &Runner{logger: logger, bkt: bkt, cfg: cfg, comp: opts.Compactor, workDir: opts.WorkDir, m: newMetrics(reg), now: opts.Now}
 }
 
 // Run calls RunOnce at once and then every lifecycle_interval ± 10 % until
@@ -73,9 +84,10 @@ func (r *Runner) Run(ctx context.Context) error {
 }
 
 // RunOnce scans the bucket once: it marks blocks past their tenant's
-// retention, deletes marked blocks whose deletion delay has passed, and
-// deletes uploads without meta.json untouched for the deletion delay. It
-// goes on after a block's failure and returns every error.
+// retention, compacts (when enabled, rescanning after each merged window),
+// deletes marked blocks whose deletion delay has passed, and deletes
+// uploads without meta.json untouched for the deletion delay. It goes on
+// after a block's failure and returns every error.
 func (r *Runner) RunOnce(ctx context.Context) (err error) {
 	defer func() {
 		if err != nil {
@@ -93,6 +105,22 @@ func (r *Runner) RunOnce(ctx context.Context) (err error) {
 	}
 	errs := []error{err}
 	errs = append(errs, r.applyRetention(ctx, blocks)...)
+	if *r.comp.Enabled {
+		for pass := 0; pass < 10_000 && ctx.Err() == nil; pass++ {
+			changed, err := r.compact(ctx, blocks)
+			if err != nil {
+				errs = append(errs, err)
+				break
+			}
+			if !changed {
+				break
+			}
+			if blocks, err = scan(ctx, r.bkt); err != nil {
+				errs = append(errs, err)
+				break
+			}
+		}
+	}
 	errs = append(errs, r.deleteMarked(ctx, blocks)...)
 	return errors.Join(errs...)
 }
@@ -176,6 +204,7 @@ type metrics struct {
 	deletedBytes   prometheus.Counter
 	partialDeleted prometheus.Counter
 	failures       *prometheus.CounterVec // by operation
+	compactions    prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -203,6 +232,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "phonehome_lifecycle_failures_total", Help: "Failed bucket lifecycle operations by operation.",
 		}, []string{"operation"}),
 	}
+	m.compactions = f.NewCounter(prometheus.CounterOpts{
+		Name: "phonehome_lifecycle_compactions_total", Help: "Compacted blocks uploaded (their sources are then marked for deletion).",
+	})
 	for _, r := range []string{"success", "failure"} {
 		m.runs.WithLabelValues(r)
 	}
@@ -218,19 +250,20 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 // Open opens its own client of the bucket configured in cfg (the storage:
 // section, defaults applied) and returns a Runner over it that owns the
 // client: Close closes it.
-func Open(logger *slog.Logger, reg prometheus.Registerer, storagePath string, cfg storage.Config) (*Runner, error) {
+func Open(logger *slog.Logger, reg prometheus.Registerer, storagePath string, cfg storage.Config, comp CompactorConfig) (*Runner, error) {
 	bkt, err := storage.OpenBucketReader(logger, cfg.Bucket, storagePath)
 	if err != nil {
 		return nil, fmt.Errorf("open bucket for the lifecycle: %w", err)
 	}
-	r := New(logger, reg, bkt, cfg, Options{})
+	r := New(logger, reg, bkt, cfg, Options{Compactor: comp, WorkDir: filepath.Join(storagePath, "lifecycle")})
 	r.closer = bkt
 	return r, nil
 }
 
 // Active reports whether the configuration asks for periodic runs: a bucket
-// retention is set. Without it, blocks are only deleted when asked (erasure).
-func (r *Runner) Active() bool { return r.cfg.HasRetention() }
+// retention is set or the compactor is enabled. Without them, blocks are
+// only deleted when asked (erasure).
+func (r *Runner) Active() bool { return r.cfg.HasRetention() || *r.comp.Enabled }
 
 // Close closes the bucket client if Open made it.
 func (r *Runner) Close() error {
