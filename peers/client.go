@@ -25,8 +25,8 @@ import (
 type peer struct {
 	addr    string
 	self    atomic.Bool
-	chunked promstorage.SampleAndChunkQueryable // streamed XOR chunks: Selects with samples
-	sampled promstorage.SampleAndChunkQueryable // sampled: series-only Selects (streaming drops series without chunks)
+	chunked remote.ReadClient // streamed XOR chunks: Selects with samples
+	sampled remote.ReadClient // sampled: series-only Selects (streaming drops series without chunks)
 
 	mu      sync.Mutex
 	horizon map[string]observation // by tenant
@@ -44,7 +44,7 @@ func (s *Set) newPeer(addr string) (*peer, error) {
 		return nil, err
 	}
 	p := &peer{addr: addr, horizon: map[string]observation{}}
-	client := func(types ...prompb.ReadRequest_ResponseType) (promstorage.SampleAndChunkQueryable, error) {
+	client := func(types ...prompb.ReadRequest_ResponseType) (remote.ReadClient, error) {
 		rc, err := remote.NewReadClient("peer", &remote.ClientConfig{
 			URL:                   &config_util.URL{URL: u},
 			Timeout:               s.cfg.Timeout,
@@ -62,7 +62,7 @@ func (s *Set) newPeer(addr string) (*peer, error) {
 		// Our transport (client TLS, peer headers), not the one built
 		// from the HTTP client config.
 		c.Client = &http.Client{Transport: &transport{set: s, peer: p}}
-		return remote.NewSampleAndChunkQueryableClient(c, labels.EmptyLabels(), nil, true, nil), nil
+		return c, nil
 	}
 	if p.chunked, err = client(prompb.ReadRequest_STREAMED_XOR_CHUNKS, prompb.ReadRequest_SAMPLES); err != nil {
 		return nil, err
@@ -191,17 +191,17 @@ func (q *peerQuerier) Select(ctx context.Context, sortSeries bool, hints *promst
 	if hints != nil && hints.Func == "series" {
 		src = q.peer.sampled
 	}
-	inner, err := src.Querier(q.mint, q.maxt)
+	// The read client directly, not remote's Querier: that one wraps every
+	// series in a filter whose Labels rebuilds them on every call.
+	query, err := remote.ToQuery(q.mint, q.maxt, ms, hints)
 	if err != nil {
-		return q.failed(err)
+		return promstorage.ErrSeriesSet(err)
 	}
-	return &peerSeriesSet{SeriesSet: inner.Select(ctx, sortSeries, hints, ms...), q: q}
-}
-
-func (q *peerQuerier) failed(err error) promstorage.SeriesSet {
-	q.set.m.reads.WithLabelValues("error").Inc()
-	q.set.logger.Debug("peer read failed", "peer", q.peer.addr, "err", err)
-	return promstorage.ErrSeriesSet(fmt.Errorf("peer %s unavailable, its data is missing: %w", q.peer.addr, err))
+	ss, err := src.Read(ctx, query, sortSeries)
+	if err != nil {
+		return &peerSeriesSet{SeriesSet: promstorage.ErrSeriesSet(fmt.Errorf("remote_read: %w", err)), q: q}
+	}
+	return &peerSeriesSet{SeriesSet: ss, q: q}
 }
 
 // LabelValues and LabelNames are answered from the peer's series (remote
@@ -258,7 +258,39 @@ type peerSeriesSet struct {
 	started bool
 	err     error
 	done    bool
+
+	// Streamed series build their labels on every Labels call, each time
+	// with a new symbol table under -tags dedupelabels; the merge calls it
+	// many times per series. Labels are built once, into one table.
+	builder labels.ScratchBuilder
+	symbols *labels.SymbolTable
 }
+
+// protoSeries is a remote-read series that decodes its labels on demand.
+type protoSeries interface {
+	ToLabels(b *labels.ScratchBuilder, _ []string) labels.Labels
+}
+
+func (s *peerSeriesSet) At() promstorage.Series {
+	series := s.SeriesSet.At()
+	ps, ok := series.(protoSeries)
+	if !ok {
+		return series
+	}
+	if s.symbols == nil {
+		s.symbols = labels.NewSymbolTable()
+		s.builder = labels.NewScratchBuilderWithSymbolTable(s.symbols, 0)
+	}
+	return labeledSeries{Series: series, lset: ps.ToLabels(&s.builder, nil)}
+}
+
+// labeledSeries is a series with its labels decoded once.
+type labeledSeries struct {
+	promstorage.Series
+	lset labels.Labels
+}
+
+func (s labeledSeries) Labels() labels.Labels { return s.lset }
 
 func (s *peerSeriesSet) Next() bool {
 	if s.done {
