@@ -69,9 +69,10 @@ const (
 // Status is a job's progress, as the API shows it. It never holds the
 // cluster's id, only its digest (storage.ClusterDigest).
 type Status struct {
-	ID            string    `json:"id"`
-	Tenant        string    `json:"tenant"`
-	ClusterSHA256 string    `json:"cluster_sha256,omitempty"`
+	ID            string `json:"id"`
+	Tenant        string `json:"tenant"`
+	ClusterSHA256 string `json:"cluster_sha256,omitempty"`
+	// Selector is the request's, with _id values replaced by digests.
 	Selector      string    `json:"selector,omitempty"`
 	RequestedBy   string    `json:"requested_by,omitempty"`
 	Caller        string    `json:"caller,omitempty"`
@@ -190,6 +191,19 @@ func (r Request) matchers() ([]*labels.Matcher, []string, error) {
 	return ms, forbidden, nil
 }
 
+// redacted renders a selector with the value of every _id matcher replaced
+// by its digest, for logs and the API.
+func redacted(tenant string, ms []*labels.Matcher) string {
+	parts := make([]string, 0, len(ms))
+	for _, m := range ms {
+		if m.Name == "_id" {
+			m = &labels.Matcher{Type: m.Type, Name: m.Name, Value: "sha256:" + storage.ClusterDigest(tenant, m.Value)}
+		}
+		parts = append(parts, m.String())
+	}
+	return "{" + strings.Join(parts, ", ") + "}"
+}
+
 // Submit validates and persists a job, queues it and returns its status.
 func (e *Eraser) Submit(req Request) (Status, error) {
 	if _, _, err := req.matchers(); err != nil {
@@ -205,6 +219,10 @@ func (e *Eraser) Submit(req Request) (Status, error) {
 	}
 	if req.ClusterID != "" {
 		st.ClusterSHA256 = storage.ClusterDigest(req.Tenant, req.ClusterID)
+	}
+	if req.Selector != "" {
+		ms, _, _ := req.matchers()
+		st.Selector = redacted(req.Tenant, ms)
 	}
 	j := &job{req: req, status: st}
 	if err := e.save(j); err != nil {

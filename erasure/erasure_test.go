@@ -128,3 +128,14 @@ func TestHandlerScopesToTheCallersTenant(t *testing.T) {
 	require.Contains(t, rec.Body.String(), `"state":"pending"`)
 	require.NotContains(t, rec.Body.String(), `"x"`)
 }
+
+func TestSelectorIsRedacted(t *testing.T) {
+	e, err := New(slog.New(slog.DiscardHandler), nil, &fakeLocal{}, &fakeBucket{}, t.TempDir(), Options{})
+	require.NoError(t, err)
+	st, err := e.Submit(Request{Tenant: "acme", Selector: `{_id="` + secretID + `", job="x"}`})
+	require.NoError(t, err)
+	require.NotContains(t, st.Selector, secretID)
+	require.Contains(t, st.Selector, storage.ClusterDigest("acme", secretID))
+	require.Contains(t, st.Selector, `job="x"`)
+	require.NoError(t, e.Do(context.Background(), st.ID))
+}
