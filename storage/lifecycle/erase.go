@@ -45,6 +45,8 @@ type BucketErasure struct {
 // the bucket (a block with source "erasure" naming it as parent) is only
 // marked and deleted. progress is called with blocks done and total.
 func (r *Runner) EraseBucket(ctx context.Context, tenant string, ms []*labels.Matcher, forbidden []string, workDir string, progress func(done, total int)) (BucketErasure, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	var res BucketErasure
 	blocks, err := scan(ctx, r.bkt)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,9 +28,11 @@ const (
 // Runner applies retention, deletes marked blocks after the deletion delay
 // and removes abandoned uploads, on one bucket.
 //
-// RunOnce and Run must not run concurrently with each other (Run calls
-// RunOnce). Several Runners on one bucket (one per replica) are safe: every
-// step is idempotent. The bucket is the caller's.
+// RunOnce, Run and EraseBucket are safe for concurrent use; they run one at
+// a time. Several Runners on one bucket (one per replica) are safe for
+// retention and deletion (every step is idempotent); only one may compact,
+// and an erasure must run where the compactor runs (or while it is off).
+// The bucket is the caller's, unless Open made it.
 type Runner struct {
 	logger  *slog.Logger
 	bkt     objstore.Bucket
@@ -39,6 +42,10 @@ type Runner struct {
 	m       *metrics
 	now     func() time.Time
 	closer  io.Closer // the bucket, when Open made it
+
+	// mu serialises RunOnce and EraseBucket: a compaction that read a
+	// block before an erasure rewrote it must not upload its merge after.
+	mu sync.Mutex
 }
 
 // Options are the optional parts of a Runner.
@@ -89,6 +96,8 @@ func (r *Runner) Run(ctx context.Context) error {
 // uploads without meta.json untouched for the deletion delay. It goes on
 // after a block's failure and returns every error.
 func (r *Runner) RunOnce(ctx context.Context) (err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	defer func() {
 		if err != nil {
 			r.m.runs.WithLabelValues("failure").Inc()
