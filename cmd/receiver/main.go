@@ -33,6 +33,7 @@ import (
 	"github.com/phonehome/phonehome/erasure"
 	"github.com/phonehome/phonehome/gathering"
 	"github.com/phonehome/phonehome/limits"
+	"github.com/phonehome/phonehome/peers"
 	"github.com/phonehome/phonehome/push"
 	"github.com/phonehome/phonehome/query"
 	"github.com/phonehome/phonehome/receive"
@@ -184,7 +185,13 @@ func run(args []string, stderr io.Writer) int {
 		logger.Error("open erasure jobs", "err", err)
 		return 1
 	}
-	reader := bucketstore.NewReader(db, bstore)
+	// Fleet view: local data, the bucket and the peers' heads (remote read).
+	peerSet, err := peers.New(logger.With("component", "peers"), reg, cfg.Peers, peers.Options{})
+	if err != nil {
+		logger.Error("invalid configuration", "file", *configFile, "err", err)
+		return 2
+	}
+	reader := peerSet.NewReader(bucketstore.NewReader(db, bstore), bstore.SyncedSince)
 
 	var ready atomic.Bool
 	isReady := func() bool { return ready.Load() && db.Ready() }
@@ -234,7 +241,9 @@ func run(args []string, stderr io.Writer) int {
 		policies = receive.NewPolicyUpdater(writes, policy, nil)
 	}
 	engine := query.NewEngine(logger.With("component", "query"), reg, query.Options{})
-	ruler, err := rules.New(logger.With("component", "rules"), reg, engine, db, cfg.Rules)
+	ruler, err := rules.New(logger.With("component", "rules"), reg, engine, db, cfg.Rules, rules.Options{
+		Reader: reader, Tenants: []func() []string{bstore.Tenants, peerSet.Tenants},
+	})
 	if err != nil {
 		logger.Error("invalid configuration", "file", *configFile, "err", err)
 		return 2
@@ -267,6 +276,8 @@ func run(args []string, stderr io.Writer) int {
 	for _, p := range status.UIPatterns { // the status page: static, holds no data
 		mux.Handle(p, fleet.UI())
 	}
+	mux.Handle("POST /api/v1/read", auth.Middleware(peerSet.Authenticator(a.authn), auth.PermRead, nil,
+		peerSet.Handler(logger.With("component", "remote_read"), reg, reader, db, db.PeerHorizon, query.ReadOptions{Ready: isReady})))
 	if a.authorize != nil {
 		mux.Handle("POST /authorize", a.authorize)
 	}
@@ -378,6 +389,10 @@ func run(args []string, stderr io.Writer) int {
 	if up != nil { // Upstream delivery of the forward queue.
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return up.Run(ctx) }, func(error) { cancel() })
+	}
+	if peerSet.Enabled() { // Peer discovery (DNS) and token file reload.
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return peerSet.Run(ctx) }, func(error) { cancel() })
 	}
 	if bstore != nil { // Bucket metadata sync, so queries read every replica's blocks.
 		ctx, cancel := context.WithCancel(context.Background())
