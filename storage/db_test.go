@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -195,5 +196,28 @@ func TestConcurrentWritesAndClose(t *testing.T) {
 	require.NoError(t, db.Close())
 	for range 8 {
 		require.NoError(t, <-errc)
+	}
+}
+
+// Reads of a tenant without data must not keep the DB open: Close would
+// wait for them forever (a peer's horizon request did, before it released).
+func TestReadsOfUnknownTenantsLetCloseFinish(t *testing.T) {
+	db, err := storage.Open(discard, nil, t.TempDir(), storage.Config{})
+	require.NoError(t, err)
+	require.Equal(t, int64(math.MinInt64), db.PeerHorizon("nobody"))
+	require.Nil(t, db.LocalBlocks("nobody"))
+	_, err = db.Metadata("nobody", "", 0)
+	require.NoError(t, err)
+	q, err := db.Querier("nobody", 0, 1)
+	require.NoError(t, err)
+	require.NoError(t, q.Close())
+
+	done := make(chan error, 1)
+	go func() { done <- db.Close() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close did not return: a read left the DB open")
 	}
 }

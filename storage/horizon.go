@@ -18,10 +18,13 @@ import (
 // moves forward while the receiver runs.
 func (db *DB) PeerHorizon(tenant string) int64 {
 	t, release, err := db.readTenant(tenant)
-	if err != nil || t == nil {
+	if err != nil {
 		return math.MinInt64
 	}
-	defer release()
+	defer release() // also for an unknown tenant: readTenant holds the DB open either way
+	if t == nil {
+		return math.MinInt64
+	}
 	h := t.db.Head()
 	appendable, ok := h.AppendableMinValidTime()
 	if !ok || h.NumSeries() == 0 || h.MaxTime() == math.MinInt64 {
