@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/webtls"
 )
 
 // Config is the `peers:` section of the receiver configuration: the other
@@ -27,6 +28,10 @@ type Config struct {
 	Endpoints []string `yaml:"endpoints"`
 	// Scheme is http (default) or https.
 	Scheme string `yaml:"scheme"`
+	// TLSConfig verifies the peers (https) and, with cert_file and
+	// key_file, presents a client certificate to peers that require one
+	// (their --web.config.file with client_auth_type).
+	TLSConfig webtls.ClientConfig `yaml:"tls_config"`
 	// RefreshInterval is how often DNS endpoints are resolved and token
 	// files re-read (30s).
 	RefreshInterval model.Duration `yaml:"refresh_interval"`
@@ -73,6 +78,9 @@ func (c *Config) ResolvePaths(dir string) {
 		return p
 	}
 	c.ReplicaTokenFile = abs(c.ReplicaTokenFile)
+	c.TLSConfig.CAFile = abs(c.TLSConfig.CAFile)
+	c.TLSConfig.CertFile = abs(c.TLSConfig.CertFile)
+	c.TLSConfig.KeyFile = abs(c.TLSConfig.KeyFile)
 	for t, f := range c.TenantTokenFiles {
 		c.TenantTokenFiles[t] = abs(f)
 	}
@@ -89,6 +97,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Scheme != "http" && c.Scheme != "https" {
 		errs = append(errs, fmt.Errorf("peers.scheme: %q, want http or https", c.Scheme))
+	}
+	if err := c.TLSConfig.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("peers.tls_config: %w", err))
 	}
 	if c.RefreshInterval < model.Duration(time.Second) {
 		errs = append(errs, fmt.Errorf("peers.refresh_interval: %s is shorter than 1s", c.RefreshInterval))

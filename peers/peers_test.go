@@ -3,6 +3,7 @@ package peers
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"math"
@@ -29,6 +30,8 @@ import (
 
 	"github.com/phonehome/phonehome/auth"
 	"github.com/phonehome/phonehome/query"
+	"github.com/phonehome/phonehome/webtls"
+	"github.com/phonehome/phonehome/webtls/webtlstest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -405,4 +408,47 @@ func TestConfigValidate(t *testing.T) {
 	require.NotContains(t, err.Error(), "peers.endpoints[0]")
 	require.NotContains(t, err.Error(), "peers.endpoints[1]")
 	require.NotContains(t, err.Error(), "peers.endpoints[2]")
+}
+
+// Peers over mTLS: the peers' tls_config verifies the peer and presents the
+// client certificate a peer's web config requires; without it, the peer is
+// a warning (the handshake fails), never a failed query.
+func TestPeersOverMutualTLS(t *testing.T) {
+	f := newFixture(t)
+	ca := webtlstest.NewCA(t, "peers")
+	serverCert, serverKey := ca.Server(t, "127.0.0.1")
+	pair, err := tls.LoadX509KeyPair(serverCert, serverKey)
+	require.NoError(t, err)
+
+	peerB := f.set(t, nil, f.config())
+	h := auth.Middleware(peerB.Authenticator(tokens{}), auth.PermRead, nil,
+		peerB.Handler(discard, nil, tenantDBs{"acme": openDB(t, map[string][]int64{"x": {1000}})}, tenantDBs{"acme": openDB(t, map[string][]int64{"x": {1000}})}, nil, query.ReadOptions{}))
+	srv := httptest.NewUnstartedServer(h)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{pair}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	addr := strings.TrimPrefix(srv.URL, "https://")
+
+	read := func(tc webtls.ClientConfig) (map[string][]sample, []string) {
+		cfg := f.config(addr)
+		cfg.Scheme, cfg.TLSConfig = "https", tc
+		require.NoError(t, cfg.Validate())
+		tlsCfg, err := tc.TLSConfig()
+		require.NoError(t, err)
+		s, err := New(discard, nil, cfg, Options{TLSConfig: tlsCfg})
+		require.NoError(t, err)
+		q, err := s.NewReader(tenantDBs{}, nil).Querier("acme", 0, 10_000)
+		require.NoError(t, err)
+		return readAll(t, q)
+	}
+	clientCert, clientKey := ca.Client(t, "replica-a")
+	caFile := ca.File
+
+	got, warnings := read(webtls.ClientConfig{CAFile: caFile, CertFile: clientCert, KeyFile: clientKey})
+	require.Empty(t, warnings)
+	require.Equal(t, map[string][]sample{`{__name__="x", _id="c1"}`: {{1000, 1}}}, got)
+
+	got, warnings = read(webtls.ClientConfig{CAFile: caFile}) // no client certificate
+	require.Empty(t, got)
+	require.Len(t, warnings, 1, "refused by the peer's mTLS: a warning")
 }

@@ -186,7 +186,12 @@ func run(args []string, stderr io.Writer) int {
 		return 1
 	}
 	// Fleet view: local data, the bucket and the peers' heads (remote read).
-	peerSet, err := peers.New(logger.With("component", "peers"), reg, cfg.Peers, peers.Options{})
+	peerTLS, err := cfg.Peers.TLSConfig.TLSConfig() // validated with the config; the client certificate is re-read on change
+	if err != nil {
+		logger.Error("invalid configuration", "file", *configFile, "err", fmt.Errorf("peers.tls_config: %w", err))
+		return 2
+	}
+	peerSet, err := peers.New(logger.With("component", "peers"), reg, cfg.Peers, peers.Options{TLSConfig: peerTLS})
 	if err != nil {
 		logger.Error("invalid configuration", "file", *configFile, "err", err)
 		return 2
