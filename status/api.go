@@ -550,7 +550,7 @@ func (s *Status) chart(ctx context.Context, tenant, sel string, now time.Time, s
 	if s.opts.Reader == nil || s.opts.Engine == nil {
 		return out, nil
 	}
-	end := now.Truncate(step)
+	end := now // not truncated: the last point has the freshest data
 	start := end.Add(-span)
 	queryable := promstorage.QueryableFunc(func(mint, maxt int64) (promstorage.Querier, error) {
 		return s.opts.Reader.Querier(tenant, mint, maxt)
