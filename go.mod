@@ -7,6 +7,8 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0
 	// The status page's browser test (e2e/status_browser_test.go) drives Debian's chromium with it; test-only.
 	github.com/chromedp/chromedp v0.23.0
+	// gogo/protobuf: prompb's generated code, which the remote-write decoders fall back on.
+	github.com/gogo/protobuf v1.3.2
 	github.com/golang-jwt/jwt/v5 v5.3.1
 	github.com/golang/snappy v1.0.0
 	github.com/oklog/run v1.2.0
@@ -24,6 +26,9 @@ require (
 	go.yaml.in/yaml/v3 v3.0.6
 	golang.org/x/time v0.16.0
 	gonum.org/v1/plot v0.17.0
+	// protobuf-go: client_model's MetricFamily (Telemeter's upload), encoding/protodelim and
+	// protowire in tests that check our hand-written decoder against the generated code.
+	google.golang.org/protobuf v1.36.12
 	k8s.io/api v0.37.1
 	k8s.io/apimachinery v0.37.1
 	sigs.k8s.io/kustomize/api v0.21.2
@@ -104,7 +109,6 @@ require (
 	github.com/go-viper/mapstructure/v2 v2.5.0 // indirect
 	github.com/gobwas/glob v0.2.3 // indirect
 	github.com/goccy/go-json v0.10.5 // indirect
-	github.com/gogo/protobuf v1.3.2 // indirect
 	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
 	github.com/google/gnostic-models v0.7.1 // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
@@ -189,7 +193,6 @@ require (
 	google.golang.org/api v0.305.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261012220534-4341edf3f941 // indirect
 	google.golang.org/grpc v1.84.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gopkg.in/yaml.v2 v2.4.0 // indirect
