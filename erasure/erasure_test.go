@@ -85,7 +85,11 @@ func TestJobResumesAfterACrashAndForgetsTheID(t *testing.T) {
 	require.Equal(t, StateFailed, got.State)
 	require.Equal(t, 1.0, testutil.ToFloat64(e.m.jobs.WithLabelValues("failure")))
 
-	// A new process finds the job on disk and finishes it.
+	// A new process finds the job on disk and finishes it. The process
+	// died while it rewrote the state: the torn temporary copy, which holds
+	// the id too, is removed at start.
+	torn := filepath.Join(dir, "."+st.ID+".json.123.tmp")
+	require.NoError(t, os.WriteFile(torn, []byte(`{"request":{"cluster_id":"`+secretID), 0o600))
 	local.fail = nil
 	bkt := &fakeBucket{}
 	var buf bytes.Buffer
