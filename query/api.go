@@ -63,6 +63,11 @@ func NewEngine(logger *slog.Logger, reg prometheus.Registerer, opts Options) *pr
 		LookbackDelta:        opts.LookbackDelta,
 		EnableAtModifier:     true,
 		EnableNegativeOffset: true,
+		// __name__ is dropped at the end of the query, not by each function:
+		// count_over_time({_id="x"}[10m]) over a cluster's many metrics would
+		// otherwise fail on duplicate label sets (the status page links such
+		// queries). Prometheus 3's promql-delayed-name-removal.
+		EnableDelayedNameRemoval: true,
 	})
 }
 

@@ -80,3 +80,25 @@ func TestAPIIsTenantScoped(t *testing.T) {
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/api/v1/status/config", nil))
 	require.Equal(t, http.StatusNotFound, rec.Code, "endpoints outside Paths are not served")
 }
+
+// The status page links per-cluster queries over every metric of a cluster,
+// such as count_over_time({_id="c1"}[10m]): with __name__ dropped by each
+// function they would fail on duplicate label sets, so the engine delays it.
+func TestEngineDelaysNameRemoval(t *testing.T) {
+	db, err := tsdb.Open(t.TempDir(), nil, nil, tsdb.DefaultOptions(), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	app := db.Appender(context.Background())
+	for _, name := range []string{"csv_succeeded", "cluster_version"} {
+		_, err := app.Append(0, labels.FromStrings("__name__", name, "_id", "c1"), 1_000_000, 1)
+		require.NoError(t, err)
+	}
+	require.NoError(t, app.Commit())
+	h := NewHandler(discardLogger(), NewEngine(discardLogger(), nil, Options{}), tenantDBs{"acme": db}, Options{Version: "test"})
+	r := httptest.NewRequest(http.MethodGet, "/api/v1/query?"+url.Values{"query": {`sum(count_over_time({_id="c1"}[10m]))`}, "time": {"1000"}}.Encode(), nil)
+	r = r.WithContext(auth.WithIdentity(r.Context(), auth.Identity{Tenant: "acme"}))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, r)
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	require.Contains(t, rec.Body.String(), `"value":[1000,"2"]`)
+}

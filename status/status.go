@@ -43,10 +43,10 @@ type Options struct {
 	// Reader serves one cluster's series and, through the status page's
 	// own PromQL engine, its chart.
 	Reader Reader
-	// Engine is ignored: the page runs its own engine, with delayed
-	// __name__ removal, so count_over_time over a cluster's series of many
-	// names does not collapse them into duplicates (Prometheus 3 needs
-	// --enable-feature=promql-delayed-name-removal for the same queries).
+	// Engine runs the charts' PromQL: the query API's (query.NewEngine),
+	// whose delayed __name__ removal lets count_over_time over a cluster's
+	// series of many names keep them apart, so the page's PromQL links give
+	// the same answer in Grafana. Nil: an engine of the same settings.
 	Engine *promql.Engine
 	// Gatherer is the receiver's registry: WAL, head and bucket figures.
 	Gatherer prometheus.Gatherer
@@ -104,10 +104,12 @@ func New(logger *slog.Logger, reg prometheus.Registerer, opts Options) *Status {
 			Help: "Status API requests by endpoint and HTTP status code.",
 		}, []string{"endpoint", "code"}),
 	}
-	s.opts.Engine = promql.NewEngine(promql.EngineOpts{
-		Logger: logger, MaxSamples: 5_000_000, Timeout: 20 * time.Second, LookbackDelta: 5 * time.Minute,
-		EnableDelayedNameRemoval: true,
-	})
+	if s.opts.Engine == nil {
+		s.opts.Engine = promql.NewEngine(promql.EngineOpts{
+			Logger: logger, MaxSamples: 5_000_000, Timeout: 20 * time.Second, LookbackDelta: 5 * time.Minute,
+			EnableDelayedNameRemoval: true,
+		})
+	}
 	s.mux = http.NewServeMux()
 	s.route("GET /api/v1/status/tenants", "tenants", s.tenants)
 	s.route("GET /api/v1/status/overview", "overview", s.overview)
