@@ -93,6 +93,7 @@ phonehome demo is running (logs in $DIR/*.log).
 The first forward cycle lands within ~$INTERVAL. Then query the fleet:
   curl -s -H 'Authorization: Bearer $READ_TOKEN' 'http://$RECEIVER_ADDR/api/v1/query?query=count(csv_succeeded)'
   curl -s -H 'Authorization: Bearer $READ_TOKEN' 'http://$RECEIVER_ADDR/api/v1/label/_id/values'
+Fleet status page: http://$RECEIVER_ADDR/ (sign in with the read token).
 Grafana: a Prometheus data source at http://$RECEIVER_ADDR with header Authorization: Bearer $READ_TOKEN.
 Ctrl-C stops everything cleanly.
 TXT
