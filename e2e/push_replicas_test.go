@@ -258,18 +258,25 @@ func requireShippedTotals(t *testing.T, base string, want installTotals) {
 }
 
 // TestPushReplicasSumExactly: installer pushes spread round-robin over three
-// receiver replicas that share a versitygw S3 bucket read back as the exact
-// sums, through the rules and dashboard panel that ship in deploy/: each
-// replica's partial sums before any block is shipped, the whole fleet from a
-// receiver on an empty disk once the replicas have shipped, and again after
-// the replicas restarted (state recovered from their disks), took more
-// pushes and shipped again.
+// receiver replicas that share a versitygw S3 bucket (and read each other's
+// heads as peers) read back as the exact sums, through the rules and
+// dashboard panel that ship in deploy/: before any block is shipped (each
+// replica's own partial sums, and the fleet's totals on every replica
+// through its peers), from a receiver on an empty disk without peers once
+// the replicas have shipped, and again after the replicas restarted (state
+// recovered from their disks), took more pushes and shipped again.
 func TestPushReplicasSumExactly(t *testing.T) {
 	dir := t.TempDir()
 	s3Addr := startVersityGW(t, filepath.Join(dir, "s3"))
 	secretFile := filepath.Join(dir, "s3-secret")
 	require.NoError(t, os.WriteFile(secretFile, []byte(s3Secret+"\n"), 0o600))
-	replicaConfig := func(name string) string {
+	replicaToken := filepath.Join(dir, "replica-token")
+	require.NoError(t, os.WriteFile(replicaToken, []byte("replicas-only-s3cret\n"), 0o600))
+	// The replicas listen on addresses chosen up front, so each lists all
+	// three as peers (itself included, as a headless Service does).
+	names := []string{"r0", "r1", "r2"}
+	addrs := []string{freeAddr(t), freeAddr(t), freeAddr(t)}
+	replicaConfig := func(name string, peers []string) string {
 		rdir := filepath.Join(dir, name)
 		require.NoError(t, os.MkdirAll(rdir, 0o755))
 		require.NoError(t, os.WriteFile(filepath.Join(rdir, "tokens.yaml"),
@@ -296,15 +303,17 @@ bucket_store:
   sync_interval: 1s
   cache_max_bytes: 64MiB
 `, name, s3Bucket, s3Addr, s3Access, secretFile)
+		if peers != nil {
+			cfg += fmt.Sprintf("peers:\n  endpoints: [%s]\n  replica_token_file: %s\n  timeout: 5s\n", strings.Join(peers, ", "), replicaToken)
+		}
 		p := filepath.Join(rdir, "receiver.yaml")
 		require.NoError(t, os.WriteFile(p, []byte(cfg), 0o600))
 		return p
 	}
-	names := []string{"r0", "r1", "r2"}
 	start := func() []*Process {
 		var ps []*Process
-		for _, n := range names {
-			ps = append(ps, startReceiver(t, replicaConfig(n), filepath.Join(dir, n, "data")))
+		for i, n := range names {
+			ps = append(ps, startReceiver(t, replicaConfig(n, addrs), filepath.Join(dir, n, "data"), "--web.listen-address="+addrs[i]))
 		}
 		return ps
 	}
@@ -336,8 +345,6 @@ bucket_store:
 
 	// Before shipping: every replica holds the partial sums of the pushes
 	// it received, labelled with its own push_replica; they add up exactly.
-	// (Filtering on push_replica keeps this right once queries also read the
-	// peers' heads.)
 	eventually(t, 30*time.Second, func() error {
 		sum := map[string]float64{}
 		for i, p := range replicas {
@@ -370,13 +377,18 @@ bucket_store:
 		apiDataToken(t, p.URL(), pushToken, `cluster_installation_invocation{push_replica=""}`, &unlabelled)
 		require.Empty(t, unlabelled.Result, "every aggregated series carries push_replica")
 	}
+	// And any replica, reading its peers' heads, gives the fleet's totals
+	// through the shipped rule and panel queries.
+	for _, p := range replicas {
+		requireShippedTotals(t, p.URL(), totalsOf(runs))
+	}
 
 	// After shipping, from a receiver on an empty disk: the replicas stop
 	// (final push flush, head flushed into blocks, uploaded).
 	for _, p := range replicas {
 		p.Stop()
 	}
-	reader := startReceiver(t, replicaConfig("r3"), filepath.Join(dir, "r3", "data"))
+	reader := startReceiver(t, replicaConfig("r3", nil), filepath.Join(dir, "r3", "data")) // no peers: the bucket only
 	requireShippedTotals(t, reader.URL(), totalsOf(runs))
 
 	// After a restart: each replica recovers its partial sums from its disk
@@ -390,6 +402,7 @@ bucket_store:
 		{"aws", "4.16.3", "failure", "50"},
 	}
 	pushAll(more)
+	requireShippedTotals(t, replicas[2].URL(), totalsOf(slices.Concat(runs, more))) // heads + bucket
 	for _, p := range replicas {
 		p.Stop()
 	}
