@@ -39,6 +39,12 @@ type familyRequest struct {
 	spans   []seriesSpan
 	meta    []prompb.MetricMetadata
 	pairs   []prompb.Label // the label pairs of the metric being converted
+
+	// maxLabels bounds d.labels while converting: one metric of many
+	// pairs and many buckets copies its pairs into every bucket's series,
+	// so the bound is checked on every series, not once per family.
+	maxLabels int
+	expanded  bool // a series was refused for maxLabels
 }
 
 // errFamilyExpands refuses an upload that would expand into far more labels
@@ -51,6 +57,7 @@ func (d *familyRequest) reset() {
 	clear(d.meta)
 	clear(d.pairs)
 	d.series, d.labels, d.samples, d.spans, d.meta, d.pairs = d.series[:0], d.labels[:0], d.samples[:0], d.spans[:0], d.meta[:0], d.pairs[:0]
+	d.expanded = false
 }
 
 func (d *familyRequest) poolable() bool {
@@ -82,7 +89,7 @@ func decodeFamilies(raw []byte, d *familyRequest, now int64) error {
 }
 
 func (d *familyRequest) decode(raw []byte, now int64) error {
-	maxLabels := 4*len(raw) + 1024
+	d.maxLabels = 4*len(raw) + 1024
 	p := pbReader{b: raw}
 	for n := 0; !p.done(); n++ {
 		msg, err := p.bytes() // the varint length prefix, then the message
@@ -92,7 +99,7 @@ func (d *familyRequest) decode(raw []byte, now int64) error {
 		if err := d.decodeFamily(msg, now); err != nil {
 			return fmt.Errorf("family %d: %w", n, err)
 		}
-		if len(d.labels) > maxLabels {
+		if d.expanded {
 			return errFamilyExpands
 		}
 	}
@@ -533,6 +540,10 @@ func decodeBucket(raw []byte) (upper, count float64, err error) {
 // emit appends one series: __name__=name, the metric's label pairs, and extraName=
 // extraValue when set, sorted by name, with one sample.
 func (d *familyRequest) emit(name string, m *metric, extraName, extraValue string, v float64) {
+	if d.expanded || len(d.labels)+len(d.pairs)+2 > d.maxLabels {
+		d.expanded = true // decode refuses the upload; what is left of it is only parsed
+		return
+	}
 	start := len(d.labels)
 	d.labels = append(d.labels, prompb.Label{Name: model.MetricNameLabel, Value: name})
 	d.labels = append(d.labels, d.pairs...)

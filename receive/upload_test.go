@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -178,6 +179,22 @@ func TestDecodeFamiliesBoundsExpansion(t *testing.T) {
 	raw := delimited(t, &dto.MetricFamily{Name: proto.String("h"), Type: dto.MetricType_HISTOGRAM.Enum(), Metric: []*dto.Metric{m}})
 	var d familyRequest
 	require.ErrorIs(t, decodeFamilies(raw, &d, 0), errTooLarge)
+
+	// Within one metric: 3,000 empty pairs × 3,000 empty buckets is 21 KB
+	// that would expand into 9M labels. The bound holds on every series,
+	// so the decoder stops at about four labels per byte.
+	m = &dto.Metric{Histogram: &dto.Histogram{}}
+	for range 3000 {
+		m.Label = append(m.Label, &dto.LabelPair{Name: proto.String("a"), Value: proto.String("")})
+		m.Histogram.Bucket = append(m.Histogram.Bucket, &dto.Bucket{})
+	}
+	raw = delimited(t, &dto.MetricFamily{Name: proto.String("h"), Type: dto.MetricType_HISTOGRAM.Enum(), Metric: []*dto.Metric{m}})
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	require.ErrorIs(t, decodeFamilies(raw, &d, 0), errTooLarge)
+	runtime.ReadMemStats(&after)
+	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(64<<20), "allocated %d bytes for a %d-byte upload", after.TotalAlloc-before.TotalAlloc, len(raw))
+	require.Empty(t, d.series)
 }
 
 // uploadRequest is a telemeter-client upload of body, as it sends it:
@@ -308,6 +325,12 @@ func FuzzDecodeFamilies(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte{0x05, 0x0a, 0x03, 'u', 'p'})
+	wide := &dto.Metric{Histogram: &dto.Histogram{}} // pairs × buckets: the expansion bound
+	for range 300 {
+		wide.Label = append(wide.Label, &dto.LabelPair{Name: proto.String("a"), Value: proto.String("")})
+		wide.Histogram.Bucket = append(wide.Histogram.Bucket, &dto.Bucket{})
+	}
+	f.Add(delimited(f, &dto.MetricFamily{Name: proto.String("h"), Type: dto.MetricType_HISTOGRAM.Enum(), Metric: []*dto.Metric{wide}}))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var d familyRequest
 		err := decodeFamilies(raw, &d, 42)

@@ -62,6 +62,15 @@ func (e *seriesError) Error() string { return e.msg }
 // It returns nil if the series may be stored.
 func validateSeries(ts *prompb.TimeSeries, lim *limits.TenantLimits, id auth.Identity, overwriteID bool) (name string, resorted bool, serr *seriesError) {
 	clusterID := id.ClusterID
+	if id.ClusterIDAlias != "" {
+		// First of all: a refused series' labels are kept as an example
+		// (the status page), and the raw id must not be among them.
+		for i := range ts.Labels {
+			if ts.Labels[i].Name == clusterLabel && ts.Labels[i].Value == id.ClusterIDAlias {
+				ts.Labels[i].Value = clusterID
+			}
+		}
+	}
 	if len(ts.Samples) == 0 && len(ts.Histograms) == 0 {
 		return "", resorted, &seriesError{reasonNoSamples, "series has no samples"}
 	}
@@ -113,7 +122,7 @@ func validateSeries(ts *prompb.TimeSeries, lim *limits.TenantLimits, id auth.Ide
 		case clusterLabel:
 			hasID = true
 			if clusterID != "" && l.Value != clusterID {
-				if !overwriteID && (id.ClusterIDAlias == "" || l.Value != id.ClusterIDAlias) {
+				if !overwriteID {
 					return "", resorted, &seriesError{reasonClusterMismatch, "series _id does not match the authenticated cluster"}
 				}
 				ls[i].Value = clusterID

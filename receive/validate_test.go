@@ -101,3 +101,22 @@ func TestValidateSeriesSortsOnlyWhenNeeded(t *testing.T) {
 		})
 	}
 }
+
+// On the Telemeter paths the raw id a cluster sends is rewritten before
+// anything can refuse the series: a refused series' labels are kept as the
+// status page's example, and must never hold the raw id.
+func TestValidateRewritesTheRawIDBeforeRefusing(t *testing.T) {
+	lim := limits.DefaultTenantLimits()
+	id := auth.Identity{Tenant: "acme", ClusterID: "pseudonym", ClusterIDAlias: "raw-uuid"}
+	for name, ts := range map[string]prompb.TimeSeries{
+		"no samples":        {Labels: []prompb.Label{{Name: "__name__", Value: "up"}, {Name: "_id", Value: "raw-uuid"}}},
+		"bad label before":  {Labels: []prompb.Label{{Name: "A-b", Value: "x"}, {Name: "_id", Value: "raw-uuid"}}, Samples: []prompb.Sample{{Value: 1}}},
+		"accepted, rewrote": {Labels: []prompb.Label{{Name: "__name__", Value: "up"}, {Name: "_id", Value: "raw-uuid"}}, Samples: []prompb.Sample{{Value: 1}}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, _, _ = validateSeries(&ts, &lim, id, false)
+			require.NotContains(t, formatLabels(ts.Labels), "raw-uuid")
+			require.Contains(t, formatLabels(ts.Labels), `_id="pseudonym"`)
+		})
+	}
+}
