@@ -1,6 +1,7 @@
 package receive
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 
@@ -31,7 +32,10 @@ func tracked(s *limits.Session, name string, ts *prompb.TimeSeries) {
 }
 
 // refuse records a refused series against the cluster that sent it: the
-// credential's, or the series' own _id for a credential bound to none.
+// credential's, or the series' own _id for a credential bound to none. In
+// that case only a cluster already known (tracked, or admitted earlier in
+// this request) gets it; other refusals count for the tenant alone, so
+// refused series of made-up ids cannot grow the table of clusters.
 func (ss *sessions) refuse(l *limits.Limiter, id auth.Identity, ts *prompb.TimeSeries, reason string, samples int) {
 	if !l.Tracking() {
 		return
@@ -39,6 +43,9 @@ func (ss *sessions) refuse(l *limits.Limiter, id auth.Identity, ts *prompb.TimeS
 	cluster := id.ClusterID
 	if cluster == "" {
 		cluster = clusterOf(ts.Labels)
+		if _, known := l.Cluster(id.Tenant, cluster); !known && !slices.Contains(ss.clusters, cluster) {
+			cluster = ""
+		}
 	}
 	ss.get(l, id.Tenant, cluster).Refuse(reason, samples, func() string { return formatLabels(ts.Labels) })
 }

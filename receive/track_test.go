@@ -1,9 +1,11 @@
 package receive
 
 import (
+	"fmt"
 	"net/http/httptest"
 	"testing"
 
+	"github.com/prometheus/prometheus/prompb"
 	"github.com/stretchr/testify/require"
 
 	"github.com/phonehome/phonehome/auth"
@@ -54,4 +56,26 @@ func TestClusterTracking(t *testing.T) {
 	require.Len(t, recent, 1)
 	require.Equal(t, `{__name__="bad-name", _id="c2"}`, recent[0].Example)
 	require.Equal(t, `{__name__="csv_succeeded", _id="c1", name="op-003"}`, lim.RecentRefusals("acme", "c1")[0].Example)
+}
+
+// A credential bound to no cluster names clusters through the series' _id:
+// refusals of ids the limiter does not know count for the tenant only, so
+// refused series of made-up ids cannot grow the table of clusters.
+func TestRefusalsOfUnknownClustersDoNotGrowTheTable(t *testing.T) {
+	lim := newLimiter(nil)
+	lim.TrackClusters(Reasons())
+	h := NewHandler(discard(), nil, discardWriter{}, lim, Options{})
+	var bad []prompb.TimeSeries
+	for i := range 500 {
+		ts := series("up", "_id", fmt.Sprintf("made-up-%d", i))
+		ts.Samples = nil // refused: no samples
+		bad = append(bad, ts)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t, bad...), &auth.Identity{Tenant: "acme"}))
+	require.Equal(t, 400, rec.Code)
+	require.Empty(t, lim.Clusters("acme"), "no cluster tracked for refused series of unknown ids")
+	ts, ok := lim.Tenant("acme")
+	require.True(t, ok)
+	require.Equal(t, uint64(500), ts.Refused[reasonNoSamples], "counted for the tenant")
 }
