@@ -10,10 +10,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -355,7 +357,11 @@ func TestTelemeterClientProtocolE2E(t *testing.T) {
 	require.Len(t, want, 224, "the fixture through the real allowlist")
 	require.Equal(t, want, storedLabelSets(t, recv.URL(), sentAt), "every allowlisted series, bound to the pseudonym")
 	ts := instant(t, recv.URL(), telemeterReadToken, "max(timestamp("+allowlistedFamilies(t)[0].GetName()+"))", sentAt)
-	require.Equal(t, fmt.Sprintf("%q", fmt.Sprintf("%.3f", float64(sentAt.UnixMilli())/1000)), string(ts.Result[0].Value[1]), "timestamps kept as sent")
+	var got string
+	require.NoError(t, json.Unmarshal(ts.Result[0].Value[1], &got))
+	gotSec, err := strconv.ParseFloat(got, 64)
+	require.NoError(t, err)
+	require.Equal(t, sentAt.UnixMilli(), int64(math.Round(gotSec*1000)), "timestamps kept as sent")
 	require.Equal(t, 76.0, metricsValue(t, recv.URL(), "phonehome_receive_rejected_samples_total", map[string]string{"reason": "allowlist"}))
 
 	// What telemeter-client federates with the allowlist as match[] is
