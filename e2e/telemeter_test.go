@@ -595,7 +595,9 @@ func TestTelemeterRemoteWritePrometheusE2E(t *testing.T) {
 		}
 		return nil
 	})
-	require.Less(t, time.Since(revokedAt), 9*time.Second, "revoked within reload interval + cache TTL")
+	// 1s + 5s, and room for a loaded CI machine; the TTL bound itself is
+	// unit-tested with a fake clock (auth.TestTelemeterBearerBindsAndCaches).
+	require.Less(t, time.Since(revokedAt), 12*time.Second, "revoked within reload interval + cache TTL")
 	require.Positive(t, metricsValue(t, recv.URL(), "phonehome_auth_telemeter_token_checks_total", map[string]string{"result": "refused"}))
 
 	logs := recv.Logs()
