@@ -237,7 +237,7 @@ func TestTLSReceiverBadWebConfig(t *testing.T) {
 	cert, key := ca.Server(t, "receiver")
 	for _, tc := range []struct{ name, yaml, want string }{
 		{"missing certificate", "tls_server_config:\n  cert_file: /nonexistent.pem\n  key_file: " + key + "\n", "nonexistent.pem"},
-		{"unknown key", "tls_server_config:\n  cert_file: " + cert + "\n  key_file: " + key + "\n  min_versoin: TLS13\n", "min_versoin"},
+		{"unknown key", "tls_server_config:\n  cert_file: " + cert + "\n  key_file: " + key + "\n  min_versoin: TLS13\n", "min_versoin"}, //nolint:misspell // a misspelt key, on purpose
 		{"basic auth users", "basic_auth_users:\n  alice: $2y$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi\n", "basic_auth_users"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

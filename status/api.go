@@ -13,6 +13,7 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql"
 	promstorage "github.com/prometheus/prometheus/storage"
@@ -521,7 +522,7 @@ func (s *Status) seriesByMetric(ctx context.Context, tenant, id string, now time
 		labels.MustNewMatcher(labels.MatchEqual, "_id", id))
 	counts := map[string]int{}
 	for set.Next() {
-		counts[set.At().Labels().Get(labels.MetricName)]++
+		counts[set.At().Labels().Get(model.MetricNameLabel)]++
 	}
 	if err := set.Err(); err != nil {
 		return nil, fmt.Errorf("select series: %w", err)

@@ -490,7 +490,7 @@ func run(args []string, stderr io.Writer) int {
 	if s.disabledReason == "" {
 		// The pseudonym is what the fleet sees as _id; logging it lets an
 		// operator link this cluster's series across a move (docs/migrating-from-telemeter.md).
-		logger.Info("cluster pseudonym", "_id", s.policy.Rules.HashedID())
+		logger.Info("cluster pseudonym", "cluster_id", s.policy.Rules.HashedID())
 		q, err := forward.OpenQueue(f.queueDir, logger.With("component", "queue"), reg, forward.QueueOptions{
 			MaxBytes: int64(s.file.Queue.MaxBytes), SegmentBytes: int64(s.file.Queue.SegmentBytes),
 		})

@@ -471,7 +471,7 @@ func (b *bencher) prometheus(ctx context.Context, bin, dataDir string, wait time
 		for time.Now().Before(deadline) {
 			if resp, err := http.Get("http://" + addr + "/-/ready"); err == nil {
 				resp.Body.Close()
-				if resp.StatusCode == 200 {
+				if resp.StatusCode == http.StatusOK {
 					return cmd, nil
 				}
 			}
