@@ -2,17 +2,11 @@ package forward
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"log/slog"
-	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -29,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/phonehome/phonehome/forward/telemetertest"
+	"github.com/phonehome/phonehome/webtls/webtlstest"
 )
 
 const telemeterHashedID = "sUTqYf4UzU0SdM5NcdUhdA"
@@ -275,8 +270,7 @@ func mustRecord(t *testing.T, req *prompb.WriteRequest) Record {
 
 func TestInlineBearerAndClientCertificate(t *testing.T) {
 	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	writeSelfSigned(t, certFile, keyFile)
+	certFile, keyFile := webtlstest.NewCA(t, "test").Client(t, "telemeter-client")
 
 	var gotAuth, gotCN string
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -304,21 +298,4 @@ func TestInlineBearerAndClientCertificate(t *testing.T) {
 
 	require.Error(t, WithClientCertificate(client, keyFile, certFile), "a bad pair fails at start")
 	require.Error(t, WithClientCertificate(client, filepath.Join(dir, "missing"), keyFile))
-}
-
-func writeSelfSigned(t *testing.T, certFile, keyFile string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "telemeter-client"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	require.NoError(t, err)
-	kb, err := x509.MarshalECPrivateKey(key)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
-	require.NoError(t, os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600))
 }

@@ -3,15 +3,9 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"io"
-	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -19,12 +13,12 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/phonehome/phonehome/forward"
 	"github.com/phonehome/phonehome/forward/telemetertest"
+	"github.com/phonehome/phonehome/webtls/webtlstest"
 )
 
 const (
@@ -48,8 +42,9 @@ func newCMOFiles(t *testing.T) *cmoFiles {
 		ca: filepath.Join(dir, "service-ca.crt"), saToken: filepath.Join(dir, "sa-token"),
 		token: filepath.Join(dir, "token"), salt: filepath.Join(dir, "salt"),
 	}
-	writeKeyPair(t, c.cert, c.key)
-	require.NoError(t, os.WriteFile(c.ca, mustRead(t, c.cert), 0o600)) // replaced where a server is real
+	ca := webtlstest.NewCA(t, "cmo")
+	c.cert, c.key = ca.Client(t, "telemeter-client")
+	require.NoError(t, os.WriteFile(c.ca, mustRead(t, ca.File), 0o600)) // replaced where a server is real
 	require.NoError(t, os.WriteFile(c.saToken, []byte("from-token\n"), 0o600))
 	require.NoError(t, os.WriteFile(c.token, []byte("fleet-token\n"), 0o600))
 	require.NoError(t, os.WriteFile(c.salt, []byte(testSalt), 0o600))
@@ -298,21 +293,4 @@ func TestCMODeploymentDeliversToTelemeterServer(t *testing.T) {
 	require.DirExists(t, filepath.Join(tmp, "phonehome-forwarder-queue"))
 	require.NotContains(t, log, "fleet-token")
 	require.NotContains(t, log, testSalt)
-}
-
-func writeKeyPair(t *testing.T, certFile, keyFile string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "telemeter-client"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	require.NoError(t, err)
-	kb, err := x509.MarshalECPrivateKey(key)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
-	require.NoError(t, os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600))
 }
