@@ -55,7 +55,14 @@ func startFixturePrometheus(t *testing.T, exporter *httptest.Server) *Process {
 	t.Helper()
 	u, err := url.Parse(exporter.URL)
 	require.NoError(t, err)
-	return startPrometheus(t, fmt.Sprintf(`
+	return startPrometheus(t, fixtureScrapeConfig(u.Host))
+}
+
+// fixtureScrapeConfig is a Prometheus configuration that scrapes the
+// fixture exporter at host every second, keeping its labels; a caller may
+// append more top-level sections (remote_write:).
+func fixtureScrapeConfig(host string) string {
+	return fmt.Sprintf(`
 global:
   scrape_interval: 1s
 scrape_configs:
@@ -64,7 +71,7 @@ scrape_configs:
     honor_timestamps: false
     static_configs:
       - targets: [%q]
-`, u.Host))
+`, host)
 }
 
 // expectedSeries applies the forwarder's policy to the fixture and returns the

@@ -432,16 +432,7 @@ func TestTelemeterClientProtocolE2E(t *testing.T) {
 // wait a minute per batch).
 func cmoRemoteWriteConfig(t *testing.T, exporterHost, receiver, tokenFile string) string {
 	t.Helper()
-	return fmt.Sprintf(`
-global:
-  scrape_interval: 1s
-scrape_configs:
-  - job_name: fixture
-    honor_labels: true
-    honor_timestamps: false
-    static_configs:
-      - targets: [%q]
-remote_write:
+	return fixtureScrapeConfig(exporterHost) + fmt.Sprintf(`remote_write:
   - url: %s/metrics/v1/receive
     authorization:
       type: Bearer
@@ -462,7 +453,7 @@ remote_write:
       batch_send_deadline: 1s
       min_backoff: 1s
       max_backoff: 256s
-`, exporterHost, receiver, tokenFile, telemeterRawID, allowlistNamesRegex(t))
+`, receiver, tokenFile, telemeterRawID, allowlistNamesRegex(t))
 }
 
 // allowlistNamesRegex is the metric names of the allowlist's selectors as
