@@ -1,9 +1,11 @@
 package auth
 
 import (
+	"context"
 	"crypto/ed25519"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -178,4 +180,23 @@ func FuzzParseTelemeterBearer(f *testing.F) {
 		require.NotEmpty(t, token)
 		require.True(t, clusterIDRE.MatchString(id), "an accepted cluster id has the allowed shape: %q", id)
 	})
+}
+
+// An authorizer that cannot answer (the webhook is down) is 503 with
+// Retry-After on the Telemeter path, never a 401 that would look like a
+// revoked token.
+func TestTelemeterBearerUpstreamDownIs503(t *testing.T) {
+	a := NewTelemeterBearer(nil, downFleet{}, TelemeterOptions{})
+	h := Middleware(a, PermWrite, nil, http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Fatal("reached the handler") }))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, bearerReq(telemeterBearer("fleet", "c1")))
+	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	require.Equal(t, "30", rec.Header().Get("Retry-After"))
+	require.Equal(t, 1.0, testutil.ToFloat64(a.lookups.WithLabelValues("upstream_error")))
+}
+
+type downFleet struct{}
+
+func (downFleet) AuthorizeFleet(context.Context, string, string) (string, error) {
+	return "", fmt.Errorf("webhook: %w", ErrUpstream)
 }
