@@ -406,25 +406,41 @@ func (s *HTTPSender) post(ctx context.Context, body []byte, proto, token string)
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
-			return Written{}, fmt.Errorf("remote write: %w", err)
-		}
-		return Written{}, RetryableError{Err: fmt.Errorf("remote write: %w", err)}
+		return Written{}, doError(ctx, "remote write", err)
 	}
-	defer func() {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		_ = resp.Body.Close()
-	}()
-	w := parseWritten(resp.Header)
+	defer drainClose(resp)
+	return parseWritten(resp.Header), responseError(resp)
+}
+
+// doError classifies a failed client.Do: the caller's own cancellation is
+// final, anything else (the network) is retryable.
+func doError(ctx context.Context, what string, err error) error {
+	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return RetryableError{Err: fmt.Errorf("%s: %w", what, err)}
+}
+
+// responseError is nil for a 2xx. 5xx and 429 are retryable, with the
+// server's Retry-After; any other status is an *HTTPError (the batch is
+// dropped). It reads at most 512 bytes of the body for the message.
+func responseError(resp *http.Response) error {
 	if resp.StatusCode/100 == 2 {
-		return w, nil
+		return nil
 	}
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	herr := &HTTPError{Code: resp.StatusCode, Message: strings.TrimSpace(string(msg))}
 	if resp.StatusCode/100 == 5 || resp.StatusCode == http.StatusTooManyRequests {
-		return w, RetryableError{Err: herr, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
+		return RetryableError{Err: herr, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
 	}
-	return w, herr
+	return herr
+}
+
+// drainClose reads a little of what is left of the body, so the connection
+// can be reused, and closes it.
+func drainClose(resp *http.Response) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	_ = resp.Body.Close()
 }
 
 // parseWritten reads the written-count headers; an absent or invalid one counts 0.

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -182,24 +181,10 @@ func (s *TelemeterSender) post(ctx context.Context, body []byte, token string) e
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
-			return fmt.Errorf("telemeter upload: %w", err)
-		}
-		return RetryableError{Err: fmt.Errorf("telemeter upload: %w", err)}
+		return doError(ctx, "telemeter upload", err)
 	}
-	defer func() {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		_ = resp.Body.Close()
-	}()
-	if resp.StatusCode/100 == 2 {
-		return nil
-	}
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-	herr := &HTTPError{Code: resp.StatusCode, Message: strings.TrimSpace(string(msg))}
-	if resp.StatusCode/100 == 5 || resp.StatusCode == http.StatusTooManyRequests {
-		return RetryableError{Err: herr, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
-	}
-	return herr
+	defer drainClose(resp)
+	return responseError(resp)
 }
 
 // TelemeterFamilies converts a remote-write batch into metric families as
