@@ -18,6 +18,7 @@ import (
 
 	"github.com/golang/snappy"
 	"github.com/prometheus/prometheus/prompb"
+	writev2 "github.com/prometheus/prometheus/prompb/io/prometheus/write/v2"
 )
 
 // Options configures Run. Zero values take the defaults noted.
@@ -52,6 +53,11 @@ type Options struct {
 	// This sends byte-identical load to several targets.
 	Bodies [][][]byte
 
+	// Protocol is the remote-write version of the bodies: "1.0" (the
+	// default, prometheus.WriteRequest) or "2.0" (io.prometheus.write.v2.Request,
+	// one symbol table per request, as a 2.0 forwarder sends).
+	Protocol string
+
 	Client  *http.Client      // default: a client with Concurrency idle conns
 	OnRound func(RoundResult) // called after every round, e.g. for progress output
 }
@@ -80,6 +86,9 @@ func (o *Options) defaults() {
 	}
 	if o.MaxLatencies <= 0 {
 		o.MaxLatencies = 1 << 20
+	}
+	if o.Protocol == "" {
+		o.Protocol = ProtocolV1
 	}
 	if o.Client == nil {
 		o.Client = &http.Client{Transport: &http.Transport{
@@ -395,21 +404,58 @@ type sender struct {
 	enc   []byte
 }
 
-// Encode builds the snappy-compressed remote-write 1.0 body of job j into the
-// sender's buffers.
+// Remote-write versions for Options.Protocol.
+const (
+	ProtocolV1 = "1.0"
+	ProtocolV2 = "2.0"
+)
+
+// Encode builds the snappy-compressed remote-write body of job j, in
+// o.Protocol, into the sender's buffers.
 func (s *sender) encode(j job) ([]byte, error) {
 	s.f.Fill(&s.batch, j.c, j.from, j.to, j.r, s.o.Start.UnixMilli(), s.o.Step.Milliseconds())
-	req := prompb.WriteRequest{Timeseries: s.batch.Series}
+	var err error
+	if s.o.Protocol == ProtocolV2 {
+		err = s.marshalV2()
+	} else {
+		req := prompb.WriteRequest{Timeseries: s.batch.Series}
+		n := req.Size()
+		if cap(s.raw) < n {
+			s.raw = make([]byte, n)
+		}
+		s.raw = s.raw[:n]
+		_, err = req.MarshalToSizedBuffer(s.raw)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("marshal write request: %w", err)
+	}
+	s.enc = snappy.Encode(s.enc[:cap(s.enc)], s.raw)
+	return s.enc, nil
+}
+
+// marshalV2 symbolizes the batch as a remote-write 2.0 request into s.raw.
+func (s *sender) marshalV2() error {
+	st := writev2.NewSymbolTable()
+	req := writev2.Request{Timeseries: make([]writev2.TimeSeries, len(s.batch.Series))}
+	for i, ts := range s.batch.Series {
+		refs := make([]uint32, 0, 2*len(ts.Labels))
+		for _, l := range ts.Labels {
+			refs = append(refs, st.Symbolize(l.Name), st.Symbolize(l.Value))
+		}
+		smp := make([]writev2.Sample, len(ts.Samples))
+		for k, x := range ts.Samples {
+			smp[k] = writev2.Sample{Value: x.Value, Timestamp: x.Timestamp}
+		}
+		req.Timeseries[i] = writev2.TimeSeries{LabelsRefs: refs, Samples: smp}
+	}
+	req.Symbols = st.Symbols()
 	n := req.Size()
 	if cap(s.raw) < n {
 		s.raw = make([]byte, n)
 	}
 	s.raw = s.raw[:n]
-	if _, err := req.MarshalToSizedBuffer(s.raw); err != nil {
-		return nil, fmt.Errorf("marshal write request: %w", err)
-	}
-	s.enc = snappy.Encode(s.enc[:cap(s.enc)], s.raw)
-	return s.enc, nil
+	_, err := req.MarshalToSizedBuffer(s.raw)
+	return err
 }
 
 // send sends job j and reports how many samples it carried and whether they
@@ -433,10 +479,15 @@ func (s *sender) send(ctx context.Context, j job) (int, bool) {
 		s.fail("error", err.Error())
 		return n, false
 	}
-	req.Header.Set("Content-Type", "application/x-protobuf")
 	req.Header.Set("Content-Encoding", "snappy")
 	req.Header.Set("User-Agent", "phonehome-fleetgen")
-	req.Header.Set("X-Prometheus-Remote-Write-Version", "0.1.0")
+	if s.o.Protocol == ProtocolV2 {
+		req.Header.Set("Content-Type", "application/x-protobuf;proto=io.prometheus.write.v2.Request")
+		req.Header.Set("X-Prometheus-Remote-Write-Version", "2.0.0")
+	} else {
+		req.Header.Set("Content-Type", "application/x-protobuf")
+		req.Header.Set("X-Prometheus-Remote-Write-Version", "0.1.0")
+	}
 	if s.o.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+s.o.Token)
 	}

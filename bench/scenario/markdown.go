@@ -71,14 +71,40 @@ func Markdown(dir string, reports []*Report) string {
 		if _, err := os.Stat(filepath.Join(dir, r.BaseName()+".png")); err == nil {
 			fmt.Fprintf(&b, "![%s %s](%s.png)\n\n", r.Scenario, r.Size, r.BaseName())
 		}
-		fmt.Fprintln(&b, "| figure | receiver | Prometheus | receiver / Prometheus |")
-		fmt.Fprintln(&b, "| --- | ---: | ---: | ---: |")
+		if r.Load.Protocol != "" {
+			fmt.Fprintf(&b, "Remote-write %s to every target that decodes it", r.Load.Protocol)
+			for _, t := range r.Results {
+				if t.Repeat == 0 && t.Protocol != "" && t.Protocol != r.Load.Protocol {
+					fmt.Fprintf(&b, "; %s got %s", t.Name, t.Protocol)
+				}
+			}
+			fmt.Fprint(&b, ".  \n")
+		}
+		vm, prom := r.has("victoriametrics"), r.has("prometheus")
+		switch {
+		case vm && !prom:
+			fmt.Fprintln(&b, "| figure | receiver | VictoriaMetrics | receiver / VictoriaMetrics |")
+			fmt.Fprintln(&b, "| --- | ---: | ---: | ---: |")
+		case vm:
+			fmt.Fprintln(&b, "| figure | receiver | Prometheus | VictoriaMetrics | receiver / Prometheus | receiver / VictoriaMetrics |")
+			fmt.Fprintln(&b, "| --- | ---: | ---: | ---: | ---: | ---: |")
+		default:
+			fmt.Fprintln(&b, "| figure | receiver | Prometheus | receiver / Prometheus |")
+			fmt.Fprintln(&b, "| --- | ---: | ---: | ---: |")
+		}
 		for _, f := range r.Figures {
 			better := ""
 			if f.Better != "" {
 				better = " (" + f.Better + " is better)"
 			}
-			fmt.Fprintf(&b, "| %s [%s]%s | %s | %s | %s |\n", f.Name, f.Unit, better, num(f.Receiver), num(f.Prometheus), ratio(f.Ratio))
+			switch {
+			case vm && !prom:
+				fmt.Fprintf(&b, "| %s [%s]%s | %s | %s | %s |\n", f.Name, f.Unit, better, num(f.Receiver), num(f.VictoriaMetrics), ratio(f.RatioVM))
+			case vm:
+				fmt.Fprintf(&b, "| %s [%s]%s | %s | %s | %s | %s | %s |\n", f.Name, f.Unit, better, num(f.Receiver), num(f.Prometheus), num(f.VictoriaMetrics), ratio(f.Ratio), ratio(f.RatioVM))
+			default:
+				fmt.Fprintf(&b, "| %s [%s]%s | %s | %s | %s |\n", f.Name, f.Unit, better, num(f.Receiver), num(f.Prometheus), ratio(f.Ratio))
+			}
 		}
 		for _, t := range r.Results {
 			if t.Error != "" {

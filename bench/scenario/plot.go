@@ -15,6 +15,8 @@ import (
 var targetColors = map[string]color.Color{
 	"receiver":   color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
 	"prometheus": color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
+	// VictoriaMetrics
+	"victoriametrics": color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
 }
 
 // WritePNG draws accepted samples/s, p99 write latency and RSS over time for

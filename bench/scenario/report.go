@@ -35,6 +35,10 @@ type Figure struct {
 	Receiver   float64 `json:"receiver"`
 	Prometheus float64 `json:"prometheus"`
 	Ratio      float64 `json:"ratio"` // receiver / prometheus; 0 if undefined
+	// VictoriaMetrics and RatioVM (receiver / VictoriaMetrics) are set when
+	// the run had a victoriametrics target.
+	VictoriaMetrics float64 `json:"victoriametrics,omitempty"`
+	RatioVM         float64 `json:"ratio_vm,omitempty"`
 }
 
 type figureDef struct {
@@ -204,8 +208,19 @@ func (r *Report) computeRatios() {
 		if f.Prometheus != 0 && !math.IsNaN(f.Prometheus) && !math.IsNaN(f.Receiver) {
 			f.Ratio = f.Receiver / f.Prometheus
 		}
+		if r.has("victoriametrics") {
+			f.VictoriaMetrics = r.median("victoriametrics", d.get)
+			if f.VictoriaMetrics != 0 && !math.IsNaN(f.VictoriaMetrics) && !math.IsNaN(f.Receiver) {
+				f.RatioVM = f.Receiver / f.VictoriaMetrics
+			}
+		}
 		r.Figures = append(r.Figures, f)
 	}
+}
+
+// has reports whether the run had a target named name.
+func (r *Report) has(name string) bool {
+	return slices.ContainsFunc(r.Results, func(t *TargetResult) bool { return t.Name == name })
 }
 
 // MarshalJSON-safe: NaN is not valid JSON, so unmeasured figures become 0.
@@ -216,6 +231,9 @@ func (r *Report) sanitize() {
 		}
 		if math.IsNaN(r.Figures[i].Prometheus) {
 			r.Figures[i].Prometheus = 0
+		}
+		if math.IsNaN(r.Figures[i].VictoriaMetrics) {
+			r.Figures[i].VictoriaMetrics = 0
 		}
 	}
 }
@@ -246,8 +264,17 @@ func (r *Report) BaseName() string {
 func (r *Report) PrintTable(w io.Writer) {
 	fmt.Fprintf(w, "\n%s, %d active series (%d clusters × %d), %d rounds, median of %d run(s) per target\n",
 		r.Scenario, r.Load.ActiveSeries, r.Load.Clusters, r.Load.SeriesPerCluster, r.Load.Rounds, r.Repeat)
-	fmt.Fprintf(w, "%-72s %12s %12s %8s\n", "figure", "receiver", "prometheus", "ratio")
+	vm := r.has("victoriametrics")
+	if vm {
+		fmt.Fprintf(w, "%-72s %12s %12s %12s %8s %8s\n", "figure", "receiver", "prometheus", "victoriam.", "r/prom", "r/vm")
+	} else {
+		fmt.Fprintf(w, "%-72s %12s %12s %8s\n", "figure", "receiver", "prometheus", "ratio")
+	}
 	for _, f := range r.Figures {
+		if vm {
+			fmt.Fprintf(w, "%-72s %12s %12s %12s %8s %8s\n", f.Name+" ["+f.Unit+"]", num(f.Receiver), num(f.Prometheus), num(f.VictoriaMetrics), ratio(f.Ratio), ratio(f.RatioVM))
+			continue
+		}
 		fmt.Fprintf(w, "%-72s %12s %12s %8s\n", f.Name+" ["+f.Unit+"]", num(f.Receiver), num(f.Prometheus), ratio(f.Ratio))
 	}
 	for _, t := range r.Results {

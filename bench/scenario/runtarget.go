@@ -225,32 +225,63 @@ func runTarget(ctx context.Context, tg Target, f *fleet.Fleet, fo fleet.Options,
 		if m, err := readProcMem(run.srv.pid()); err == nil {
 			res.setExtra("rss_after_replay_bytes", float64(m.rss))
 		}
+		stored := storedSamples(ctx, run)
 		blocksDir, took, err := run.Finish(ctx)
 		res.StopSeconds = took.Seconds()
 		p2, m2 := smp2.stop()
 		res.RSSOverTime, res.MaxRSSBytes = append(pts, p2...), max(mx, m2)
-		errs = append(errs, checkBlocks(res, blocksDir, err)...)
+		errs = append(errs, checkBlocks(res, blocksDir, err, stored)...)
 		if err := errors.Join(errs...); err != nil {
 			res.Error = err.Error()
 		}
 		return res
 	}
 
+	stored := storedSamples(ctx, run)
 	blocksDir, took, err := run.Finish(ctx)
 	res.StopSeconds = took.Seconds()
 	res.RSSOverTime, res.MaxRSSBytes = smp.stop()
-	errs = append(errs, checkBlocks(res, blocksDir, err)...)
+	errs = append(errs, checkBlocks(res, blocksDir, err, stored)...)
 	if err := errors.Join(errs...); err != nil {
 		res.Error = err.Error()
 	}
 	return res
 }
 
+// stored is what a server without blocks reports it holds (Running.StoredSamples).
+type stored struct {
+	n   int64
+	err error
+	ok  bool
+}
+
+func storedSamples(ctx context.Context, run *Running) stored {
+	if run.StoredSamples == nil {
+		return stored{}
+	}
+	n, err := run.StoredSamples(ctx)
+	return stored{n: n, err: err, ok: true}
+}
+
 // checkBlocks measures the blocks and requires that they hold exactly the
-// accepted samples: the proof that nothing acknowledged was lost.
-func checkBlocks(res *TargetResult, blocksDir string, finishErr error) []error {
+// accepted samples: the proof that nothing acknowledged was lost. For a
+// server without blocks, what it reports storing is compared instead.
+func checkBlocks(res *TargetResult, blocksDir string, finishErr error, st stored) []error {
 	if finishErr != nil {
 		return []error{finishErr}
+	}
+	if blocksDir == "" && st.ok {
+		if st.err != nil {
+			return []error{fmt.Errorf("stored samples: %w", st.err)}
+		}
+		res.Blocks.NumSamples = st.n
+		if res.Load != nil {
+			res.setExtra("lost_samples", float64(res.Load.Accepted-st.n))
+			if st.n != res.Load.Accepted {
+				return []error{fmt.Errorf("server holds %d samples, %d were accepted", st.n, res.Load.Accepted)}
+			}
+		}
+		return nil
 	}
 	b, err := measureBlocks(blocksDir)
 	if err != nil {

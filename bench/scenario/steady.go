@@ -30,12 +30,16 @@ type Options struct {
 	Step             time.Duration // simulated time between rounds
 	Seed             uint64
 	Token            string
-	Targets          []Target      // run one after another, in this order
-	Repeat           int           // run the target sequence this many times (medians are reported)
-	WorkDir          string        // a fresh subdirectory per target is made here
-	LoadTimeout      time.Duration // hard limit on each target's load phase
-	Settle           time.Duration // wait after the load before reading steady RSS
-	Log              io.Writer
+	// Protocol is the remote-write version sent ("1.0" or "2.0"; default
+	// "1.0"). Targets that cannot decode it (protocolsTarget) get the same
+	// load in 1.0.
+	Protocol    string
+	Targets     []Target      // run one after another, in this order
+	Repeat      int           // run the target sequence this many times (medians are reported)
+	WorkDir     string        // a fresh subdirectory per target is made here
+	LoadTimeout time.Duration // hard limit on each target's load phase
+	Settle      time.Duration // wait after the load before reading steady RSS
+	Log         io.Writer
 
 	// PprofDir, if set, receives a CPU profile of the receiver taken during
 	// the load (PprofSeconds, default 20) and a heap profile after it.
@@ -59,6 +63,9 @@ type LoadSpec struct {
 	Seed             uint64    `json:"seed"`
 	FirstTimestamp   time.Time `json:"first_timestamp"`
 	RequestBodyBytes int64     `json:"request_body_bytes"`
+	// Protocol is the remote-write version of the run ("" in older results:
+	// 1.0); a target that cannot decode it got 1.0 (TargetResult.Protocol).
+	Protocol string `json:"protocol,omitempty"`
 	// Churn only: replaced fractions per simulated hour and the distinct
 	// series the rounds create.
 	ClusterChurnPerHour float64 `json:"cluster_churn_per_hour,omitempty"`
@@ -68,12 +75,14 @@ type LoadSpec struct {
 
 // TargetResult is what one target did under the load.
 type TargetResult struct {
-	Name    string        `json:"name"`
-	Repeat  int           `json:"repeat"`
-	Version string        `json:"version"`
-	Command []string      `json:"command"`
-	Error   string        `json:"error,omitempty"`
-	Load    *fleet.Result `json:"load"`
+	Name   string `json:"name"`
+	Repeat int    `json:"repeat"`
+	// Protocol is the remote-write version this target was sent.
+	Protocol string        `json:"protocol,omitempty"`
+	Version  string        `json:"version"`
+	Command  []string      `json:"command"`
+	Error    string        `json:"error,omitempty"`
+	Load     *fleet.Result `json:"load"`
 
 	RSSBytes       int64      `json:"rss_bytes"`      // VmRSS after the load and Settle
 	PeakRSSBytes   int64      `json:"peak_rss_bytes"` // VmHWM after the load
@@ -129,20 +138,38 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		// receiver's ~8 GB that still fits a 23 GiB machine.
 		MaxPreEncodedBytes: 8 << 30,
 	}
-	fmt.Fprintf(o.Log, "encoding %d rounds × %d series ...\n", o.Rounds, f.ActiveSeries())
-	t := time.Now()
-	bodies, err := fleet.EncodeAll(ctx, f, fo)
-	if err != nil {
-		return nil, err
+	if o.Protocol == "" {
+		o.Protocol = fleet.ProtocolV1
 	}
+	// The bodies of each protocol a target needs, encoded once before any
+	// target starts.
+	bodies := map[string][][][]byte{}
 	var bodyBytes int64
-	for _, r := range bodies {
-		for _, b := range r {
-			bodyBytes += int64(len(b))
+	for _, tg := range o.Targets {
+		p := targetProtocol(tg, o.Protocol)
+		if bodies[p] != nil {
+			continue
 		}
+		fmt.Fprintf(o.Log, "encoding %d rounds × %d series, remote-write %s ...\n", o.Rounds, f.ActiveSeries(), p)
+		t := time.Now()
+		po := fo
+		po.Protocol = p
+		b, err := fleet.EncodeAll(ctx, f, po)
+		if err != nil {
+			return nil, err
+		}
+		var n int64
+		for _, r := range b {
+			for _, x := range r {
+				n += int64(len(x))
+			}
+		}
+		if p == o.Protocol || bodyBytes == 0 {
+			bodyBytes = n
+		}
+		fmt.Fprintf(o.Log, "encoded %d MiB in %s\n", n>>20, time.Since(t).Round(time.Millisecond))
+		bodies[p] = b
 	}
-	fmt.Fprintf(o.Log, "encoded %d MiB in %s\n", bodyBytes>>20, time.Since(t).Round(time.Millisecond))
-	fo.Bodies = bodies
 
 	rep := &Report{
 		Scenario: o.Scenario,
@@ -153,7 +180,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		Load: LoadSpec{
 			Clusters: f.Clusters(), SeriesPerCluster: f.SeriesPerCluster(), ActiveSeries: f.ActiveSeries(),
 			Templates: len(tmpl), Rounds: o.Rounds, Concurrency: o.Concurrency, BatchSeries: o.BatchSeries,
-			Step: o.Step.String(), Seed: o.Seed, FirstTimestamp: fo.Start.UTC(), RequestBodyBytes: bodyBytes,
+			Step: o.Step.String(), Seed: o.Seed, FirstTimestamp: fo.Start.UTC(), RequestBodyBytes: bodyBytes, Protocol: o.Protocol,
 			ClusterChurnPerHour: o.ClusterChurnPerHour, SeriesChurnPerHour: o.SeriesChurnPerHour,
 			DistinctSeries: f.DistinctSeries(o.Rounds, o.Step.Milliseconds()),
 		},
@@ -167,8 +194,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 				return rep, ctx.Err()
 			}
 			fmt.Fprintf(o.Log, "== %s (%s), repeat %d\n", tg.Name(), tg.Version(), i)
-			res := runTarget(ctx, tg, f, fo, o)
-			res.Repeat = i
+			to := fo
+			to.Protocol = targetProtocol(tg, o.Protocol)
+			to.Bodies = bodies[to.Protocol]
+			res := runTarget(ctx, tg, f, to, o)
+			res.Repeat, res.Protocol = i, to.Protocol
 			if res.Error != "" {
 				fmt.Fprintf(o.Log, "%s: %s\n", tg.Name(), res.Error)
 			}
@@ -177,6 +207,16 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	rep.computeRatios()
 	return rep, nil
+}
+
+// targetProtocol is the remote-write version tg is sent: want, unless tg
+// cannot decode it, then the first it can.
+func targetProtocol(tg Target, want string) string {
+	pt, ok := tg.(protocolsTarget)
+	if !ok || slices.Contains(pt.Protocols(), want) {
+		return want
+	}
+	return pt.Protocols()[0]
 }
 
 // blockRange is the 2h block range both TSDBs align blocks to.

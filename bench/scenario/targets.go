@@ -28,13 +28,24 @@ type Target interface {
 	Start(ctx context.Context, dir string, onPID func(int)) (*Running, error)
 }
 
+// protocolsTarget is a Target that decodes only some remote-write versions
+// ("1.0", "2.0"); others decode both.
+type protocolsTarget interface {
+	Protocols() []string
+}
+
 // Running is a started target.
 type Running struct {
 	srv      *server
 	WriteURL string
 	Args     []string
+	// StoredSamples, if set, returns the samples the server holds, for a
+	// server without TSDB blocks (VictoriaMetrics); it is called after the
+	// load, before Finish.
+	StoredSamples func(ctx context.Context) (int64, error)
 	// Finish makes the server's data durable as blocks, stops it, and
-	// returns the directory holding the blocks. It must stop the server even
+	// returns the directory holding the blocks ("" for a server without
+	// blocks: StoredSamples is then the check). It must stop the server even
 	// on error.
 	Finish func(ctx context.Context) (blocksDir string, stopTook time.Duration, err error)
 }
@@ -115,6 +126,9 @@ type Prometheus struct {
 }
 
 func (p *Prometheus) Name() string { return "prometheus" }
+
+// Protocols: Prometheus 2.42 decodes remote-write 1.0 only.
+func (p *Prometheus) Protocols() []string { return []string{"1.0"} }
 
 func (p *Prometheus) Version() string {
 	out, err := exec.Command(p.Bin, "--version").CombinedOutput()
@@ -225,4 +239,111 @@ func headSeries(ctx context.Context, base, _ string) (float64, error) {
 		return 0, fmt.Errorf("no prometheus_tsdb_head_series in %s/metrics", base)
 	}
 	return sum, sc.Err()
+}
+
+// VictoriaMetrics is Debian's single-node VictoriaMetrics
+// (/usr/bin/victoria-metrics, 1.79 in bookworm). It takes remote-write 1.0
+// only: the scenario sends it 1.0 bodies of the same load (Protocols).
+// It has no TSDB blocks to measure: Finish flushes its in-memory rows, and
+// StoredSamples reads the rows it holds from its own metrics.
+type VictoriaMetrics struct {
+	Bin string
+}
+
+func (v *VictoriaMetrics) Name() string { return "victoriametrics" }
+
+// Protocols are the remote-write versions it decodes.
+func (v *VictoriaMetrics) Protocols() []string { return []string{"1.0"} }
+
+func (v *VictoriaMetrics) Version() string {
+	out, err := exec.Command("dpkg-query", "-W", "-f=${Version}", "victoria-metrics").Output()
+	if err != nil || len(out) == 0 {
+		return "victoria-metrics (version unknown)"
+	}
+	return "victoria-metrics " + strings.TrimSpace(string(out)) + " (Debian)"
+}
+
+func (v *VictoriaMetrics) Start(ctx context.Context, dir string, onPID func(int)) (*Running, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	data := filepath.Join(dir, "data")
+	args := []string{
+		"-storageDataPath=" + data,
+		"-httpListenAddr=" + addr,
+		// Samples are up to a day old in the storage scenario; the default
+		// (1 month) would do, a year leaves no doubt.
+		"-retentionPeriod=1y",
+	}
+	srv, err := startServer(ctx, "victoriametrics", v.Bin, args, filepath.Join(dir, "victoriametrics.log"), addr, false, onPID, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &Running{
+		srv: srv, WriteURL: srv.baseURL + "/api/v1/write", Args: append([]string{v.Bin}, args...),
+		StoredSamples: func(ctx context.Context) (int64, error) { return vmStoredRows(ctx, srv.baseURL) },
+		Finish: func(context.Context) (string, time.Duration, error) {
+			took, err := srv.stop(5 * time.Minute)
+			if err != nil {
+				return "", took, fmt.Errorf("victoriametrics shutdown: %w", err)
+			}
+			return "", took, nil
+		},
+	}, nil
+}
+
+// vmStoredRows flushes VictoriaMetrics' buffered rows to parts and returns
+// the rows its storage holds (vm_rows of storage/small and storage/big, plus
+// any still pending).
+func vmStoredRows(ctx context.Context, base string) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/internal/force_flush", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("force_flush: %w", err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("force_flush: %s", resp.Status)
+	}
+	var n float64
+	for _, name := range []string{`vm_rows{type="storage/small"}`, `vm_rows{type="storage/big"}`, `vm_pending_rows{type="storage"}`} {
+		v, err := metricValue(ctx, base, name)
+		if err != nil {
+			return 0, err
+		}
+		n += v
+	}
+	return int64(n), nil
+}
+
+// metricValue reads the sample named exactly name (with its labels as
+// exposed) from base/metrics.
+func metricValue(ctx context.Context, base, name string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	return 0, fmt.Errorf("no %s in %s/metrics", name, base)
 }

@@ -29,44 +29,57 @@ import (
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
-type preset struct{ clusters, perCluster, rounds int }
+// preset is a scenario size; step, if set, replaces --step's default.
+type preset struct {
+	clusters, perCluster, rounds int
+	step                         time.Duration
+}
 
 // Size presets per scenario: clusters × 500 series, the shape of issue 10's
 // fleet. Issue 10's 10k and 50k clusters (5M and 25M active series) do not
 // fit this 2-core, 23 GiB machine next to Prometheus; see bench/results/README.md.
 var sizes = map[string]map[string]preset{
 	"steady": {
-		"smoke": {10, 500, 3},
-		"100k":  {200, 500, 20},
-		"200k":  {400, 500, 12},
-		"1k":    {1000, 500, 6}, // 1k clusters = 500k series
-		"1m":    {2000, 500, 6},
+		"smoke": {10, 500, 3, 0},
+		"100k":  {200, 500, 20, 0},
+		"200k":  {400, 500, 12, 0},
+		"1k":    {1000, 500, 6, 0}, // 1k clusters = 500k series
+		"1m":    {2000, 500, 6, 0},
+		// Issue 19's two shapes. Telemetry: one sample per series every
+		// 4m30s of sample time, ~10 in the head, as a real fleet holds.
+		// Fast: sample time 15s apart and as many rounds as the issue's
+		// 45 s load put in VictoriaMetrics (~100 points per series at 200k,
+		// ~20 at 1M), so many samples per series sit in the head.
+		"200k-telemetry": {400, 500, 10, 0},
+		"1m-telemetry":   {2000, 500, 10, 0},
+		"200k-fast":      {400, 500, 100, 15 * time.Second},
+		"1m-fast":        {2000, 500, 20, 15 * time.Second},
 	},
 	// 2h of backlog at 4m30s: 27 points per series, replayed oldest first.
 	"catchup": {
-		"smoke": {10, 500, 27},
-		"100k":  {200, 500, 27},
-		"200k":  {400, 500, 27},
-		"1m":    {2000, 500, 27}, // 27M samples
+		"smoke": {10, 500, 27, 0},
+		"100k":  {200, 500, 27, 0},
+		"200k":  {400, 500, 27, 0},
+		"1m":    {2000, 500, 27, 0}, // 27M samples
 		// The issue's size, 135M samples (6.5 GB of request bodies): only
 		// the receiver fits in memory (--targets=receiver).
-		"10k": {10000, 500, 27},
+		"10k": {10000, 500, 27, 0},
 	},
 	// 6 simulated hours at 4m30s with 10% of the series replaced per hour.
 	"churn": {
-		"smoke": {10, 500, 80},
-		"50k":   {100, 500, 80},
+		"smoke": {10, 500, 80, 0},
+		"50k":   {100, 500, 80, 0},
 	},
 	// Load, SIGKILL, restart on the same data: WAL replay.
 	"restart": {
-		"smoke": {10, 500, 3},
-		"200k":  {400, 500, 3},
-		"1m":    {2000, 500, 3},
+		"smoke": {10, 500, 3, 0},
+		"200k":  {400, 500, 3, 0},
+		"1m":    {2000, 500, 3, 0},
 	},
 	// A simulated day at 4m30s: 320 points per series, in time order.
 	"storage": {
-		"smoke": {4, 500, 320},
-		"10k":   {20, 500, 320},
+		"smoke": {4, 500, 320, 0},
+		"10k":   {20, 500, 320, 0},
 	},
 }
 
@@ -84,7 +97,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		step         = fs.Duration("step", 270*time.Second, "Simulated time between rounds.")
 		seed         = fs.Uint64("seed", 1, "Load seed (the same for every target).")
 		repeat       = fs.Int("repeat", 1, "Run the targets this many times, interleaved; figures are medians.")
-		targets      = fs.String("targets", "prometheus,receiver", "Targets, run in this order.")
+		targets      = fs.String("targets", "prometheus,receiver", "Targets, run in this order: receiver, prometheus, victoriametrics (skipped with a message if not installed).")
+		protocol     = fs.String("protocol", "2.0", "Remote-write version sent (1.0 or 2.0); targets that only decode 1.0 (Prometheus 2.42, VictoriaMetrics 1.79) get the same load in 1.0.")
+		vmBin        = fs.String("victoriametrics-bin", "/usr/bin/victoria-metrics", "VictoriaMetrics binary (apt-get install victoria-metrics).")
 		receiverBin  = fs.String("receiver-bin", "bench/tmp/receiver", "Receiver binary (go build -tags dedupelabels -o bench/tmp/receiver ./cmd/receiver, as make bench-fleet does).")
 		promBin      = fs.String("prometheus-bin", "/usr/bin/prometheus", "Prometheus binary.")
 		workDir      = fs.String("work-dir", "bench/tmp/run", "Scratch directory for the servers' data (wiped per target).")
@@ -120,6 +135,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	preset.clusters = cmpOr(*clusters, preset.clusters)
 	preset.perCluster = cmpOr(*perCluster, preset.perCluster)
 	preset.rounds = cmpOr(*rounds, preset.rounds)
+	stepSet := false
+	fs.Visit(func(f *flag.Flag) { stepSet = stepSet || f.Name == "step" })
+	if preset.step != 0 && !stepSet {
+		*step = preset.step
+	}
+	if *protocol != "1.0" && *protocol != "2.0" {
+		fmt.Fprintf(stderr, "benchrun: --protocol must be 1.0 or 2.0, not %q\n", *protocol)
+		return 2
+	}
 
 	var tgs []scenario.Target
 	const token = "bench-token"
@@ -141,10 +165,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 			tgs = append(tgs, rc)
 		case "prometheus":
 			tgs = append(tgs, &scenario.Prometheus{Bin: *promBin})
+		case "victoriametrics":
+			if _, err := os.Stat(*vmBin); err != nil {
+				fmt.Fprintf(stderr, "benchrun: SKIPPING victoriametrics: %v (apt-get install victoria-metrics, or --victoriametrics-bin)\n", err)
+				continue
+			}
+			tgs = append(tgs, &scenario.VictoriaMetrics{Bin: *vmBin})
 		default:
-			fmt.Fprintf(stderr, "benchrun: unknown target %q (have: receiver, prometheus)\n", name)
+			fmt.Fprintf(stderr, "benchrun: unknown target %q (have: receiver, prometheus, victoriametrics)\n", name)
 			return 2
 		}
+	}
+	if len(tgs) == 0 {
+		fmt.Fprintln(stderr, "benchrun: no target to run")
+		return 2
 	}
 	absWork, err := filepath.Abs(*workDir)
 	if err != nil {
@@ -172,7 +206,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	rep, err := scenario.Run(ctx, scenario.Options{
 		Scenario: *scen, ClusterChurnPerHour: churnC, SeriesChurnPerHour: churnS, PprofDir: *pprofDir,
 		Size: cmpOrS(*label, *size), Clusters: preset.clusters, SeriesPerCluster: preset.perCluster, Rounds: preset.rounds,
-		Concurrency: *concurrency, BatchSeries: *batch, Step: *step, Seed: *seed, Token: token,
+		Concurrency: *concurrency, BatchSeries: *batch, Step: *step, Seed: *seed, Token: token, Protocol: *protocol,
 		Targets: tgs, Repeat: *repeat, WorkDir: absWork, LoadTimeout: *loadTimeout, Settle: 2 * time.Second, Log: stdout,
 	})
 	if err != nil {
