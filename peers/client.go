@@ -27,6 +27,7 @@ type peer struct {
 	self    atomic.Bool
 	chunked remote.ReadClient // streamed XOR chunks: Selects with samples
 	sampled remote.ReadClient // sampled: series-only Selects (streaming drops series without chunks)
+	query   *http.Client      // pushdown.Path
 
 	mu      sync.Mutex
 	horizon map[string]observation // by tenant
@@ -44,6 +45,7 @@ func (s *Set) newPeer(addr string) (*peer, error) {
 		return nil, err
 	}
 	p := &peer{addr: addr, horizon: map[string]observation{}}
+	p.query = &http.Client{Transport: &transport{set: s, peer: p}}
 	client := func(types ...prompb.ReadRequest_ResponseType) (remote.ReadClient, error) {
 		rc, err := remote.NewReadClient("peer", &remote.ClientConfig{
 			URL:                   &config_util.URL{URL: u},

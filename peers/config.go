@@ -51,7 +51,14 @@ type Config struct {
 	// HorizonTTL is how long a peer's reported horizon is trusted to skip
 	// it for queries that end before it (1m); see docs/scale-out.md.
 	HorizonTTL model.Duration `yaml:"horizon_ttl"`
+	// Pushdown (default true) evaluates the parts of a query that keep
+	// clusters apart on each replica and combines the answers, when that
+	// is exact (docs/scale-out.md); false always reads the peers' series.
+	Pushdown *bool `yaml:"pushdown"`
 }
+
+// PushdownEnabled reports whether Pushdown is on (the default).
+func (c *Config) PushdownEnabled() bool { return c.Pushdown == nil || *c.Pushdown }
 
 // SetDefaults fills unset fields.
 func (c *Config) SetDefaults() {

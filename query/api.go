@@ -84,7 +84,7 @@ func (o *Options) setDefaults() {
 }
 
 // NewHandler returns the /api/v1 handler. It expects auth.Middleware in front.
-func NewHandler(logger *slog.Logger, engine *promql.Engine, r Reader, opts Options) http.Handler {
+func NewHandler(logger *slog.Logger, engine promql.QueryEngine, r Reader, opts Options) http.Handler {
 	opts.setDefaults()
 	ready := func(f http.HandlerFunc) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {

@@ -26,6 +26,10 @@ var errNoTenant = errors.New("query has no authenticated tenant")
 // engine and the HTTP API can stay tenant-unaware.
 type tenantQueryable struct{ r Reader }
 
+// NewQueryable returns r as a storage.Queryable that reads the tenant of
+// each call's context.
+func NewQueryable(r Reader) promstorage.Queryable { return tenantQueryable{r} }
+
 func (q tenantQueryable) Querier(mint, maxt int64) (promstorage.Querier, error) {
 	return &tenantQuerier{r: q.r, mint: mint, maxt: maxt}, nil
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/version"
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/promql"
 
 	"github.com/phonehome/phonehome/auth"
 	"github.com/phonehome/phonehome/erasure"
@@ -35,8 +36,10 @@ import (
 	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/peers"
 	"github.com/phonehome/phonehome/push"
+	"github.com/phonehome/phonehome/pushdown"
 	"github.com/phonehome/phonehome/query"
 	"github.com/phonehome/phonehome/receive"
+	"github.com/phonehome/phonehome/relabel"
 	"github.com/phonehome/phonehome/rules"
 	"github.com/phonehome/phonehome/status"
 	"github.com/phonehome/phonehome/storage"
@@ -253,7 +256,19 @@ func run(args []string, stderr io.Writer) int {
 		logger.Error("invalid configuration", "file", *configFile, "err", err)
 		return 2
 	}
-	api := query.NewHandler(logger.With("component", "query"), engine, reader, query.Options{
+	var apiEngine promql.QueryEngine = engine
+	if peerSet.Enabled() && cfg.Peers.PushdownEnabled() {
+		apiEngine = pushdown.New(logger.With("component", "pushdown"), reg, engine, pushdown.Options{
+			ClusterLabel: relabel.IDLabel,
+			Local:        query.NewQueryable(db),
+			Peers:        peerSet.Shards,
+			InBucket: func(ctx context.Context, mint, maxt int64) bool {
+				id, _ := auth.FromContext(ctx)
+				return bstore != nil && len(bstore.Blocks(id.Tenant, mint, maxt)) > 0
+			},
+		})
+	}
+	api := query.NewHandler(logger.With("component", "query"), apiEngine, reader, query.Options{
 		Ready: isReady, Version: version.Version,
 		Rules: ruler.RulesRetriever, Alertmanagers: ruler.AlertmanagerRetriever,
 		Metadata: db,
@@ -283,6 +298,8 @@ func run(args []string, stderr io.Writer) int {
 	}
 	mux.Handle("POST /api/v1/read", auth.Middleware(peerSet.Authenticator(a.authn), auth.PermRead, nil,
 		peerSet.Handler(logger.With("component", "remote_read"), reg, reader, db, db.PeerHorizon, query.ReadOptions{Ready: isReady})))
+	mux.Handle("POST "+pushdown.Path, auth.Middleware(peerSet.Authenticator(a.authn), auth.PermRead, nil,
+		peerSet.WithInstance(pushdown.NewHandler(logger.With("component", "pushdown"), engine, query.NewQueryable(db), relabel.IDLabel, isReady))))
 	if a.authorize != nil {
 		mux.Handle("POST /authorize", a.authorize)
 	}
