@@ -212,6 +212,14 @@ rules:
 	require.Positive(t, metricValue(mfs, "phonehome_peers_reads_total", map[string]string{"result": "success"}))
 	require.Equal(t, 0.0, metricValue(mfs, "phonehome_peers_reads_total", map[string]string{"result": "error"}))
 	require.Equal(t, 2.0, metricValue(mfs, "phonehome_peers", nil), "itself recognised and left out")
+	// Before shipping, queries were evaluated on each replica and combined
+	// (pushdown); parts that read the moved cluster c3 on two replicas, and
+	// ranges that reach the bucket, were evaluated over the merged series.
+	for _, outcome := range []string{"pushed", "overlap"} {
+		require.Positive(t, metricValue(mfs, "phonehome_query_pushdown_parts_total", map[string]string{"outcome": outcome}), outcome)
+	}
+	require.Positive(t, metricValue(mfs, "phonehome_query_pushdown_queries_total", map[string]string{"outcome": "bucket"}))
+	require.Equal(t, 0.0, metricValue(mfs, "phonehome_query_pushdown_parts_total", map[string]string{"outcome": "error"}))
 
 	// Fleet rules: evaluated by r0 alone over the fleet view; the recorded
 	// series reads the same from every replica and from the single receiver.

@@ -249,16 +249,11 @@ func run(args []string, stderr io.Writer) int {
 		policies = receive.NewPolicyUpdater(writes, policy, nil)
 	}
 	engine := query.NewEngine(logger.With("component", "query"), reg, query.Options{})
-	ruler, err := rules.New(logger.With("component", "rules"), reg, engine, db, cfg.Rules, rules.Options{
-		Reader: reader, Tenants: []func() []string{bstore.Tenants, peerSet.Tenants},
-	})
-	if err != nil {
-		logger.Error("invalid configuration", "file", *configFile, "err", err)
-		return 2
-	}
-	var apiEngine promql.QueryEngine = engine
+	// Queries and rules over the fleet: parts pushed down to the replicas
+	// where that is exact (pushdown), the rest over the merged view.
+	var fleetEngine promql.QueryEngine = engine
 	if peerSet.Enabled() && cfg.Peers.PushdownEnabled() {
-		apiEngine = pushdown.New(logger.With("component", "pushdown"), reg, engine, pushdown.Options{
+		fleetEngine = pushdown.New(logger.With("component", "pushdown"), reg, engine, pushdown.Options{
 			ClusterLabel: relabel.IDLabel,
 			Local:        query.NewQueryable(db),
 			Peers:        peerSet.Shards,
@@ -268,7 +263,14 @@ func run(args []string, stderr io.Writer) int {
 			},
 		})
 	}
-	api := query.NewHandler(logger.With("component", "query"), apiEngine, reader, query.Options{
+	ruler, err := rules.New(logger.With("component", "rules"), reg, fleetEngine, db, cfg.Rules, rules.Options{
+		Reader: reader, Tenants: []func() []string{bstore.Tenants, peerSet.Tenants},
+	})
+	if err != nil {
+		logger.Error("invalid configuration", "file", *configFile, "err", err)
+		return 2
+	}
+	api := query.NewHandler(logger.With("component", "query"), fleetEngine, reader, query.Options{
 		Ready: isReady, Version: version.Version,
 		Rules: ruler.RulesRetriever, Alertmanagers: ruler.AlertmanagerRetriever,
 		Metadata: db,
