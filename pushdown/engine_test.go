@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -380,23 +379,4 @@ func TestPlan(t *testing.T) {
 		outer, _ := plan(expr, "_id")
 		require.Equal(t, tc.outer, outer.String(), tc.in)
 	}
-}
-
-func FuzzDecodeRequest(f *testing.F) {
-	f.Add("query=up&start=0&end=0&step=0")
-	f.Add("query=sum(x)&start=1000&end=2000&step=15")
-	f.Add("query=&start=a&end=-1&step=-5")
-	f.Fuzz(func(t *testing.T, form string) {
-		v, err := url.ParseQuery(form)
-		if err != nil {
-			return
-		}
-		req, err := DecodeRequest(v)
-		if err != nil {
-			return
-		}
-		back, err := DecodeRequest(EncodeRequest(req))
-		require.NoError(t, err)
-		require.Equal(t, req, back)
-	})
 }
