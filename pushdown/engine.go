@@ -162,7 +162,11 @@ type query struct {
 }
 
 func (q *query) request(expr string) Request {
-	return Request{Query: expr, Start: q.stmt.Start, End: q.stmt.End, Step: q.stmt.Interval}
+	req := Request{Query: expr, Start: q.stmt.Start, End: q.stmt.End, Step: q.stmt.Interval}
+	if q.opts != nil && q.opts.LookbackDelta() > 0 {
+		req.Lookback = q.opts.LookbackDelta()
+	}
+	return req
 }
 
 // newInner is an inner query of expr over data at the query's times.

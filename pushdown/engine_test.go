@@ -380,3 +380,22 @@ func TestPlan(t *testing.T) {
 		require.Equal(t, tc.outer, outer.String(), tc.in)
 	}
 }
+
+func TestPushdownKeepsTheQueryLookback(t *testing.T) {
+	f := newFleet(t)
+	pd := f.pushdownEngine(t, nil)
+	ref := newEngine()
+	at := time.UnixMilli(30*minute + 20_000) // 20s after a sample, 10s before the next
+	for _, lookback := range []time.Duration{10 * time.Second, 30 * time.Second} {
+		opts := promql.NewPrometheusQueryOpts(false, lookback, nil)
+		results := map[string]*promql.Result{}
+		for name, eng := range map[string]promql.QueryEngine{"ref": ref, "pushdown": pd} {
+			qry, err := eng.NewInstantQuery(context.Background(), f.queryable(), opts, `count(csv_succeeded)`, at)
+			require.NoError(t, err)
+			t.Cleanup(qry.Close)
+			results[name] = qry.Exec(context.Background())
+		}
+		require.Equal(t, points(t, results["ref"]), points(t, results["pushdown"]), lookback)
+		require.Equal(t, lookback == 10*time.Second, len(points(t, results["ref"])) == 0, "10s sees no sample")
+	}
+}

@@ -34,6 +34,8 @@ type Request struct {
 	Query      string
 	Start, End time.Time
 	Step       time.Duration // 0: an instant query at Start
+	// Lookback is the query's lookback delta; 0 is the engine's default.
+	Lookback time.Duration
 }
 
 // Result is a shard's answer to a Request.
@@ -55,10 +57,14 @@ func Evaluate(ctx context.Context, engine promql.QueryEngine, q promstorage.Quer
 		qry promql.Query
 		err error
 	)
+	var opts promql.QueryOpts
+	if req.Lookback > 0 {
+		opts = promql.NewPrometheusQueryOpts(false, req.Lookback, nil)
+	}
 	if req.Step == 0 {
-		qry, err = engine.NewInstantQuery(ctx, rec, nil, req.Query, req.Start)
+		qry, err = engine.NewInstantQuery(ctx, rec, opts, req.Query, req.Start)
 	} else {
-		qry, err = engine.NewRangeQuery(ctx, rec, nil, req.Query, req.Start, req.End, req.Step)
+		qry, err = engine.NewRangeQuery(ctx, rec, opts, req.Query, req.Start, req.End, req.Step)
 	}
 	if err != nil {
 		return nil, err

@@ -40,25 +40,27 @@ func EncodeRequest(req Request) url.Values {
 		"start": {strconv.FormatInt(req.Start.UnixMilli(), 10)},
 		"end":   {strconv.FormatInt(req.End.UnixMilli(), 10)},
 		"step":  {strconv.FormatInt(req.Step.Milliseconds(), 10)},
+		// lookback: milliseconds, 0 for the engine's default.
+		"lookback": {strconv.FormatInt(req.Lookback.Milliseconds(), 10)},
 	}
 }
 
 // DecodeRequest parses a form made by EncodeRequest.
 func DecodeRequest(form url.Values) (Request, error) {
-	var ms [3]int64
-	for i, k := range []string{"start", "end", "step"} {
+	var ms [4]int64
+	for i, k := range []string{"start", "end", "step", "lookback"} {
 		v, err := strconv.ParseInt(form.Get(k), 10, 64)
 		if err != nil {
 			return Request{}, fmt.Errorf("%s: want milliseconds: %w", k, err)
 		}
 		ms[i] = v
 	}
-	req := Request{Query: form.Get("query"), Start: time.UnixMilli(ms[0]), End: time.UnixMilli(ms[1]), Step: time.Duration(ms[2]) * time.Millisecond}
+	req := Request{Query: form.Get("query"), Start: time.UnixMilli(ms[0]), End: time.UnixMilli(ms[1]), Step: time.Duration(ms[2]) * time.Millisecond, Lookback: time.Duration(ms[3]) * time.Millisecond}
 	switch {
 	case req.Query == "":
 		return Request{}, errors.New("query is empty")
-	case req.Step < 0 || req.End.Before(req.Start):
-		return Request{}, errors.New("want 0 <= step and start <= end")
+	case req.Step < 0 || req.Lookback < 0 || req.End.Before(req.Start):
+		return Request{}, errors.New("want 0 <= step, 0 <= lookback and start <= end")
 	case req.Step == 0 && !req.End.Equal(req.Start):
 		return Request{}, errors.New("an instant query (step 0) has start = end")
 	}

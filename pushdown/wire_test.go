@@ -59,8 +59,8 @@ func FuzzReadResult(f *testing.F) {
 
 // FuzzDecodeRequest: any form either fails or round-trips.
 func FuzzDecodeRequest(f *testing.F) {
-	f.Add("query=up&start=0&end=0&step=0")
-	f.Add("query=sum(x)&start=1000&end=2000&step=15")
+	f.Add("query=up&start=0&end=0&step=0&lookback=0")
+	f.Add("query=sum(x)&start=1000&end=2000&step=15&lookback=60000")
 	f.Add("query=&start=a&end=-1&step=-5")
 	f.Fuzz(func(t *testing.T, form string) {
 		v, err := url.ParseQuery(form)
