@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	promstorage "github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/util/annotations"
@@ -37,7 +38,7 @@ func (q *syntheticQuerier) open() (promstorage.Querier, error) {
 
 func (q *syntheticQuerier) Select(ctx context.Context, sortSeries bool, hints *promstorage.SelectHints, ms ...*labels.Matcher) promstorage.SeriesSet {
 	for _, m := range ms {
-		if m.Name != labels.MetricName || m.Type != labels.MatchEqual {
+		if m.Name != model.MetricNameLabel || m.Type != labels.MatchEqual {
 			continue
 		}
 		if series, ok := q.s.parts[m.Value]; ok {
