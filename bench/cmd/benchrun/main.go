@@ -10,6 +10,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -105,6 +106,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		workDir      = fs.String("work-dir", "bench/tmp/run", "Scratch directory for the servers' data (wiped per target).")
 		resultsDir   = fs.String("results-dir", "bench/results", "Where to write <date>-<size>.json and README.md.")
 		noRecord     = fs.Bool("no-record", false, "Print the table but write nothing to results-dir.")
+		breakdown    = fs.String("heap-breakdown", "", "Only print the per-series breakdown of this heap profile (saved by --pprof-dir; its -memstats.txt is read if present) for --breakdown-series series, and exit.")
+		bdSeries     = fs.Int("breakdown-series", 0, "Active series for --heap-breakdown.")
 		reportOnly   = fs.Bool("report-only", false, "Only regenerate results-dir/README.md and the PNGs from the JSON files there.")
 		loadTimeout  = fs.Duration("load-timeout", 15*time.Minute, "Hard limit on each target's load phase.")
 		timeout      = fs.Duration("timeout", 60*time.Minute, "Hard limit on the whole run.")
@@ -117,6 +120,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *breakdown != "" {
+		ms := strings.TrimSuffix(*breakdown, "-heap.pb.gz") + "-memstats.txt"
+		if err := writeHeapBreakdown(*receiverBin, *breakdown, ms, *bdSeries, 0, stdout); err != nil {
+			fmt.Fprintf(stderr, "benchrun: %v\n", err)
+			return 1
+		}
+		return 0
 	}
 	if *reportOnly {
 		return writeREADMEAndPlots(*resultsDir, true, stderr)
@@ -217,7 +228,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	rep.Command = "go run ./bench/cmd/benchrun " + strings.Join(args, " ")
 	if *pprofDir != "" {
-		summarizeProfiles(*pprofDir, *scen, cmpOrS(*label, *size), *receiverBin, stderr)
+		summarizeProfiles(*pprofDir, *scen, cmpOrS(*label, *size), *receiverBin, rep, stderr)
 	}
 	rep.PrintTable(stdout)
 	if *noRecord {
@@ -282,8 +293,21 @@ func cmpOr(v, def int) int {
 
 // summarizeProfiles writes the top 20 of `go tool pprof -top` next to each
 // profile the run captured: CPU, and heap by in-use and by allocated space.
-func summarizeProfiles(dir, scen, size, bin string, stderr io.Writer) {
+func summarizeProfiles(dir, scen, size, bin string, rep *scenario.Report, stderr io.Writer) {
 	base := filepath.Join(dir, scen+"-"+size)
+	// The heap profile is of the last receiver run.
+	var rss int64
+	for _, r := range rep.Results {
+		if r.Name == "receiver" {
+			rss = r.RSSBytes
+		}
+	}
+	var bd bytes.Buffer
+	if err := writeHeapBreakdown(bin, base+"-heap.pb.gz", base+"-memstats.txt", rep.Load.ActiveSeries, rss, &bd); err != nil {
+		fmt.Fprintf(stderr, "benchrun: %v\n", err)
+	} else if err := os.WriteFile(base+"-heap-breakdown.md", bd.Bytes(), 0o644); err != nil {
+		fmt.Fprintf(stderr, "benchrun: %v\n", err)
+	}
 	for _, p := range []struct{ in, out, extra string }{
 		{"-cpu.pb.gz", "-cpu-top20.txt", ""},
 		{"-cpu.pb.gz", "-cpu-cum-top20.txt", "-cum"},
