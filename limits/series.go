@@ -11,11 +11,13 @@ import (
 
 // Series tracking.
 //
-// Each tenant has numShards shards, chosen by the top bits of the series
-// hash, each a mutex and a map[uint64]entry. An entry is 12 bytes (last seen
-// in seconds since the Limiter started, and interned cluster and metric ids),
-// so a tracked series costs the map slot plus the map's spare capacity:
-// BENCHMARKS.md has the measured figure.
+// Each tenant has numShards shards, chosen by the top bits of the seeded
+// half of the series key, each a mutex and a map[Key]entry. An entry is 24
+// bytes (last seen in seconds since the Limiter started, interned cluster and
+// metric ids, and the caller's hint: the receiver keeps the series' TSDB head
+// reference there, so one map serves the limits and the write path's
+// reference cache), so a tracked series costs a 40-byte map slot plus the
+// map's spare capacity: BENCHMARKS.md has the measured figure.
 //
 // Counts (per cluster, per metric name, per tenant) are atomics. A new series
 // increments each count only if it stays within its limit, and undoes the
@@ -24,11 +26,13 @@ import (
 // fit (an increment is visible for a moment before it is undone); none is
 // ever admitted over a limit.
 //
-// Tracking is exact for the hash: two distinct series whose 64-bit hashes
-// collide count once. With n tracked series of a tenant the expected number
-// of colliding pairs is about n²/2^65 (3e-6 at 10M series), so the count is
-// exact in practice. The hash must cover every label, including the cluster
-// label, so the same hash never arrives from two clusters.
+// Tracking is exact for the key: two distinct series whose keys collide
+// count once. A Key is 128 bits (Admit's 64-bit hash fills one half): with n
+// tracked series of a tenant the expected number of colliding pairs is about
+// n²/2^129 (n²/2^65 for 64-bit hashes, 3e-6 at 10M series), so the count is
+// exact in practice, and a hint (a head reference) never reaches the wrong
+// series. The key must cover every label, including the cluster label, so
+// the same key never arrives from two clusters.
 //
 // Locks: tenant.mu (RW) guards the interners. A new series takes tenant.mu
 // for reading, then one shard mutex; Expire does the same per shard, and takes
@@ -40,15 +44,21 @@ const (
 	numShards = 1 << shardBits
 )
 
+// Key identifies a series within a tenant: two independent 64-bit hashes of
+// all its labels, the second seeded so that no client can craft collisions
+// (it also picks the shard).
+type Key [2]uint64
+
 type entry struct {
 	seen    uint32 // seconds since Limiter.epoch
 	cluster uint32 // id in tenant.clusters
 	metric  uint32 // id in tenant.metrics
+	hint    uint64 // the caller's, for this series (SetHint); 0 = none
 }
 
 type shard struct {
 	mu   sync.Mutex
-	m    map[uint64]entry
+	m    map[Key]entry
 	peak int                  // largest len(m) since m was allocated
 	_    [64 - 8 - 8 - 8]byte // one shard per cache line
 }
@@ -139,7 +149,7 @@ func newTenant(name string) *tenant {
 		inflight:     map[string]int{},
 	}
 	for i := range t.shards {
-		t.shards[i].m = map[uint64]entry{}
+		t.shards[i].m = map[Key]entry{}
 	}
 	return t
 }
@@ -186,7 +196,7 @@ func (t *tenant) expire(now, idle uint32) int {
 		}
 		// Go maps never shrink: rebuild one that has emptied out.
 		if l := len(sh.m); sh.peak >= 1024 && l < sh.peak/4 {
-			m := make(map[uint64]entry, l)
+			m := make(map[Key]entry, l)
 			for h, e := range sh.m {
 				m[h] = e
 			}
@@ -244,31 +254,55 @@ func (l *Limiter) AdmitSeries(tenant, cluster, metric string, hash uint64) error
 }
 
 // Admit decides whether the series with the given hash (of all its labels,
-// e.g. labels.Labels.Hash) and metric name may be written.
+// seeded, e.g. labelhash.Seeded) and metric name may be written. It is
+// AdmitKey with the hash as the seeded half of the key; a tenant's series
+// must all be admitted one way or the other.
+func (s *Session) Admit(metric string, hash uint64) error {
+	_, err := s.AdmitKey(metric, Key{0, hash})
+	return err
+}
+
+// AdmitKey decides whether the series with key k and metric name may be
+// written, and returns the hint last stored for it with SetHint (0 for a
+// new series, or none).
 //
 // A tracked series always passes and its last-seen time is refreshed, even if
 // a limit has since been lowered below the current count. A new series is
 // tracked only if the cluster's, the tenant's and the metric name's series
-// counts are all below their limits; otherwise Admit returns a *LimitError
+// counts are all below their limits; otherwise AdmitKey returns a *LimitError
 // for the first full one (in that order) and nothing is tracked. The
 // returned error may be shared by later refusals of the same Session: do not
 // modify it.
-func (s *Session) Admit(metric string, hash uint64) error {
-	sh := &s.t.shards[hash>>(64-shardBits)]
+func (s *Session) AdmitKey(metric string, k Key) (hint uint64, err error) {
+	sh := s.t.shard(k)
 	sh.mu.Lock()
-	if e, ok := sh.m[hash]; ok {
+	if e, ok := sh.m[k]; ok {
 		if e.seen < s.now {
 			e.seen = s.now
-			sh.m[hash] = e
+			sh.m[k] = e
 		}
 		sh.mu.Unlock()
-		return nil
+		return e.hint, nil
 	}
 	sh.mu.Unlock()
-	return s.admitNew(sh, metric, hash)
+	return 0, s.admitNew(sh, metric, k)
 }
 
-func (s *Session) admitNew(sh *shard, metric string, hash uint64) error {
+// SetHint stores hint with the tracked series k of tenant, for AdmitKey to
+// return. It does nothing if k is not tracked (any more).
+func (l *Limiter) SetHint(tenant string, k Key, hint uint64) {
+	sh := l.tenant(tenant).shard(k)
+	sh.mu.Lock()
+	if e, ok := sh.m[k]; ok && e.hint != hint {
+		e.hint = hint
+		sh.m[k] = e
+	}
+	sh.mu.Unlock()
+}
+
+func (t *tenant) shard(k Key) *shard { return &t.shards[k[1]>>(64-shardBits)] }
+
+func (s *Session) admitNew(sh *shard, metric string, k Key) error {
 	t, lim := s.t, s.lim
 	cid, cs, mid, ms := t.acquire(s.cid, s.cs, s.cluster, metric)
 	defer t.mu.RUnlock()
@@ -276,10 +310,10 @@ func (s *Session) admitNew(sh *shard, metric string, hash uint64) error {
 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if e, ok := sh.m[hash]; ok { // admitted concurrently
+	if e, ok := sh.m[k]; ok { // admitted concurrently
 		if e.seen < s.now {
 			e.seen = s.now
-			sh.m[hash] = e
+			sh.m[k] = e
 		}
 		return nil
 	}
@@ -299,7 +333,7 @@ func (s *Session) admitNew(sh *shard, metric string, hash uint64) error {
 		cs.n.Add(-1)
 		return s.refuse(2, LimitSeriesPerMetric, lim.MaxSeriesPerMetric)
 	}
-	sh.m[hash] = entry{seen: s.now, cluster: cid, metric: mid}
+	sh.m[k] = entry{seen: s.now, cluster: cid, metric: mid}
 	sh.peak = max(sh.peak, len(sh.m))
 	s.l.tracked.Add(1)
 	return nil

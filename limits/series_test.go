@@ -345,3 +345,63 @@ func TestExpireRebuildsEmptiedShard(t *testing.T) {
 	}
 	require.Equal(t, int64(100), l.tracked.Load())
 }
+
+// The hint kept with a series (the receiver's head reference) comes back
+// with every admission of it, does not touch the counts, and goes with the
+// series when it expires.
+func TestAdmitKeyHint(t *testing.T) {
+	clk := newClock()
+	l := New(nil, unlimited(), clk.Now)
+	s := l.Session("t", "c")
+	k1, k2 := Key{1, 1 << 60}, Key{2, 1 << 60} // same shard, distinct keys
+	h, err := s.AdmitKey("m", k1)
+	require.NoError(t, err)
+	require.Zero(t, h, "a new series has no hint")
+	l.SetHint("t", k1, 42)
+	l.SetHint("t", k2, 43) // not tracked: nothing happens
+	h, err = s.AdmitKey("m", k1)
+	require.NoError(t, err)
+	require.EqualValues(t, 42, h)
+	h, err = s.AdmitKey("m", k2)
+	require.NoError(t, err)
+	require.Zero(t, h)
+	require.Equal(t, int64(2), l.tracked.Load())
+	require.Equal(t, int64(2), l.tenant("t").series.Load())
+	// Admit's 64-bit hash is the seeded half of a key: the same series.
+	require.NoError(t, s.Admit("m", 1<<60))
+	h, err = s.AdmitKey("m", Key{0, 1 << 60})
+	require.NoError(t, err)
+	require.Zero(t, h)
+	require.Equal(t, int64(3), l.tracked.Load())
+
+	clk.Advance(time.Hour)
+	require.Equal(t, 3, l.Expire())
+	s = l.Session("t", "c")
+	h, err = s.AdmitKey("m", k1)
+	require.NoError(t, err)
+	require.Zero(t, h, "the hint expired with the series")
+}
+
+// The per-cluster and per-tenant limits count keys exactly as they counted
+// hashes.
+func TestAdmitKeyLimits(t *testing.T) {
+	clk := newClock()
+	one, two := 1, 2
+	l := New(nil, Config{Defaults: Spec{MaxSeriesPerCluster: &one, MaxSeriesPerTenant: &two}}, clk.Now)
+	a := l.Session("t", "a")
+	_, err := a.AdmitKey("m", Key{1, 1})
+	require.NoError(t, err)
+	_, err = a.AdmitKey("m", Key{1, 1}) // the same series again
+	require.NoError(t, err)
+	_, err = a.AdmitKey("m", Key{2, 1}) // another series: over the cluster's limit
+	var le *LimitError
+	require.ErrorAs(t, err, &le)
+	require.Equal(t, LimitSeriesPerCluster, le.Limit)
+	b := l.Session("t", "b")
+	_, err = b.AdmitKey("m", Key{3, 3})
+	require.NoError(t, err)
+	c := l.Session("t", "c")
+	_, err = c.AdmitKey("m", Key{4, 4})
+	require.ErrorAs(t, err, &le)
+	require.Equal(t, LimitSeriesPerTenant, le.Limit)
+}

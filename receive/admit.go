@@ -10,24 +10,28 @@ import (
 // admit decides whether one series may be stored: it must be valid, bound to
 // the caller's cluster, inside the server-side allowlist (and its tenant's gathering definition), and fit the series
 // limits. It rewrites ts in place (labels sorted, empty and elided labels removed, _id added).
-func (h *Handler) admit(ts *prompb.TimeSeries, id auth.Identity, lim *limits.TenantLimits, pol *Policy, sess *sessions) *seriesError {
+// It returns the series' key and the hint the limiter keeps for it (its head
+// reference, see hintedWriter).
+func (h *Handler) admit(ts *prompb.TimeSeries, id auth.Identity, lim *limits.TenantLimits, pol *Policy, sess *sessions) (limits.Key, uint64, *seriesError) {
 	name, resorted, serr := validateSeries(ts, lim, id, h.opts.OverwriteClusterID)
 	if resorted && serr == nil {
 		h.metrics.unsortedSeries.Inc()
 	}
 	if serr != nil {
-		return serr
+		return limits.Key{}, 0, serr
 	}
 	ts.Labels = pol.elideLabels(ts.Labels)
 	if !pol.allows(id.Tenant, ts.Labels) {
-		return &seriesError{reasonAllowlist, "series is not in the server-side allowlist"}
+		return limits.Key{}, 0, &seriesError{reasonAllowlist, "series is not in the server-side allowlist"}
 	}
 	s := sess.get(h.limiter, id.Tenant, clusterOf(ts.Labels))
-	if err := s.Admit(name, hashLabels(ts.Labels)); err != nil {
-		return &seriesError{reasonSeriesLimit, "new series refused: " + err.Error()}
+	key := seriesKey(ts.Labels)
+	hint, err := s.AdmitKey(name, key)
+	if err != nil {
+		return limits.Key{}, 0, &seriesError{reasonSeriesLimit, "new series refused: " + err.Error()}
 	}
 	tracked(s, name, ts) // status page (track.go)
-	return nil
+	return key, hint, nil
 }
 
 // sessions holds the limiter sessions of one request, one per cluster. A

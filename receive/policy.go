@@ -11,6 +11,7 @@ import (
 	"github.com/phonehome/phonehome/allowlist"
 	"github.com/phonehome/phonehome/gathering"
 	"github.com/phonehome/phonehome/labelhash"
+	"github.com/phonehome/phonehome/limits"
 )
 
 // Policy is what the server keeps of each series: its allowlist (nil allows
@@ -165,3 +166,10 @@ var seriesSeed = maphash.MakeSeed()
 // hashLabels identifies a series for the limiter without building
 // labels.Labels. ls must be sorted; every label counts, _id included.
 func hashLabels(ls []prompb.Label) uint64 { return labelhash.Seeded(seriesSeed, ls) }
+
+// seriesKey is the limiter's key of a series: 128 bits, the seeded half
+// hashLabels. It also keys the series' head reference (hintedWriter), so
+// it must be collision-free in practice, as 128 bits are (~n²/2¹²⁹).
+func seriesKey(ls []prompb.Label) limits.Key {
+	return limits.Key{labelhash.Unseeded(ls), hashLabels(ls)}
+}

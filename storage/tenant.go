@@ -6,10 +6,12 @@ import (
 	"path/filepath"
 	"regexp"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/client_golang/prometheus"
+	promstorage "github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/prometheus/prometheus/util/compression"
 )
@@ -32,6 +34,10 @@ type tenant struct {
 	db   *tsdb.DB
 	meta *metadataIndex
 	refs *seriesRefs
+	// incarnation tags the hints of WriteHinted: a hint holds a head
+	// reference of this TSDB instance only (references restart when a tenant
+	// is erased and reopened).
+	incarnation uint64
 
 	mtx      sync.Mutex
 	uploaded map[ulid.ULID]struct{} // blocks in the bucket; persisted in shipperFile
@@ -59,10 +65,40 @@ func (t *tenant) markUploaded(id ulid.ULID, local []ulid.ULID) error {
 	return writeShipped(t.dir, keep)
 }
 
+// incarnations numbers tenant TSDB instances in this process.
+var incarnations atomic.Uint64
+
+// A hint is a head reference in its low hintRefBits bits and the tenant's
+// incarnation above them. 2^40 series references are far more than a head
+// creates in a process' life; 2^24 incarnations (opens of tenants, each
+// erasure reopens one) too.
+const (
+	hintRefBits         = 40
+	hintIncarnationMask = 1<<(64-hintRefBits) - 1
+)
+
+// hint returns the hint for ref, which an append has accepted: 0 (none)
+// when ref is 0 or too large to tag.
+func (t *tenant) hint(ref promstorage.SeriesRef) uint64 {
+	if ref == 0 || uint64(ref) >= 1<<hintRefBits || t.incarnation == 0 {
+		return 0
+	}
+	return t.incarnation<<hintRefBits | uint64(ref)
+}
+
+// hintRef returns the head reference of hint h, or 0 if it is none or from
+// another incarnation.
+func (t *tenant) hintRef(h uint64) promstorage.SeriesRef {
+	if h == 0 || h>>hintRefBits != t.incarnation {
+		return 0
+	}
+	return promstorage.SeriesRef(h & (1<<hintRefBits - 1))
+}
+
 // openTenant opens (creating if needed) the TSDB in dir/tenants/<name>.
 // WAL replay happens here.
 func openTenant(logger *slog.Logger, reg prometheus.Registerer, dir, name string, cfg Config, now func() time.Time) (*tenant, error) {
-	t := &tenant{name: name, dir: filepath.Join(dir, "tenants", name), refs: newSeriesRefs()}
+	t := &tenant{name: name, dir: filepath.Join(dir, "tenants", name), refs: newSeriesRefs(), incarnation: incarnations.Add(1) & hintIncarnationMask}
 	uploaded, err := readShipped(t.dir)
 	if err != nil {
 		return nil, err

@@ -36,6 +36,27 @@ func (db *DB) Write(ctx context.Context, tenantName string, series []prompb.Time
 // head once their samples are appended, and served by Metadata after the
 // commit. It never fails the write; it is not counted in Stats.
 func (db *DB) WriteWithMetadata(ctx context.Context, tenantName string, series []prompb.TimeSeries, meta []metadata.Metadata) (Stats, error) {
+	return db.write(ctx, tenantName, series, meta, nil)
+}
+
+// WriteHinted is WriteWithMetadata (meta may be nil) for a caller that keeps
+// a hint per series in a structure of its own, instead of the DB's reference
+// cache: the receiver keeps them in the limiter's series entries, which
+// already hold one entry per series (one map and one lookup per sample
+// instead of two). hints has one entry per series: 0, or what a previous
+// WriteHinted of the same tenant left there for the same series (the same
+// labels). A hint is the series' head reference, tagged with the tenant
+// TSDB's incarnation, so one from before an erasure or a reopen is ignored; a
+// stale one (the head dropped the series) makes the series be looked up by
+// its labels, as a cache miss does. WriteHinted updates hints in place.
+func (db *DB) WriteHinted(ctx context.Context, tenantName string, series []prompb.TimeSeries, meta []metadata.Metadata, hints []uint64) (Stats, error) {
+	if len(hints) != len(series) {
+		return Stats{}, fmt.Errorf("%d hints for %d series", len(hints), len(series))
+	}
+	return db.write(ctx, tenantName, series, meta, hints)
+}
+
+func (db *DB) write(ctx context.Context, tenantName string, series []prompb.TimeSeries, meta []metadata.Metadata, hints []uint64) (Stats, error) {
 	if meta != nil && len(meta) != len(series) {
 		return Stats{}, fmt.Errorf("%d metadata for %d series", len(meta), len(series))
 	}
@@ -76,7 +97,13 @@ func (db *DB) WriteWithMetadata(ctx context.Context, tenantName string, series [
 			continue
 		}
 		sa := seriesAppender{app: app, refs: t.refs, ts: ts, lb: &lb}
-		sa.lookup()
+		if hints != nil {
+			sa.hinted = true
+			sa.ref = t.hintRef(hints[i])
+			sa.unconfirmed = sa.ref != 0
+		} else {
+			sa.lookup()
+		}
 		for _, s := range ts.Samples {
 			if s.Timestamp > maxT {
 				rej.add(reasonFuture, fmt.Errorf("sample at %d is more than %s in the future: %w", s.Timestamp, db.cfg.MaxFuture, promstorage.ErrOutOfBounds))
@@ -102,6 +129,12 @@ func (db *DB) WriteWithMetadata(ctx context.Context, tenantName string, series [
 				return Stats{}, errors.Join(fmt.Errorf("append histogram: %w", err), app.Rollback())
 			}
 			st.Histograms++
+		}
+		if hints != nil && !sa.unconfirmed {
+			// An append confirmed sa.ref, or there is none (every sample
+			// refused before the series was found). An unconfirmed hint
+			// stays as it was: no append tried it.
+			hints[i] = t.hint(sa.ref)
 		}
 		if meta != nil && !isZeroMetadata(meta[i]) {
 			// ref 0 (every sample refused) makes TSDB look the series up by
@@ -155,6 +188,7 @@ type seriesAppender struct {
 	ls          labels.Labels
 	built       bool // ls holds the series' labels
 	unconfirmed bool // ref came from the cache and no append has confirmed it yet
+	hinted      bool // ref came from, and goes back to, the caller's hint (WriteHinted), not refs
 }
 
 func (a *seriesAppender) lookup() {
@@ -218,7 +252,9 @@ func (a *seriesAppender) append(do func(promstorage.SeriesRef, labels.Labels) (p
 	a.unconfirmed = false
 	if ref != a.ref {
 		a.ref = ref
-		a.refs.put(a.key, ref)
+		if !a.hinted {
+			a.refs.put(a.key, ref)
+		}
 	}
 	return nil
 }
