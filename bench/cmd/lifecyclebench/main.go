@@ -95,6 +95,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			". Every stage but backfill continues from the state the earlier ones left in --dir (state.json), so a failed or skipped stage can be run on its own.")
 		queryNames = fs.String("queries", "", "Dashboard panels to run, comma separated (default all).")
 		maxSamples = fs.Int("query-max-samples", 50_000_000, "Samples one query may load, ours and Prometheus' (--query.max-samples); both default to 50M.")
+		resume     = fs.Bool("resume", false, "Backfill: keep the complete blocks a crashed backfill left in --dir and write only the missing windows.")
 		cpuProfile = fs.String("cpuprofile", "", "Write a CPU profile of the whole run to this file.")
 		eagerDel   = fs.Bool("delete-compacted-at-once", false, "Delete compaction sources as soon as they are marked (instead of after the deletion delay), to keep the disk peak down at full size.")
 	)
@@ -137,7 +138,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	b := &bencher{
 		logger: logger, out: stdout, clusters: *clusters, series: *series, step: *step,
 		end: time.Now().Truncate(2 * time.Hour), dir: *dir, points: *resolution, maxSamples: *maxSamples,
-		eagerDelete: *eagerDel,
+		eagerDelete: *eagerDel, resume: *resume,
 	}
 	b.start = b.end.Add(-time.Duration(*days) * 24 * time.Hour)
 	for _, d := range strings.Split(*queryDays, ",") {
@@ -237,6 +238,7 @@ type bencher struct {
 	queries          []dashQuery
 	maxSamples       int
 	eagerDelete      bool
+	resume           bool
 	st               state
 }
 
@@ -277,8 +279,10 @@ func (b *bencher) saveState() error {
 func (b *bencher) run(ctx context.Context, stages map[string]bool, workers int, prom string, promWait time.Duration) error {
 	bucketDir, promDir := filepath.Join(b.dir, "bucket"), filepath.Join(b.dir, "prometheus")
 	if stages[stageBackfill] {
-		if err := os.RemoveAll(b.dir); err != nil {
-			return err
+		if !b.resume {
+			if err := os.RemoveAll(b.dir); err != nil {
+				return err
+			}
 		}
 		for _, d := range []string{bucketDir, promDir} {
 			if err := os.MkdirAll(d, 0o755); err != nil {
@@ -460,14 +464,29 @@ func (e *eagerDeleteBucket) Upload(ctx context.Context, name string, r io.Reader
 // bucket (as a receiver ships it) and moves it into promDir.
 func (b *bencher) backfill(ctx context.Context, bkt objstore.Bucket, promDir string, workers int) (int, error) {
 	const window = 2 * time.Hour
-	var wins []time.Time
+	var (
+		wins    []time.Time
+		all     int
+		samples atomic.Int64
+	)
+	doneWins, doneSamples, err := b.completeBlocks(promDir)
+	if err != nil {
+		return 0, err
+	}
 	for w := b.start; w.Before(b.end); w = w.Add(window) {
+		all++
+		if n, ok := doneWins[w.UnixMilli()]; ok {
+			samples.Add(n)
+			continue
+		}
 		wins = append(wins, w)
+	}
+	if len(doneWins) > 0 {
+		fmt.Fprintf(os.Stderr, "backfill: resuming, %d of %d windows done (%d samples)\n", all-len(wins), all, doneSamples)
 	}
 	var (
 		next     atomic.Int64
 		done     atomic.Int64
-		samples  atomic.Int64
 		wg       sync.WaitGroup
 		errMu    sync.Mutex
 		firstErr error
@@ -493,14 +512,68 @@ func (b *bencher) backfill(ctx context.Context, bkt objstore.Bucket, promDir str
 					return
 				}
 				if d := done.Add(1); d%10 == 0 {
-					fmt.Fprintf(os.Stderr, "backfill: %d/%d blocks after %s\n", d, len(wins), time.Since(began).Round(time.Second))
+					fmt.Fprintf(os.Stderr, "backfill: %d/%d blocks after %s\n", d+int64(all-len(wins)), all, time.Since(began).Round(time.Second))
 				}
 			}
 		}()
 	}
 	wg.Wait()
 	b.samples = samples.Load()
-	return len(wins), firstErr
+	return all, firstErr
+}
+
+// completeBlocks returns, with --resume, the windows (by start) whose
+// block is complete in the bucket and in promDir, with their samples; it
+// removes everything else a crashed backfill left (partial uploads, blocks
+// not moved into promDir, temporary directories).
+func (b *bencher) completeBlocks(promDir string) (map[int64]int64, int64, error) {
+	done := map[int64]int64{}
+	if !b.resume {
+		return done, 0, nil
+	}
+	var total int64
+	bucketDir := filepath.Join(b.dir, "bucket")
+	entries, err := os.ReadDir(bucketDir)
+	if err != nil {
+		return nil, 0, err
+	}
+	for _, e := range entries {
+		raw, err := os.ReadFile(filepath.Join(bucketDir, e.Name(), "meta.json"))
+		var meta tsdb.BlockMeta
+		if err == nil {
+			err = json.Unmarshal(raw, &meta)
+		}
+		if err == nil {
+			_, err = os.Stat(filepath.Join(promDir, e.Name(), "meta.json"))
+		}
+		if err != nil {
+			if err := os.RemoveAll(filepath.Join(bucketDir, e.Name())); err != nil {
+				return nil, 0, err
+			}
+			continue
+		}
+		w := b.start.UnixMilli() + (meta.MinTime-b.start.UnixMilli())/(2*time.Hour).Milliseconds()*(2*time.Hour).Milliseconds()
+		done[w] = int64(meta.Stats.NumSamples)
+		total += int64(meta.Stats.NumSamples)
+	}
+	promEntries, err := os.ReadDir(promDir)
+	if err != nil {
+		return nil, 0, err
+	}
+	for _, e := range promEntries {
+		if _, err := os.Stat(filepath.Join(bucketDir, e.Name(), "meta.json")); err != nil {
+			if err := os.RemoveAll(filepath.Join(promDir, e.Name())); err != nil {
+				return nil, 0, err
+			}
+		}
+	}
+	tmps, _ := filepath.Glob(filepath.Join(b.dir, "write-*"))
+	for _, t := range tmps {
+		if err := os.RemoveAll(t); err != nil {
+			return nil, 0, err
+		}
+	}
+	return done, total, nil
 }
 
 // writeWindow writes the samples of [from, from+window) as one block,
@@ -556,7 +629,7 @@ func (b *bencher) writeWindow(ctx context.Context, bkt objstore.Bucket, promDir 
 					sb.Sort()
 					s = &blockSeries{lset: sb.Labels(), chk: chunkenc.NewXORChunk(), min: smp.Timestamp}
 					if s.app, err = s.chk.Appender(); err != nil {
-						return n, err
+						return n, windowErr(from, err)
 					}
 					s.lset.Range(func(l labels.Label) {
 						symbols[l.Name] = struct{}{}
@@ -582,17 +655,27 @@ func (b *bencher) writeWindow(ctx context.Context, bkt objstore.Bucket, promDir 
 	blockDir := filepath.Join(tmp, id.String())
 	cw, err := chunks.NewWriter(filepath.Join(blockDir, "chunks"))
 	if err != nil {
-		return n, err
+		return n, windowErr(from, err)
 	}
-	defer cw.Close()
+	defer func() {
+		if cw != nil {
+			_ = cw.Close()
+		}
+	}()
 	iw, err := index.NewWriter(ctx, filepath.Join(blockDir, "index"))
 	if err != nil {
-		return n, err
+		return n, windowErr(from, err)
 	}
-	defer iw.Close()
+	// Close each writer once: a second Close of an index writer unmaps its
+	// symbol table again, by then perhaps another writer's mapping.
+	defer func() {
+		if iw != nil {
+			_ = iw.Close()
+		}
+	}()
 	for _, sym := range slices.Sorted(maps.Keys(symbols)) {
 		if err := iw.AddSymbol(sym); err != nil {
-			return n, err
+			return n, windowErr(from, err)
 		}
 	}
 	var prev labels.Labels
@@ -602,23 +685,27 @@ func (b *bencher) writeWindow(ctx context.Context, bkt objstore.Bucket, promDir 
 		}
 		metas := []chunks.Meta{{MinTime: s.min, MaxTime: s.max, Chunk: s.chk}}
 		if err := cw.WriteChunks(metas...); err != nil { // sets metas[0].Ref
-			return n, err
+			return n, windowErr(from, err)
 		}
 		if err := iw.AddSeries(promstorage.SeriesRef(i+1), s.lset, metas...); err != nil {
-			return n, err
+			return n, windowErr(from, err)
 		}
 		prev = s.lset
 		all[i] = nil // the chunk is written: let it go
 	}
 	nSeries := uint64(len(all))
-	if err := iw.Close(); err != nil {
-		return n, err
+	err = iw.Close()
+	iw = nil
+	if err != nil {
+		return n, windowErr(from, err)
 	}
-	if err := cw.Close(); err != nil {
-		return n, err
+	err = cw.Close()
+	cw = nil
+	if err != nil {
+		return n, windowErr(from, err)
 	}
 	if _, err := tombstones.WriteFile(b.logger, blockDir, tombstones.NewMemTombstones()); err != nil {
-		return n, err
+		return n, windowErr(from, err)
 	}
 	meta := tsdb.BlockMeta{ULID: id, MinTime: mint, MaxTime: maxt + 1, Version: 1,
 		Stats: tsdb.BlockStats{NumSamples: uint64(n), NumFloatSamples: uint64(n), NumSeries: nSeries, NumChunks: nSeries}}
@@ -626,15 +713,19 @@ func (b *bencher) writeWindow(ctx context.Context, bkt objstore.Bucket, promDir 
 	meta.Compaction.Sources = []ulid.ULID{id}
 	raw, err := json.MarshalIndent(&meta, "", "\t")
 	if err != nil {
-		return n, err
+		return n, windowErr(from, err)
 	}
 	if err := os.WriteFile(filepath.Join(blockDir, "meta.json"), raw, 0o644); err != nil {
-		return n, err
+		return n, windowErr(from, err)
 	}
 	if err := storage.UploadBlock(ctx, bkt, blockDir, meta, map[string]string{"tenant_id": tenant, "replica": "r0"}, storage.SourceReceive); err != nil {
-		return n, err
+		return n, windowErr(from, err)
 	}
 	return n, os.Rename(blockDir, filepath.Join(promDir, id.String()))
+}
+
+func windowErr(from time.Time, err error) error {
+	return fmt.Errorf("window %s: %w", from.UTC().Format(time.RFC3339), err)
 }
 
 // emptyLocal is a receiver with no local data: every read goes to the bucket.
