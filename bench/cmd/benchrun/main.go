@@ -108,6 +108,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		noRecord     = fs.Bool("no-record", false, "Print the table but write nothing to results-dir.")
 		breakdown    = fs.String("heap-breakdown", "", "Only print the per-series breakdown of this heap profile (saved by --pprof-dir; its -memstats.txt is read if present) for --breakdown-series series, and exit.")
 		bdSeries     = fs.Int("breakdown-series", 0, "Active series for --heap-breakdown.")
+		bdRSS        = fs.Int64("breakdown-rss", 0, "RSS after the load in bytes for --heap-breakdown (0: not shown).")
 		reportOnly   = fs.Bool("report-only", false, "Only regenerate results-dir/README.md and the PNGs from the JSON files there.")
 		loadTimeout  = fs.Duration("load-timeout", 15*time.Minute, "Hard limit on each target's load phase.")
 		timeout      = fs.Duration("timeout", 60*time.Minute, "Hard limit on the whole run.")
@@ -123,7 +124,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if *breakdown != "" {
 		ms := strings.TrimSuffix(*breakdown, "-heap.pb.gz") + "-memstats.txt"
-		if err := writeHeapBreakdown(*receiverBin, *breakdown, ms, *bdSeries, 0, stdout); err != nil {
+		if err := writeHeapBreakdown(*receiverBin, *breakdown, ms, *bdSeries, *bdRSS, stdout); err != nil {
 			fmt.Fprintf(stderr, "benchrun: %v\n", err)
 			return 1
 		}
