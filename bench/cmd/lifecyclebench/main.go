@@ -367,11 +367,12 @@ func (b *bencher) run(ctx context.Context, stages map[string]bool, workers int, 
 	}
 	runner := lifecycle.New(b.logger, nil, runBkt, cfg, lifecycle.Options{Compactor: comp, WorkDir: filepath.Join(b.dir, "work"), Now: func() time.Time { return clock }})
 	if stages[stageCompact] {
-		t0 := time.Now()
+		t0, cpu0 := time.Now(), cpuSeconds()
 		if err := runner.RunOnce(ctx); err != nil {
 			return fmt.Errorf("compact: %w", err)
 		}
 		b.st.Compact = time.Since(t0)
+		b.printf("Compaction CPU: %.0f s (this process, user and system).\n\n", cpuSeconds()-cpu0)
 		clock = clock.Add(72 * time.Hour) // past the deletion delay: the sources go
 		if err := runner.RunOnce(ctx); err != nil {
 			return fmt.Errorf("delete sources: %w", err)
@@ -392,7 +393,7 @@ func (b *bencher) run(ctx context.Context, stages map[string]bool, workers int, 
 	if stages[stageErase] {
 		id := b.fleet.ClusterID(b.clusters / 2)
 		ms := []*labels.Matcher{labels.MustNewMatcher(labels.MatchEqual, "_id", id)}
-		t0 := time.Now()
+		t0, cpu0 := time.Now(), cpuSeconds()
 		res, err := runner.EraseBucket(ctx, tenant, ms, []string{id}, filepath.Join(b.dir, "erase"), func(done, total int) {
 			fmt.Fprintf(os.Stderr, "erase: %d/%d blocks after %s\n", done, total, time.Since(t0).Round(time.Second))
 		})
@@ -403,8 +404,8 @@ func (b *bencher) run(ctx context.Context, stages map[string]bool, workers int, 
 		if err := b.saveState(); err != nil {
 			return err
 		}
-		b.printf("## Erasure of one cluster\n\nBucket step: %d blocks examined, %d rewritten, %d series removed, in %s.\n\n",
-			res.Blocks, res.Rewritten, res.Series, b.st.EraseTime.Round(time.Millisecond))
+		b.printf("## Erasure of one cluster\n\nBucket step: %d blocks examined, %d rewritten, %d series removed, in %s (%.0f CPU seconds).\n\n",
+			res.Blocks, res.Rewritten, res.Series, b.st.EraseTime.Round(time.Millisecond), cpuSeconds()-cpu0)
 	}
 
 	rows := []string{"| data | blocks | bucket bytes | bytes/sample |", "| --- | --- | --- | --- |"}
@@ -724,6 +725,15 @@ func (b *bencher) writeWindow(ctx context.Context, bkt objstore.Bucket, promDir 
 	return n, os.Rename(blockDir, filepath.Join(promDir, id.String()))
 }
 
+// cpuSeconds is this process' user and system CPU time so far.
+func cpuSeconds() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return math.NaN()
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+}
+
 func windowErr(from time.Time, err error) error {
 	return fmt.Errorf("window %s: %w", from.UTC().Format(time.RFC3339), err)
 }
@@ -759,13 +769,14 @@ func (b *bencher) runQueries(ctx context.Context, bkt objstore.Bucket, label str
 	queryable := promstorage.QueryableFunc(func(mint, maxt int64) (promstorage.Querier, error) {
 		return reader.Querier(tenant, mint, maxt)
 	})
-	b.printf("| range | cache | query | seconds | series | downloaded bytes |\n| --- | --- | --- | --- | --- | --- |\n")
+	b.printf("| range | cache | query | seconds | CPU seconds | series | downloaded bytes |\n| --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, rng := range b.ranges {
 		for _, pass := range []string{"cold", "warm"} {
 			var total time.Duration
+			var totalCPU float64
 			for _, q := range b.queries {
 				before := downloaded(reg)
-				t0 := time.Now()
+				t0, cpu0 := time.Now(), cpuSeconds()
 				qry, err := eng.NewRangeQuery(ctx, queryable, nil, q.expr, b.end.Add(-rng), b.end, rng/time.Duration(b.points))
 				if err != nil {
 					return err
@@ -778,11 +789,12 @@ func (b *bencher) runQueries(ctx context.Context, bkt objstore.Bucket, label str
 				m, _ := res.Matrix()
 				n := len(m)
 				qry.Close()
-				d := time.Since(t0)
+				d, cpu := time.Since(t0), cpuSeconds()-cpu0
 				total += d
-				b.printf("| %s | %s | %s | %.3f | %d | %d |\n", days(rng), pass, q.name, d.Seconds(), n, downloaded(reg)-before)
+				totalCPU += cpu
+				b.printf("| %s | %s | %s | %.3f | %.2f | %d | %d |\n", days(rng), pass, q.name, d.Seconds(), cpu, n, downloaded(reg)-before)
 			}
-			b.printf("| %s | %s | **dashboard** | **%.3f** | | |\n", days(rng), pass, total.Seconds())
+			b.printf("| %s | %s | **dashboard** | **%.3f** | **%.2f** | | |\n", days(rng), pass, total.Seconds(), totalCPU)
 		}
 		// Cold again for the next range: drop the cache.
 		if err := store.Close(); err != nil {
@@ -986,6 +998,7 @@ func (b *bencher) promCompact(ctx context.Context, bin, dataDir string, wait tim
 	b.st.PromCompactWall = lastChange.Sub(t0)
 	b.st.PromCompact = time.Duration(p.metric("prometheus_tsdb_compaction_duration_seconds_sum") * float64(time.Second))
 	b.st.PromCompacts = int(p.metric("prometheus_tsdb_compactions_total"))
+	b.printf("Prometheus process CPU until then: %.0f s (start-up and block loading included).\n\n", p.metric("process_cpu_seconds_total"))
 	b.st.PromBlocks, b.st.PromBytes = promBlocks(dataDir)
 	b.printf("Prometheus compaction: %d compactions, %s compacting (its metric; %s from its start to the last change), %d blocks, %d bytes (%.3f bytes/sample).\n\n",
 		b.st.PromCompacts, b.st.PromCompact.Round(time.Second), b.st.PromCompactWall.Round(time.Second), b.st.PromBlocks, b.st.PromBytes, float64(b.st.PromBytes)/float64(b.st.Samples))
@@ -1001,21 +1014,23 @@ func (b *bencher) promQueries(ctx context.Context, bin, dataDir string) error {
 		return err
 	}
 	defer p.stop()
-	b.printf("| range | cache | query | seconds | series |\n| --- | --- | --- | --- | --- |\n")
+	b.printf("| range | cache | query | seconds | CPU seconds | series |\n| --- | --- | --- | --- | --- | --- |\n")
 	for _, rng := range b.ranges {
 		for _, pass := range []string{"cold", "warm"} {
 			var total time.Duration
+			var totalCPU float64
 			for _, q := range b.queries {
-				t0 := time.Now()
+				t0, cpu0 := time.Now(), p.metric("process_cpu_seconds_total")
 				n, err := promRange(ctx, p.addr, q.expr, b.end.Add(-rng), b.end, rng/time.Duration(b.points))
 				if err != nil {
 					return fmt.Errorf("%s: %w", q.name, err)
 				}
-				d := time.Since(t0)
+				d, cpu := time.Since(t0), p.metric("process_cpu_seconds_total")-cpu0
 				total += d
-				b.printf("| %s | %s | %s | %.3f | %d |\n", days(rng), pass, q.name, d.Seconds(), n)
+				totalCPU += cpu
+				b.printf("| %s | %s | %s | %.3f | %.2f | %d |\n", days(rng), pass, q.name, d.Seconds(), cpu, n)
 			}
-			b.printf("| %s | %s | **dashboard** | **%.3f** | |\n", days(rng), pass, total.Seconds())
+			b.printf("| %s | %s | **dashboard** | **%.3f** | **%.2f** | |\n", days(rng), pass, total.Seconds(), totalCPU)
 		}
 	}
 	b.printf("\n")
