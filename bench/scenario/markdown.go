@@ -78,7 +78,7 @@ func Markdown(dir string, reports []*Report) string {
 					fmt.Fprintf(&b, "; %s got %s", t.Name, t.Protocol)
 				}
 			}
-			fmt.Fprint(&b, ".  \n")
+			fmt.Fprint(&b, ".\n\n")
 		}
 		vm, prom := r.has("victoriametrics"), r.has("prometheus")
 		switch {

@@ -375,7 +375,10 @@ func LoadReports(dir string) ([]*Report, error) {
 		if c := slices.Index(Scenarios, a.Scenario) - slices.Index(Scenarios, b.Scenario); c != 0 {
 			return c
 		}
-		return a.Load.ActiveSeries - b.Load.ActiveSeries
+		if c := a.Load.ActiveSeries - b.Load.ActiveSeries; c != 0 {
+			return c
+		}
+		return strings.Compare(a.Size, b.Size) // a stable order for the generated README
 	})
 	return out, nil
 }
