@@ -13,7 +13,10 @@ import (
 	"github.com/phonehome/phonehome/labelhash"
 )
 
-// seriesRefs maps a hash of a series' labels to its TSDB head reference. A
+// seriesRefs maps a hash of a series' labels to its TSDB head reference, for
+// writers that do not keep the references themselves (WriteHinted: the
+// receiver's remote-write path keeps them in the limiter's series entries,
+// so this map stays empty there). A
 // telemetry fleet appends one point at a time to the same series, so with
 // the reference an append skips building the series' labels.Labels and the
 // head's own lookup (labels hash, map, label comparison): about a third of
