@@ -96,6 +96,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		queryNames = fs.String("queries", "", "Dashboard panels to run, comma separated (default all).")
 		maxSamples = fs.Int("query-max-samples", 50_000_000, "Samples one query may load, ours and Prometheus' (--query.max-samples); both default to 50M.")
 		resume     = fs.Bool("resume", false, "Backfill: keep the complete blocks a crashed backfill left in --dir and write only the missing windows.")
+		verbose    = fs.Bool("v", false, "Log at info level (the compactor's merges) to stderr.")
 		cpuProfile = fs.String("cpuprofile", "", "Write a CPU profile of the whole run to this file.")
 		eagerDel   = fs.Bool("delete-compacted-at-once", false, "Delete compaction sources as soon as they are marked (instead of after the deletion delay), to keep the disk peak down at full size.")
 	)
@@ -134,7 +135,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if *skipErase {
 		delete(stages, stageErase)
 	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelInfo
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	b := &bencher{
 		logger: logger, out: stdout, clusters: *clusters, series: *series, step: *step,
 		end: time.Now().Truncate(2 * time.Hour), dir: *dir, points: *resolution, maxSamples: *maxSamples,
