@@ -110,6 +110,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		bdSeries     = fs.Int("breakdown-series", 0, "Active series for --heap-breakdown.")
 		bdRSS        = fs.Int64("breakdown-rss", 0, "RSS after the load in bytes for --heap-breakdown (0: not shown).")
 		reportOnly   = fs.Bool("report-only", false, "Only regenerate results-dir/README.md and the PNGs from the JSON files there.")
+		settle       = fs.Duration("settle", 2*time.Second, "Wait after the load before reading the RSS (\"RSS after load\"), for every target.")
 		loadTimeout  = fs.Duration("load-timeout", 15*time.Minute, "Hard limit on each target's load phase.")
 		timeout      = fs.Duration("timeout", 60*time.Minute, "Hard limit on the whole run.")
 		label        = fs.String("label", "", "Record the run under this size label instead of --size (e.g. 200k-gogc50 for a variant).")
@@ -219,7 +220,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Scenario: *scen, ClusterChurnPerHour: churnC, SeriesChurnPerHour: churnS, PprofDir: *pprofDir,
 		Size: cmpOrS(*label, *size), Clusters: preset.clusters, SeriesPerCluster: preset.perCluster, Rounds: preset.rounds,
 		Concurrency: *concurrency, BatchSeries: *batch, Step: *step, Seed: *seed, Token: token, Protocol: *protocol,
-		Targets: tgs, Repeat: *repeat, WorkDir: absWork, LoadTimeout: *loadTimeout, Settle: 2 * time.Second, Log: stdout,
+		Targets: tgs, Repeat: *repeat, WorkDir: absWork, LoadTimeout: *loadTimeout, Settle: *settle, Log: stdout,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "benchrun: %v\n", err)

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"runtime/debug"
+	"runtime/metrics"
+	"time"
+)
+
+// Returning free heap to the OS once a burst is over.
+//
+// The receiver's heap is mostly the TSDB head, which lives as long as its
+// series; its ingest path makes almost no garbage. Bursts do: creating
+// series (a fleet's first scrape, a catch-up), the head compaction every 2h.
+// After one, the Go runtime keeps the freed heap mapped for reuse (its
+// scavenger returns only what exceeds ~110 % of the GC goal, live × 1.7 at
+// GOGC=70), so the RSS stays at the burst's peak while the live heap is well
+// below it: 100–400 B per series in bench/results/README.md's issue 19 runs,
+// 10–30 % of the RSS.
+//
+// releaseFreeHeap checks every interval and returns the free heap
+// (debug.FreeOSMemory: a GC, then all free pages back to the OS) when it is
+// large and the heap is quiet: little was allocated during the last
+// interval, so the free pages would not be reused soon. A receiver under
+// steady load with a busy heap (allocating a good share of its size per
+// interval) is left to the runtime, as before.
+
+const (
+	// releaseMinFree is the free heap below which nothing is released.
+	releaseMinFree = 32 << 20
+	// releaseFreeShare: release when the free heap exceeds this share of the
+	// heap's live objects...
+	releaseFreeShare = 0.10
+	// releaseQuietShare: ...and less than this share of them was allocated
+	// since the last check.
+	releaseQuietShare = 0.25
+)
+
+// heapSample is what one check reads.
+type heapSample struct {
+	free    uint64 // free heap not yet returned to the OS
+	objects uint64 // heap occupied by objects (live and not yet swept)
+	allocs  uint64 // cumulative bytes allocated
+}
+
+var heapMetrics = []string{
+	"/memory/classes/heap/free:bytes",
+	"/memory/classes/heap/objects:bytes",
+	"/gc/heap/allocs:bytes",
+}
+
+func readHeap(s []metrics.Sample) heapSample {
+	metrics.Read(s)
+	var h heapSample
+	for i, p := range []*uint64{&h.free, &h.objects, &h.allocs} {
+		if s[i].Value.Kind() == metrics.KindUint64 {
+			*p = s[i].Value.Uint64()
+		}
+	}
+	return h
+}
+
+// shouldRelease decides from the previous and the current sample.
+func shouldRelease(prev, cur heapSample) bool {
+	if cur.free < releaseMinFree || float64(cur.free) < releaseFreeShare*float64(cur.objects) {
+		return false
+	}
+	allocated := cur.allocs - min(prev.allocs, cur.allocs)
+	return float64(allocated) < releaseQuietShare*float64(cur.objects)
+}
+
+// releaseFreeHeap runs the check every interval until ctx is done.
+func releaseFreeHeap(ctx context.Context, logger *slog.Logger, interval time.Duration) error {
+	s := make([]metrics.Sample, len(heapMetrics))
+	for i, n := range heapMetrics {
+		s[i].Name = n
+	}
+	prev := readHeap(s)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		cur := readHeap(s)
+		if shouldRelease(prev, cur) {
+			start := time.Now()
+			debug.FreeOSMemory()
+			logger.Debug("returned free heap to the OS", "free_bytes", cur.free, "heap_object_bytes", cur.objects, "took", time.Since(start))
+			cur = readHeap(s)
+		}
+		prev = cur
+	}
+}
