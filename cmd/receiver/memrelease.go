@@ -19,18 +19,21 @@ import (
 // below it: 100–400 B per series in bench/results/README.md's issue 19 runs,
 // 10–30 % of the RSS.
 //
-// releaseFreeHeap checks every interval and returns the free heap
-// (debug.FreeOSMemory: a GC, then all free pages back to the OS) when it is
-// large and the heap is quiet: little was allocated during the last
-// interval, so the free pages would not be reused soon. A receiver under
-// steady load with a busy heap (allocating a good share of its size per
-// interval) is left to the runtime, as before.
+// Most of what a burst leaves is not even free heap yet: it is garbage that
+// no GC collects, because a quiet heap does not reach the GC goal (the
+// runtime forces a GC only every 2 minutes, and then returns the pages
+// slowly). releaseFreeHeap checks every interval and, when the heap is quiet
+// (little was allocated during the last interval, so freed pages would not
+// be reused soon) and either the free heap or the heap beyond the live heap
+// of the last GC (garbage) is large, runs debug.FreeOSMemory: a GC, then all
+// free pages back to the OS. A receiver with a busy heap (allocating a good
+// share of its size per interval) is left to the runtime, as before.
 
 const (
 	// releaseMinFree is the free heap below which nothing is released.
 	releaseMinFree = 32 << 20
-	// releaseFreeShare: release when the free heap exceeds this share of the
-	// heap's live objects...
+	// releaseFreeShare: release when the free heap, or the heap's objects
+	// beyond the live heap of the last GC, exceed this share of the live heap...
 	releaseFreeShare = 0.10
 	// releaseQuietShare: ...and less than this share of them was allocated
 	// since the last check.
@@ -40,20 +43,22 @@ const (
 // heapSample is what one check reads.
 type heapSample struct {
 	free    uint64 // free heap not yet returned to the OS
-	objects uint64 // heap occupied by objects (live and not yet swept)
+	objects uint64 // heap occupied by objects (live and garbage not yet collected)
+	live    uint64 // live heap as of the last GC
 	allocs  uint64 // cumulative bytes allocated
 }
 
 var heapMetrics = []string{
 	"/memory/classes/heap/free:bytes",
 	"/memory/classes/heap/objects:bytes",
+	"/gc/heap/live:bytes",
 	"/gc/heap/allocs:bytes",
 }
 
 func readHeap(s []metrics.Sample) heapSample {
 	metrics.Read(s)
 	var h heapSample
-	for i, p := range []*uint64{&h.free, &h.objects, &h.allocs} {
+	for i, p := range []*uint64{&h.free, &h.objects, &h.live, &h.allocs} {
 		if s[i].Value.Kind() == metrics.KindUint64 {
 			*p = s[i].Value.Uint64()
 		}
@@ -63,11 +68,14 @@ func readHeap(s []metrics.Sample) heapSample {
 
 // shouldRelease decides from the previous and the current sample.
 func shouldRelease(prev, cur heapSample) bool {
-	if cur.free < releaseMinFree || float64(cur.free) < releaseFreeShare*float64(cur.objects) {
+	live := max(cur.live, 1)
+	garbage := cur.objects - min(cur.live, cur.objects)
+	large := func(b uint64) bool { return b >= releaseMinFree && float64(b) >= releaseFreeShare*float64(live) }
+	if !large(cur.free) && !large(garbage) {
 		return false
 	}
 	allocated := cur.allocs - min(prev.allocs, cur.allocs)
-	return float64(allocated) < releaseQuietShare*float64(cur.objects)
+	return float64(allocated) < releaseQuietShare*float64(live)
 }
 
 // releaseFreeHeap runs the check every interval until ctx is done.
