@@ -35,9 +35,13 @@ const (
 	// releaseFreeShare: release when the free heap, or the heap's objects
 	// beyond the live heap of the last GC, exceed this share of the live heap...
 	releaseFreeShare = 0.10
-	// releaseQuietShare: ...and less than this share of them was allocated
-	// since the last check.
-	releaseQuietShare = 0.25
+	// releaseQuietShare: ...and less than this share of it was allocated
+	// since the last check. A fleet's steady state allocates far less (1M
+	// series at one sample per 4m30s: ~0.1 MB/s against a ~850 MB heap); a
+	// catch-up or a benchmark far more, and is left alone until it is over:
+	// at 0.25 the forced GCs during a 1M-series load cost 11–15 % more CPU
+	// per sample (bench/results/README.md, issue 19).
+	releaseQuietShare = 0.05
 )
 
 // heapSample is what one check reads.
