@@ -23,12 +23,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/prompb"
+	"github.com/prometheus/prometheus/promql"
 	promstorage "github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/pushdown"
 	"github.com/phonehome/phonehome/query"
 	"github.com/phonehome/phonehome/webtls"
 	"github.com/phonehome/phonehome/webtls/webtlstest"
@@ -421,15 +423,18 @@ func TestPeersOverMutualTLS(t *testing.T) {
 	require.NoError(t, err)
 
 	peerB := f.set(t, nil, f.config())
-	h := auth.Middleware(peerB.Authenticator(tokens{}), auth.PermRead, nil,
-		peerB.Handler(discard, nil, tenantDBs{"acme": openDB(t, map[string][]int64{"x": {1000}})}, tenantDBs{"acme": openDB(t, map[string][]int64{"x": {1000}})}, nil, query.ReadOptions{}))
-	srv := httptest.NewUnstartedServer(h)
+	local := tenantDBs{"acme": openDB(t, map[string][]int64{"x": {1000}})}
+	eng := promql.NewEngine(promql.EngineOpts{Logger: discard, MaxSamples: 1e6, Timeout: time.Minute, LookbackDelta: 5 * time.Minute})
+	mux := http.NewServeMux()
+	mux.Handle("/api/v1/read", peerB.Handler(discard, nil, local, local, nil, query.ReadOptions{}))
+	mux.Handle(pushdown.Path, pushdown.NewHandler(discard, eng, query.NewQueryable(local), "_id", nil))
+	srv := httptest.NewUnstartedServer(auth.Middleware(peerB.Authenticator(tokens{}), auth.PermRead, nil, mux))
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{pair}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	addr := strings.TrimPrefix(srv.URL, "https://")
 
-	read := func(tc webtls.ClientConfig) (map[string][]sample, []string) {
+	set := func(tc webtls.ClientConfig) *Set {
 		cfg := f.config(addr)
 		cfg.Scheme, cfg.TLSConfig = "https", tc
 		require.NoError(t, cfg.Validate())
@@ -437,10 +442,15 @@ func TestPeersOverMutualTLS(t *testing.T) {
 		require.NoError(t, err)
 		s, err := New(discard, nil, cfg, Options{TLSConfig: tlsCfg})
 		require.NoError(t, err)
-		q, err := s.NewReader(tenantDBs{}, nil).Querier("acme", 0, 10_000)
+		return s
+	}
+	read := func(tc webtls.ClientConfig) (map[string][]sample, []string) {
+		q, err := set(tc).NewReader(tenantDBs{}, nil).Querier("acme", 0, 10_000)
 		require.NoError(t, err)
 		return readAll(t, q)
 	}
+	ctx := auth.WithIdentity(context.Background(), auth.Identity{Tenant: "acme", Allow: auth.PermRead})
+	pushdownReq := pushdown.Request{Query: "count(x)", Start: time.UnixMilli(1000), End: time.UnixMilli(1000)}
 	clientCert, clientKey := ca.Client(t, "replica-a")
 	caFile := ca.File
 
@@ -448,7 +458,13 @@ func TestPeersOverMutualTLS(t *testing.T) {
 	require.Empty(t, warnings)
 	require.Equal(t, map[string][]sample{`{__name__="x", _id="c1"}`: {{1000, 1}}}, got)
 
+	res, err := set(webtls.ClientConfig{CAFile: caFile, CertFile: clientCert, KeyFile: clientKey}).Shards()[0].Eval(ctx, pushdownReq)
+	require.NoError(t, err, "pushdown over mTLS")
+	require.Equal(t, []string{"c1"}, res.Keys)
+
 	got, warnings = read(webtls.ClientConfig{CAFile: caFile}) // no client certificate
 	require.Empty(t, got)
 	require.Len(t, warnings, 1, "refused by the peer's mTLS: a warning")
+	_, err = set(webtls.ClientConfig{CAFile: caFile}).Shards()[0].Eval(ctx, pushdownReq)
+	require.ErrorIs(t, err, pushdown.ErrUnavailable, "refused by the peer's mTLS: unavailable")
 }
