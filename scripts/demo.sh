@@ -73,7 +73,9 @@ wait_ready() { # url, name
   --web.listen-address="$RECEIVER_ADDR" --log.format=logfmt 2>"$DIR/receiver.log" & pids+=($!)
 wait_ready "http://$RECEIVER_ADDR/-/ready" receiver
 
-go run ./bench/cmd/fixtureserver --listen="$FIXTURE_ADDR" 2>"$DIR/fixture.log" & pids+=($!)
+# Built, not `go run`: stop() signals the server itself (go run would leave it behind on SIGTERM).
+go build -o "$BIN/fixtureserver" ./bench/cmd/fixtureserver
+"$BIN/fixtureserver" --listen="$FIXTURE_ADDR" 2>"$DIR/fixture.log" & pids+=($!)
 "$PROMETHEUS" --config.file="$DIR/prometheus.yml" --storage.tsdb.path="$DIR/prometheus" \
   --web.listen-address="$PROM_ADDR" 2>"$DIR/prometheus.log" & pids+=($!)
 wait_ready "http://$PROM_ADDR/-/ready" prometheus
