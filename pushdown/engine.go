@@ -259,12 +259,12 @@ func (q *query) evalPart(ctx context.Context, p part, peers []Shard) ([]promstor
 		case err != nil:
 			q.e.parts.WithLabelValues("error").Inc()
 			q.e.logger.Debug("pushdown failed on a replica, evaluating over the merged fleet", "replica", shards[i].Name(), "err", err)
-			return q.merged(ctx, p, ws)
+			return q.merged(ctx, p)
 		}
 		for _, k := range r.Keys {
 			if j, ok := owner[k]; ok && j != i {
 				q.e.parts.WithLabelValues("overlap").Inc()
-				return q.merged(ctx, p, ws)
+				return q.merged(ctx, p)
 			}
 			owner[k] = i
 		}
@@ -280,8 +280,10 @@ func (q *query) evalPart(ctx context.Context, p part, peers []Shard) ([]promstor
 	return series, ws, nil
 }
 
-// merged evaluates p over the merged fleet, the answer without pushdown.
-func (q *query) merged(ctx context.Context, p part, ws annotations.Annotations) ([]promstorage.Series, annotations.Annotations, error) {
+// merged evaluates p over the merged fleet, the answer without pushdown,
+// with the merged evaluation's warnings only (a peer that is down is
+// reported by it once).
+func (q *query) merged(ctx context.Context, p part) ([]promstorage.Series, annotations.Annotations, error) {
 	qry, err := q.newInner(ctx, q.fleet, p.expr)
 	if err != nil {
 		return nil, nil, err
@@ -291,8 +293,7 @@ func (q *query) merged(ctx context.Context, p part, ws annotations.Annotations) 
 	if res.Err != nil {
 		return nil, nil, res.Err
 	}
-	ws.Merge(res.Warnings)
-	return q.appendSeries(nil, copySeries(res.Value), p.combine, 0), ws, nil
+	return q.appendSeries(nil, copySeries(res.Value), p.combine, 0), res.Warnings, nil
 }
 
 // appendSeries appends a shard's answer as stored series: labelled with
