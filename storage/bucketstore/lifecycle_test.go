@@ -25,7 +25,7 @@ import (
 // is not read next to it.
 func TestMarkedAndReplacedBlocksAreNotRead(t *testing.T) {
 	bucketDir := t.TempDir()
-	now := time.Now().Add(-time.Minute).UnixMilli()
+	now := recentInOneBlock(time.Minute)
 	ts := []int64{now - 30_000, now}
 	one := func(int64) float64 { return 1 }
 	for _, r := range []string{"r0", "r1"} {

@@ -40,6 +40,18 @@ func replica(t *testing.T, bucketDir, name string, write func(db *storage.DB)) {
 	require.NoError(t, db.Close())
 }
 
+// recentInOneBlock is a time about a minute ago such that the span before it
+// does not straddle a 2h block boundary (each replica would cut two blocks
+// instead of one).
+func recentInOneBlock(span time.Duration) int64 {
+	now := time.Now().Add(-time.Minute).UnixMilli()
+	const blockMs = int64(2 * time.Hour / time.Millisecond)
+	if boundary := now / blockMs * blockMs; now-boundary < span.Milliseconds() {
+		now = boundary - int64(time.Minute/time.Millisecond)
+	}
+	return now
+}
+
 func series(cluster string, ts []int64, v func(int64) float64) prompb.TimeSeries {
 	s := prompb.TimeSeries{Labels: []prompb.Label{{Name: "__name__", Value: "up"}, {Name: "_id", Value: cluster}}}
 	for _, t := range ts {
@@ -74,13 +86,7 @@ func readAll(t *testing.T, q promstorage.Querier) map[string][]sample {
 
 func TestReaderMergesReplicasAndDeduplicates(t *testing.T) {
 	bucketDir := t.TempDir()
-	now := time.Now().Add(-time.Minute).UnixMilli()
-	// The 10 minutes of samples must not straddle a 2h block boundary, or
-	// each replica cuts two blocks instead of one.
-	const blockMs = int64(2 * time.Hour / time.Millisecond)
-	if boundary := now / blockMs * blockMs; now-boundary < int64(11*time.Minute/time.Millisecond) {
-		now = boundary - int64(time.Minute/time.Millisecond)
-	}
+	now := recentInOneBlock(11 * time.Minute)
 	var ts []int64
 	for i := range 40 {
 		ts = append(ts, now-int64(40-i)*15_000)
