@@ -96,6 +96,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		queryNames = fs.String("queries", "", "Dashboard panels to run, comma separated (default all).")
 		maxSamples = fs.Int("query-max-samples", 50_000_000, "Samples one query may load, ours and Prometheus' (--query.max-samples); both default to 50M.")
 		resume     = fs.Bool("resume", false, "Backfill: keep the complete blocks a crashed backfill left in --dir and write only the missing windows.")
+		endFlag    = fs.String("end", "", "End of the data, RFC 3339 (default now, truncated to 2h); the backfill stage only.")
 		verbose    = fs.Bool("v", false, "Log at info level (the compactor's merges) to stderr.")
 		cpuProfile = fs.String("cpuprofile", "", "Write a CPU profile of the whole run to this file.")
 		eagerDel   = fs.Bool("delete-compacted-at-once", false, "Delete compaction sources as soon as they are marked (instead of after the deletion delay), to keep the disk peak down at full size.")
@@ -144,6 +145,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		logger: logger, out: stdout, clusters: *clusters, series: *series, step: *step,
 		end: time.Now().Truncate(2 * time.Hour), dir: *dir, points: *resolution, maxSamples: *maxSamples,
 		eagerDelete: *eagerDel, resume: *resume,
+	}
+	if *endFlag != "" {
+		end, err := time.Parse(time.RFC3339, *endFlag)
+		if err != nil {
+			fmt.Fprintf(stderr, "lifecyclebench: bad --end: %v\n", err)
+			return 2
+		}
+		b.end = end.Truncate(2 * time.Hour)
 	}
 	b.start = b.end.Add(-time.Duration(*days) * 24 * time.Hour)
 	for _, d := range strings.Split(*queryDays, ",") {
