@@ -1,20 +1,18 @@
 package receive
 
 import (
-	"context"
-	"math"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 
 	"github.com/golang/snappy"
-	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/prompb"
 	"github.com/stretchr/testify/require"
 
 	"github.com/phonehome/phonehome/auth"
 	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/storage"
+	"github.com/phonehome/phonehome/storage/storagetest"
 )
 
 // The head reference of a series is kept in the limiter's entry of the
@@ -65,19 +63,5 @@ func TestHandlerKeepsHeadReferenceInLimiter(t *testing.T) {
 		`{__name__="csv_succeeded", _id="c1", name="etcd"}`,
 		`{__name__="csv_succeeded", _id="c1", name="olm"}`,
 	}, storedSeries(t, db, "t"))
-	q, err := db.Querier("t", math.MinInt64, math.MaxInt64)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, q.Close()) }()
-	set := q.Select(context.Background(), true, nil, labels.MustNewMatcher(labels.MatchRegexp, "__name__", ".+"))
-	got := map[string][]float64{}
-	for set.Next() {
-		it := set.At().Iterator(nil)
-		for it.Next() != 0 {
-			_, v := it.At()
-			got[set.At().Labels().Get("name")] = append(got[set.At().Labels().Get("name")], v)
-		}
-		require.NoError(t, it.Err())
-	}
-	require.NoError(t, set.Err())
-	require.Equal(t, map[string][]float64{"etcd": {1, 1, 1}, "olm": {2, 2, 2}}, got)
+	require.Equal(t, map[string][]float64{"etcd": {1, 1, 1}, "olm": {2, 2, 2}}, storagetest.ValuesByLabel(t, db.Querier, "t", "name"))
 }

@@ -58,21 +58,30 @@ func TestSeriesRefCache(t *testing.T) {
 	write(t0 + 4)
 	require.Equal(t, 2, tn.refs.len(), "the entry of the series that left is gone")
 
-	q, err := db.Querier("t", math.MinInt64, math.MaxInt64)
+	require.Equal(t, map[string][]float64{"a": {1, 1, 1, 1, 1}, "b": {2, 2, 2, 2, 2}}, valuesByName(t, db, "t"))
+}
+
+// valuesByName reads every sample of tenant, grouped by the series' name
+// label (storagetest.ValuesByLabel, which this package's own tests cannot
+// import: it imports storage).
+func valuesByName(t *testing.T, db *DB, tenant string) map[string][]float64 {
+	t.Helper()
+	q, err := db.Querier(tenant, math.MinInt64, math.MaxInt64)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, q.Close()) }()
-	set := q.Select(context.Background(), true, nil, labels.MustNewMatcher(labels.MatchEqual, "__name__", "csv_succeeded"))
+	set := q.Select(context.Background(), true, nil, labels.MustNewMatcher(labels.MatchRegexp, "__name__", ".+"))
 	got := map[string][]float64{}
 	for set.Next() {
 		it := set.At().Iterator(nil)
 		for it.Next() != 0 {
 			_, v := it.At()
-			got[set.At().Labels().Get("name")] = append(got[set.At().Labels().Get("name")], v)
+			name := set.At().Labels().Get("name")
+			got[name] = append(got[name], v)
 		}
 		require.NoError(t, it.Err())
 	}
 	require.NoError(t, set.Err())
-	require.Equal(t, map[string][]float64{"a": {1, 1, 1, 1, 1}, "b": {2, 2, 2, 2, 2}}, got)
+	return got
 }
 
 // len is the number of entries.

@@ -3,11 +3,9 @@ package storage
 import (
 	"context"
 	"log/slog"
-	"math"
 	"testing"
 	"time"
 
-	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/prompb"
 	"github.com/stretchr/testify/require"
 	"github.com/thanos-io/objstore"
@@ -78,21 +76,7 @@ func TestWriteHinted(t *testing.T) {
 	_, err = db.WriteHinted(context.Background(), "t", []prompb.TimeSeries{{Labels: lsA}}, nil, nil)
 	require.Error(t, err, "one hint per series")
 
-	q, err := db.Querier("t", math.MinInt64, math.MaxInt64)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, q.Close()) }()
-	set := q.Select(context.Background(), true, nil, labels.MustNewMatcher(labels.MatchEqual, "__name__", "csv_succeeded"))
-	got := map[string][]float64{}
-	for set.Next() {
-		it := set.At().Iterator(nil)
-		for it.Next() != 0 {
-			_, v := it.At()
-			got[set.At().Labels().Get("name")] = append(got[set.At().Labels().Get("name")], v)
-		}
-		require.NoError(t, it.Err())
-	}
-	require.NoError(t, set.Err())
-	require.Equal(t, map[string][]float64{"a": {1, 1, 1, 1, 1}, "b": {2, 2, 2, 2, 2}}, got)
+	require.Equal(t, map[string][]float64{"a": {1, 1, 1, 1, 1}, "b": {2, 2, 2, 2, 2}}, valuesByName(t, db, "t"))
 }
 
 func TestHintIncarnation(t *testing.T) {

@@ -197,6 +197,28 @@ func ReadQuerier(t testing.TB, qr promstorage.Querier) map[string][]Sample {
 	return out
 }
 
+// ValuesByLabel returns the float values of every series of tenant, in
+// time order, grouped by the value of label.
+func ValuesByLabel(t testing.TB, q QuerierFunc, tenant, label string) map[string][]float64 {
+	t.Helper()
+	qr, err := q(tenant, math.MinInt64, math.MaxInt64)
+	require.NoError(t, err)
+	defer qr.Close()
+	out := map[string][]float64{}
+	ss := qr.Select(context.Background(), true, nil, labels.MustNewMatcher(labels.MatchRegexp, "__name__", ".+"))
+	for ss.Next() {
+		k := ss.At().Labels().Get(label)
+		it := ss.At().Iterator(nil)
+		for it.Next() == chunkenc.ValFloat {
+			_, v := it.At()
+			out[k] = append(out[k], v)
+		}
+		require.NoError(t, it.Err())
+	}
+	require.NoError(t, ss.Err())
+	return out
+}
+
 func series(name string, s []prompb.Sample) prompb.TimeSeries {
 	return prompb.TimeSeries{Labels: []prompb.Label{{Name: "__name__", Value: name}}, Samples: s}
 }
