@@ -31,7 +31,9 @@ import (
 // replica mid-run (a renewed credential hashing elsewhere). After every
 // round of writes — before any block is shipped, and later with blocks cut
 // and shipped — every replica's instant, range, series and label answers
-// equal the single receiver's, with no warning. A fleet recording rule and a
+// equal the single receiver's, with no warning: r0 and r1 push query parts
+// down to the replicas, r2 has peers.pushdown: false and reads the peers'
+// series. A fleet recording rule and a
 // fleet alert (which fires only on the whole fleet's data) are evaluated by
 // the one replica with rules.evaluate, give the single receiver's answer,
 // and the alert reaches a real Alertmanager from that replica only. A real
@@ -133,6 +135,9 @@ rules:
 		if peers != nil {
 			cfg += fmt.Sprintf("  alertmanagers:\n  - url: %s\npeers:\n  endpoints: [%s]\n  replica_token_file: %s\n  timeout: 5s\n",
 				am.URL(), strings.Join(peers, ", "), replicaToken)
+			if name == "r2" { // reads the peers' series for every query: the same answers
+				cfg += "  pushdown: false\n"
+			}
 		}
 		p := filepath.Join(rdir, "receiver.yaml")
 		require.NoError(t, os.WriteFile(p, []byte(cfg), 0o600))
@@ -220,6 +225,8 @@ rules:
 	}
 	require.Positive(t, metricValue(mfs, "phonehome_query_pushdown_queries_total", map[string]string{"outcome": "bucket"}))
 	require.Equal(t, 0.0, metricValue(mfs, "phonehome_query_pushdown_parts_total", map[string]string{"outcome": "error"}))
+	require.Equal(t, -1.0, metricValue(scrapeMetrics(t, replicas[2].URL()), "phonehome_query_pushdown_queries_total", nil),
+		"r2 has peers.pushdown: false: no pushdown engine")
 
 	// Fleet rules: evaluated by r0 alone over the fleet view; the recorded
 	// series reads the same from every replica and from the single receiver.
