@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -211,6 +212,15 @@ func snapshot(ctx context.Context, base string) (string, error) {
 func headSeries(ctx context.Context, base, _ string) (float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	return SumMetric(ctx, base, "prometheus_tsdb_head_series")
+}
+
+// ErrNoMetric: the metric is not exposed.
+var ErrNoMetric = errors.New("metric not exposed")
+
+// SumMetric sums every sample of the metric name (all its label sets) in
+// base/metrics; ErrNoMetric when there is none.
+func SumMetric(ctx context.Context, base, name string) (float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
 	if err != nil {
 		return 0, err
@@ -226,7 +236,7 @@ func headSeries(ctx context.Context, base, _ string) (float64, error) {
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "prometheus_tsdb_head_series ") && !strings.HasPrefix(line, "prometheus_tsdb_head_series{") {
+		if !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
 			continue
 		}
 		f := strings.Fields(line)
@@ -235,10 +245,13 @@ func headSeries(ctx context.Context, base, _ string) (float64, error) {
 			found = true
 		}
 	}
-	if !found {
-		return 0, fmt.Errorf("no prometheus_tsdb_head_series in %s/metrics", base)
+	if err := sc.Err(); err != nil {
+		return 0, err
 	}
-	return sum, sc.Err()
+	if !found {
+		return 0, fmt.Errorf("%w: no %s in %s/metrics", ErrNoMetric, name, base)
+	}
+	return sum, nil
 }
 
 // VictoriaMetrics is Debian's single-node VictoriaMetrics

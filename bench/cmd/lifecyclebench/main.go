@@ -51,6 +51,7 @@ import (
 
 	"github.com/phonehome/phonehome/bench"
 	"github.com/phonehome/phonehome/bench/fleet"
+	"github.com/phonehome/phonehome/bench/scenario"
 	"github.com/phonehome/phonehome/query"
 	"github.com/phonehome/phonehome/storage"
 	"github.com/phonehome/phonehome/storage/bucketstore"
@@ -924,23 +925,14 @@ func (p *promServer) stop() {
 
 // metric returns the sum of a metric's values on Prometheus' /metrics.
 func (p *promServer) metric(name string) float64 {
-	resp, err := http.Get("http://" + p.addr + "/metrics")
-	if err != nil {
+	v, err := scenario.SumMetric(context.Background(), "http://"+p.addr, name)
+	switch {
+	case errors.Is(err, scenario.ErrNoMetric):
+		return 0
+	case err != nil:
 		return math.NaN()
 	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	sum := 0.0
-	for _, line := range strings.Split(string(raw), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 2 && (f[0] == name || strings.HasPrefix(f[0], name+"{")) {
-			var v float64
-			if _, err := fmt.Sscan(f[1], &v); err == nil {
-				sum += v
-			}
-		}
-	}
-	return sum
+	return v
 }
 
 // promWriting reports whether Prometheus is writing a block (a directory
