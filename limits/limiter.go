@@ -122,7 +122,7 @@ func (l *Limiter) seconds(t time.Time) uint32 {
 	if d < 0 {
 		return 0
 	}
-	return uint32(min(d/time.Second, 1<<32-1))
+	return uint32(min(d/time.Second, 1<<32-2)) // the table stores seen+1 (table.go)
 }
 
 // tenant returns the state of name, creating it on first use.

@@ -12,12 +12,12 @@ import (
 // Series tracking.
 //
 // Each tenant has numShards shards, chosen by the top bits of the seeded
-// half of the series key, each a mutex and a map[Key]entry. An entry is 24
-// bytes (last seen in seconds since the Limiter started, interned cluster and
-// metric ids, and the caller's hint: the receiver keeps the series' TSDB head
-// reference there, so one map serves the limits and the write path's
-// reference cache), so a tracked series costs a 40-byte map slot plus the
-// map's spare capacity: BENCHMARKS.md has the measured figure.
+// half of the series key, each a mutex and a seriesTable of entries (last
+// seen in seconds since the Limiter started, interned cluster and metric ids,
+// and the caller's hint: the receiver keeps the series' TSDB head reference
+// there, so one table serves the limits and the write path's reference
+// cache). A tracked series costs a 36-byte slot at 64–80 % load (table.go);
+// BENCHMARKS.md has the measured figure.
 //
 // Counts (per cluster, per metric name, per tenant) are atomics. A new series
 // increments each count only if it stays within its limit, and undoes the
@@ -57,10 +57,9 @@ type entry struct {
 }
 
 type shard struct {
-	mu   sync.Mutex
-	m    map[Key]entry
-	peak int                  // largest len(m) since m was allocated
-	_    [64 - 8 - 8 - 8]byte // one shard per cache line
+	mu sync.Mutex
+	m  seriesTable
+	_  [64 - 8 - 24 - 8]byte // one shard per cache line
 }
 
 // counted is an interned name with its number of tracked series.
@@ -148,9 +147,6 @@ func newTenant(name string) *tenant {
 		clusterRates: map[string]*bucket{},
 		inflight:     map[string]int{},
 	}
-	for i := range t.shards {
-		t.shards[i].m = map[Key]entry{}
-	}
 	return t
 }
 
@@ -186,22 +182,14 @@ func (t *tenant) expire(now, idle uint32) int {
 		sh := &t.shards[i]
 		t.mu.RLock()
 		sh.mu.Lock()
-		for h, e := range sh.m {
+		n += sh.m.deleteWhere(func(e entry) bool {
 			if now > e.seen && now-e.seen > idle {
-				delete(sh.m, h)
 				t.clusters.byID[e.cluster].n.Add(-1)
 				t.metrics.byID[e.metric].n.Add(-1)
-				n++
+				return true
 			}
-		}
-		// Go maps never shrink: rebuild one that has emptied out.
-		if l := len(sh.m); sh.peak >= 1024 && l < sh.peak/4 {
-			m := make(map[Key]entry, l)
-			for h, e := range sh.m {
-				m[h] = e
-			}
-			sh.m, sh.peak = m, l
-		}
+			return false
+		})
 		sh.mu.Unlock()
 		t.mu.RUnlock()
 	}
@@ -276,10 +264,12 @@ func (s *Session) Admit(metric string, hash uint64) error {
 func (s *Session) AdmitKey(metric string, k Key) (hint uint64, err error) {
 	sh := s.t.shard(k)
 	sh.mu.Lock()
-	if e, ok := sh.m[k]; ok {
+	if i, ok := sh.m.find(k); ok {
+		sl := &sh.m.slots[i]
+		e := sl.entry()
 		if e.seen < s.now {
 			e.seen = s.now
-			sh.m[k] = e
+			sl.setEntry(e)
 		}
 		sh.mu.Unlock()
 		return e.hint, nil
@@ -293,9 +283,12 @@ func (s *Session) AdmitKey(metric string, k Key) (hint uint64, err error) {
 func (l *Limiter) SetHint(tenant string, k Key, hint uint64) {
 	sh := l.tenant(tenant).shard(k)
 	sh.mu.Lock()
-	if e, ok := sh.m[k]; ok && e.hint != hint {
-		e.hint = hint
-		sh.m[k] = e
+	if i, ok := sh.m.find(k); ok {
+		sl := &sh.m.slots[i]
+		if e := sl.entry(); e.hint != hint {
+			e.hint = hint
+			sl.setEntry(e)
+		}
 	}
 	sh.mu.Unlock()
 }
@@ -310,10 +303,11 @@ func (s *Session) admitNew(sh *shard, metric string, k Key) error {
 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if e, ok := sh.m[k]; ok { // admitted concurrently
-		if e.seen < s.now {
+	if i, ok := sh.m.find(k); ok { // admitted concurrently
+		sl := &sh.m.slots[i]
+		if e := sl.entry(); e.seen < s.now {
 			e.seen = s.now
-			sh.m[k] = e
+			sl.setEntry(e)
 		}
 		return nil
 	}
@@ -333,8 +327,7 @@ func (s *Session) admitNew(sh *shard, metric string, k Key) error {
 		cs.n.Add(-1)
 		return s.refuse(2, LimitSeriesPerMetric, lim.MaxSeriesPerMetric)
 	}
-	sh.m[k] = entry{seen: s.now, cluster: cid, metric: mid}
-	sh.peak = max(sh.peak, len(sh.m))
+	sh.m.insert(k, entry{seen: s.now, cluster: cid, metric: mid})
 	s.l.tracked.Add(1)
 	return nil
 }
