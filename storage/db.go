@@ -48,6 +48,13 @@ type DB struct {
 	shipClosed bool
 
 	deny *denyList // erased clusters, refused by Write
+
+	// Head compaction (compact.go).
+	compactMtx      sync.Mutex    // held by a tenant's compaction; EraseLocal takes it
+	compactNow      chan struct{} // a write made a head compactable
+	stopCompact     chan struct{}
+	stopCompactOnce sync.Once
+	compactDone     chan struct{}
 }
 
 var _ Writer = (*DB)(nil)
@@ -78,6 +85,10 @@ func openWithBucket(logger *slog.Logger, reg prometheus.Registerer, dir string, 
 		logger: logger, reg: reg, dir: dir, cfg: cfg, bkt: bkt, now: now,
 		m:       newMetrics(reg),
 		tenants: map[string]*tenant{},
+
+		compactNow:  make(chan struct{}, 1),
+		stopCompact: make(chan struct{}),
+		compactDone: make(chan struct{}),
 	}
 	deny, err := loadDenyList(filepath.Join(dir, denyFile))
 	if err != nil {
@@ -105,6 +116,8 @@ func openWithBucket(logger *slog.Logger, reg prometheus.Registerer, dir string, 
 		db.tenants[t.name] = t
 	}
 	db.m.tenants.Set(float64(len(db.tenants)))
+	go db.runCompactions()
+	db.signalCompaction() // a head replayed from the WAL may be compactable
 	db.ready.Store(true)
 	return db, nil
 }
@@ -205,6 +218,7 @@ func (db *DB) Close() error {
 	}
 	db.closed = true
 	db.lifecycle.Unlock()
+	db.stopCompactions()
 
 	var errs []error
 	if *db.cfg.FlushOnShutdown {

@@ -220,6 +220,8 @@ func (db *DB) EraseLocal(ctx context.Context, tenant string, ms []*labels.Matche
 	if len(ms) == 0 {
 		return res, errors.New("erase: no matchers")
 	}
+	db.compactMtx.Lock()
+	defer db.compactMtx.Unlock()
 	db.shipMtx.Lock()
 	defer db.shipMtx.Unlock()
 	db.lifecycle.Lock()

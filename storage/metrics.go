@@ -26,6 +26,7 @@ type metrics struct {
 	bucketLag          prometheus.Gauge
 	pendingBlocks      prometheus.Gauge
 	denied             prometheus.Gauge
+	compactionFailures prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics { // nil reg: not registered (tests)
@@ -45,6 +46,10 @@ func newMetrics(reg prometheus.Registerer) *metrics { // nil reg: not registered
 		}, []string{"reason"}),
 		exemplarsRejected: f.NewCounter(prometheus.CounterOpts{
 			Name: "phonehome_storage_exemplars_rejected_total", Help: "Exemplars refused by the TSDB (the samples were still stored).",
+		}),
+		compactionFailures: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_storage_head_compactions_failed_total",
+			Help: "Rounds of cutting a tenant's head into blocks that failed (retried within a minute); TSDB's prometheus_tsdb_compactions_total counts the blocks written.",
 		}),
 		tenants: f.NewGauge(prometheus.GaugeOpts{
 			Name: "phonehome_storage_tenants", Help: "Tenants with an open TSDB.",

@@ -125,6 +125,8 @@ func openTenant(logger *slog.Logger, reg prometheus.Registerer, dir, name string
 	opts.WALCompression = compression.Snappy
 	// Retention is evaluated when TSDB reloads blocks; follow the shipper.
 	opts.BlockReloadInterval = time.Duration(cfg.ShipInterval)
+	// No isolation, and the DB cuts head blocks itself (compact.go).
+	opts.IsolationDisabled = true
 
 	var r prometheus.Registerer
 	if reg != nil {
@@ -134,6 +136,7 @@ func openTenant(logger *slog.Logger, reg prometheus.Registerer, dir, name string
 	if err != nil {
 		return nil, fmt.Errorf("open tsdb %s: %w", t.dir, err)
 	}
+	db.DisableCompactions() // no write has started: nothing to wait for
 	t.db = db
 	return t, nil
 }

@@ -1,0 +1,52 @@
+package storage
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/prometheus/prometheus/prompb"
+	"github.com/stretchr/testify/require"
+	"github.com/thanos-io/objstore"
+)
+
+// The barrier: a head range is not read for compaction while a write is in
+// flight (each holds lifecycle for reading from first append to commit).
+func TestNextHeadRangeWaitsForWritesInFlight(t *testing.T) {
+	var cfg Config
+	cfg.SetDefaults()
+	db, err := openWithBucket(slog.New(slog.DiscardHandler), nil, t.TempDir(), cfg, objstore.NewInMemBucket(), time.Now)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	db.stopCompactions() // this test cuts the head itself
+
+	start := time.Now().Add(-5 * time.Hour).UnixMilli()
+	for _, ts := range []int64{start, start + (3*time.Hour + time.Minute).Milliseconds()} {
+		_, err := db.Write(context.Background(), "t", []prompb.TimeSeries{{
+			Labels:  []prompb.Label{{Name: "__name__", Value: "m"}},
+			Samples: []prompb.Sample{{Value: 1, Timestamp: ts}},
+		}})
+		require.NoError(t, err)
+	}
+
+	db.lifecycle.RLock() // a write in flight
+	got := make(chan int64)
+	go func() {
+		_, mint, _, ok := db.nextHeadRange("t")
+		require.True(t, ok)
+		got <- mint
+	}()
+	select {
+	case <-got:
+		t.Fatal("the head range was read while a write was in flight")
+	case <-time.After(200 * time.Millisecond):
+	}
+	db.lifecycle.RUnlock()
+	select {
+	case mint := <-got:
+		require.Equal(t, start, mint)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the barrier did not open after the write finished")
+	}
+}
