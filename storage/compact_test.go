@@ -105,4 +105,3 @@ func TestHeadCompactionKeepsEveryAcknowledgedSample(t *testing.T) {
 	require.Equal(t, acked, got, "acknowledged samples per series")
 	require.Zero(t, counter(t, reg, "phonehome_storage_head_compactions_failed_total", ""))
 }
-
