@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -97,7 +98,10 @@ func (db *DB) compactTenant(t *tenant) error {
 		return nil
 	}
 	cur, release, err := db.readTenant(t.name)
-	if err != nil || cur == nil {
+	if errors.Is(err, ErrNotReady) || cur == nil {
+		return nil // closing: Close flushes the whole head
+	}
+	if err != nil {
 		return err
 	}
 	defer release()
