@@ -82,7 +82,7 @@ func run(args []string, stderr io.Writer) int {
 		enablePprof = fs.Bool("web.enable-pprof", false, "Serve net/http/pprof under /debug/pprof/ (unauthenticated: for benchmarks and debugging on trusted networks only).")
 		gcPercent   = fs.Int("runtime.gogc", defaultGOGC, "GOGC for the process (100 is Go's default; see bench/results/README.md, \"GC settings\"). An explicit GOGC environment variable overrides the default, not an explicit flag.")
 		memLimit    = fs.Int64("runtime.memory-limit-bytes", 0, "Soft memory limit for the Go runtime (GOMEMLIMIT) in bytes; 0 keeps the GOMEMLIMIT environment variable or no limit.")
-		releaseFree = fs.Duration("runtime.release-free-heap-interval", 10*time.Second, "How often to check whether a burst (series creation, head compaction) left free heap that the Go runtime keeps mapped, and return it to the OS when it exceeds 10% of the live heap (at least 32MiB) and less than 5% of the heap was allocated since the last check (docs/operations.md); 0 leaves it to the runtime.")
+		releaseFree = fs.Duration("runtime.release-free-heap-interval", 10*time.Second, "How often to check whether a burst (series creation, head compaction) left free heap that the Go runtime keeps mapped, and return it to the OS when it exceeds 5% of the live heap (at least 8MiB) and less than 5% of the heap was allocated since the last check (docs/operations.md); 0 leaves it to the runtime.")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2

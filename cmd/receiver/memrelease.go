@@ -31,10 +31,16 @@ import (
 
 const (
 	// releaseMinFree is the free heap below which nothing is released.
-	releaseMinFree = 32 << 20
+	releaseMinFree = 8 << 20
 	// releaseFreeShare: release when the free heap, or the heap's objects
 	// beyond the live heap of the last GC, exceed this share of the live heap...
-	releaseFreeShare = 0.10
+	// At 0.10 (and a 32 MiB minimum) a 200k-series receiver kept the burst
+	// in one of two runs (1,220 B per series instead of 1,075); at 0.05 the
+	// RSS per series after a load repeated within 1 % at 200k and 1M series,
+	// at the same CPU per sample (bench/results/README.md, issue 19). In a
+	// quiet steady state each release is a GC of the live heap per 5 % of it
+	// allocated: at a fleet's ~0.1 MB/s, one every few minutes.
+	releaseFreeShare = 0.05
 	// releaseQuietShare: ...and less than this share of it was allocated
 	// since the last check. A fleet's steady state allocates far less (1M
 	// series at one sample per 4m30s: ~0.1 MB/s against a ~850 MB heap); a

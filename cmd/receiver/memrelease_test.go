@@ -17,8 +17,9 @@ func TestShouldRelease(t *testing.T) {
 	}{
 		{"quiet heap with much free: release", heapSample{allocs: 1000 * mib}, heapSample{free: 200 * mib, objects: 800 * mib, live: 800 * mib, allocs: 1010 * mib}, true},
 		{"quiet heap with much uncollected garbage: release", heapSample{allocs: 1000 * mib}, heapSample{free: 10 * mib, objects: 950 * mib, live: 800 * mib, allocs: 1010 * mib}, true},
-		{"free below the minimum", heapSample{}, heapSample{free: 20 * mib, objects: 50 * mib, live: 50 * mib}, false},
-		{"free and garbage below 10% of the heap", heapSample{}, heapSample{free: 70 * mib, objects: 860 * mib, live: 800 * mib}, false},
+		{"free below the minimum", heapSample{}, heapSample{free: 6 * mib, objects: 50 * mib, live: 50 * mib}, false},
+		{"free and garbage below 5% of the heap", heapSample{}, heapSample{free: 35 * mib, objects: 830 * mib, live: 800 * mib}, false},
+		{"free above 5% of a small heap and the minimum", heapSample{}, heapSample{free: 9 * mib, objects: 100 * mib, live: 100 * mib}, true},
 		{"busy heap: the free pages are about to be reused", heapSample{allocs: 0}, heapSample{free: 200 * mib, objects: 800 * mib, live: 800 * mib, allocs: 50 * mib}, false},
 		{"counter reset (cannot happen) counts as quiet", heapSample{allocs: 500 * mib}, heapSample{free: 200 * mib, objects: 800 * mib, live: 800 * mib, allocs: 10 * mib}, true},
 	} {
