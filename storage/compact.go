@@ -2,7 +2,6 @@ package storage
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -21,20 +20,38 @@ import (
 // a range already written to a block, and then be truncated from the head:
 // lost after its acknowledgement.
 //
-// So TSDB's automatic compaction is off and the DB cuts head blocks itself,
-// one block range at a time, each behind a barrier: it takes lifecycle for
-// writing, which waits for every write in flight (each holds it for reading
-// from its first append to its commit), and reads the range while no write
-// runs. A write that starts after the barrier sees a compactable head, and
-// TSDB refuses its samples below max time − block/2 (appendableMinValidTime),
-// which is past the end of the range because the head is compactable: its
-// span exceeds 1.5 blocks. The barrier costs writes one wait for the
-// slowest write in flight, once per block range (every 2 h).
+// So TSDB's automatic compaction is off and the DB cuts head blocks itself.
+// A round first reads, behind a barrier, the max time of every head that is
+// ready to be cut: it takes lifecycle for writing, which waits for every
+// write in flight (each holds it for reading from its first append to its
+// commit), reads, and lets writes go on at once. Then it cuts, outside the
+// barrier, every block range that ends more than half a block before the
+// max time read. A write that started after the barrier computed its minimum
+// valid time from a head at least that late (TSDB's appendableMinValidTime:
+// max time − block/2), which is past the end of every range cut, and the
+// writes from before the barrier are over. Samples older than that go to the
+// out-of-order head, which the round compacts after cutting, as TSDB's
+// Compact does. The barrier costs writes one wait for the slowest write in
+// flight, once per round that has something to cut (every 2h).
 
-// compactCheckInterval is how often heads are checked besides the signal a
-// write sends when its commit made the head compactable (TSDB checks every
-// minute and after each commit, too).
-const compactCheckInterval = time.Minute
+const (
+	// compactCheckInterval is how often heads are checked besides the
+	// signal a write sends when its commit made the head compactable (TSDB
+	// checks every minute and after each commit, too).
+	compactCheckInterval = time.Minute
+	// A tenant whose compaction failed is retried after a wait doubling from
+	// compactBackoffMin to compactBackoffMax, as TSDB's run loop does: on a
+	// full disk each attempt writes a whole block and stalls writes at the
+	// barrier.
+	compactBackoffMin = time.Second
+	compactBackoffMax = time.Minute
+)
+
+// compactBackoff is a failing tenant's retry state. Guarded by compactMtx.
+type compactBackoff struct {
+	wait time.Duration
+	next time.Time
+}
 
 // runCompactions compacts heads when signalled and every
 // compactCheckInterval, until db.stopCompact is closed.
@@ -62,34 +79,83 @@ func (db *DB) signalCompaction() {
 }
 
 // stopCompactions ends runCompactions and waits for its round to finish.
+// Close calls it after refusing new writes; the round's tenants stay open
+// until it returns.
 func (db *DB) stopCompactions() {
 	db.stopCompactOnce.Do(func() { close(db.stopCompact) })
 	<-db.compactDone
 }
 
+// compactHeads runs one round over the tenants whose heads are ready.
 func (db *DB) compactHeads() {
+	db.compactMtx.Lock() // EraseLocal closes and reopens tenants
+	defer db.compactMtx.Unlock()
+	blockMs := time.Duration(db.cfg.BlockDuration).Milliseconds()
+	now := time.Now()
+	var due []*tenant
 	for _, t := range db.snapshotTenants() {
-		if err := db.compactTenant(t); err != nil {
-			db.m.compactionFailures.Inc()
-			db.logger.Error("head compaction failed, will retry", "tenant", t.name, "err", err)
+		if b, ok := db.compactBackoffs[t.name]; ok && now.Before(b.next) {
+			continue
 		}
+		if headCompactable(t.db.Head(), blockMs) {
+			due = append(due, t)
+		}
+	}
+	if len(due) == 0 {
+		return // the common case: no barrier
+	}
+	maxts, ok := db.headMaxTimes(due)
+	if !ok {
+		return // closing: Close flushes the whole head
+	}
+	for i, t := range due {
+		start := time.Now()
+		err := db.cutHead(t, maxts[i], blockMs)
+		if err == nil {
+			delete(db.compactBackoffs, t.name)
+			if took := time.Since(start); took.Milliseconds() > blockMs {
+				db.logger.Warn("head compaction took longer than a block range: compactions are falling behind", "tenant", t.name, "took", took)
+			}
+			continue
+		}
+		db.m.compactionFailures.Inc()
+		b := db.compactBackoffs[t.name]
+		b.wait = min(max(2*b.wait, compactBackoffMin), compactBackoffMax)
+		b.next = time.Now().Add(b.wait)
+		db.compactBackoffs[t.name] = b
+		db.logger.Error("head compaction failed", "tenant", t.name, "retry_in", b.wait, "err", err)
 	}
 }
 
-// compactTenant cuts every block range the head of t holds beyond 1.5
-// blocks, as TSDB's Compact would, then compacts the out-of-order head (as
-// Compact does after cutting a block).
-func (db *DB) compactTenant(t *tenant) error {
-	db.compactMtx.Lock() // EraseLocal closes and reopens tenants
-	defer db.compactMtx.Unlock()
+// headMaxTimes reads the head max time of every tenant in ts behind the
+// barrier (see above); false if the DB is closing.
+func (db *DB) headMaxTimes(ts []*tenant) ([]int64, bool) {
+	db.lifecycle.Lock()
+	defer db.lifecycle.Unlock()
+	if db.closed {
+		return nil, false
+	}
+	maxts := make([]int64, len(ts))
+	for i, t := range ts {
+		maxts[i] = t.db.Head().MaxTime()
+	}
+	return maxts, true
+}
+
+// cutHead cuts every block range of t's head that ends at least half a
+// block before maxt, the head's max time read behind the barrier, then
+// compacts the out-of-order head if it cut anything.
+func (db *DB) cutHead(t *tenant, maxt, blockMs int64) error {
 	var cut bool
 	for {
-		tdb, mint, maxt, ok := db.nextHeadRange(t.name)
-		if !ok {
+		h := t.db.Head()
+		mint := h.MinTime()
+		if mint > h.MaxTime() || maxt-mint <= blockMs/2*3 {
 			break
 		}
-		// [mint, maxt): block ranges are half-open, chunk ranges closed.
-		if err := tdb.CompactHead(tsdb.NewRangeHead(tdb.Head(), mint, maxt-1)); err != nil {
+		end := mint - mod(mint, blockMs) + blockMs // ≤ mint + block < maxt − block/2
+		// [mint, end): block ranges are half-open, chunk ranges closed.
+		if err := t.db.CompactHead(tsdb.NewRangeHead(h, mint, end-1)); err != nil {
 			return fmt.Errorf("compact head: %w", err)
 		}
 		cut = true
@@ -97,35 +163,10 @@ func (db *DB) compactTenant(t *tenant) error {
 	if !cut {
 		return nil
 	}
-	cur, release, err := db.readTenant(t.name)
-	if errors.Is(err, ErrNotReady) || cur == nil {
-		return nil // closing: Close flushes the whole head
-	}
-	if err != nil {
-		return err
-	}
-	defer release()
-	if err := cur.db.CompactOOOHead(context.Background()); err != nil {
+	if err := t.db.CompactOOOHead(context.Background()); err != nil {
 		return fmt.Errorf("compact out-of-order head: %w", err)
 	}
 	return nil
-}
-
-// nextHeadRange returns the tenant's TSDB and the block range its head holds
-// that is ready to be cut, if any, read behind the barrier (see above).
-func (db *DB) nextHeadRange(name string) (tdb *tsdb.DB, mint, maxt int64, ok bool) {
-	blockMs := time.Duration(db.cfg.BlockDuration).Milliseconds()
-	if t := db.tenant(name); t == nil || !headCompactable(t.db.Head(), blockMs) {
-		return nil, 0, 0, false // the common case: no barrier
-	}
-	db.lifecycle.Lock()
-	defer db.lifecycle.Unlock()
-	t := db.tenant(name)
-	if db.closed || t == nil || !headCompactable(t.db.Head(), blockMs) {
-		return nil, 0, 0, false
-	}
-	mint = t.db.Head().MinTime()
-	return t.db, mint, mint - mod(mint, blockMs) + blockMs, true
 }
 
 // headCompactable is TSDB's Head.compactable: the head spans more than 1.5

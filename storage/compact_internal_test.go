@@ -11,9 +11,9 @@ import (
 	"github.com/thanos-io/objstore"
 )
 
-// The barrier: a head range is not read for compaction while a write is in
-// flight (each holds lifecycle for reading from first append to commit).
-func TestNextHeadRangeWaitsForWritesInFlight(t *testing.T) {
+// The barrier: the heads' max times are not read for compaction while a
+// write is in flight (each holds lifecycle for reading from first append to commit).
+func TestHeadMaxTimesWaitForWritesInFlight(t *testing.T) {
 	var cfg Config
 	cfg.SetDefaults()
 	db, err := openWithBucket(slog.New(slog.DiscardHandler), nil, t.TempDir(), cfg, objstore.NewInMemBucket(), time.Now)
@@ -33,9 +33,9 @@ func TestNextHeadRangeWaitsForWritesInFlight(t *testing.T) {
 	db.lifecycle.RLock() // a write in flight
 	got := make(chan int64)
 	go func() {
-		_, mint, _, ok := db.nextHeadRange("t")
+		maxts, ok := db.headMaxTimes([]*tenant{db.tenant("t")})
 		require.True(t, ok)
-		got <- mint
+		got <- maxts[0]
 	}()
 	select {
 	case <-got:
@@ -44,8 +44,8 @@ func TestNextHeadRangeWaitsForWritesInFlight(t *testing.T) {
 	}
 	db.lifecycle.RUnlock()
 	select {
-	case mint := <-got:
-		require.Equal(t, start, mint)
+	case maxt := <-got:
+		require.Equal(t, start+(3*time.Hour+time.Minute).Milliseconds(), maxt)
 	case <-time.After(10 * time.Second):
 		t.Fatal("the barrier did not open after the write finished")
 	}

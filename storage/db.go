@@ -50,7 +50,8 @@ type DB struct {
 	deny *denyList // erased clusters, refused by Write
 
 	// Head compaction (compact.go).
-	compactMtx      sync.Mutex    // held by a tenant's compaction; EraseLocal takes it
+	compactMtx      sync.Mutex // held by a compaction round; EraseLocal takes it
+	compactBackoffs map[string]compactBackoff
 	compactNow      chan struct{} // a write made a head compactable
 	stopCompact     chan struct{}
 	stopCompactOnce sync.Once
@@ -86,9 +87,10 @@ func openWithBucket(logger *slog.Logger, reg prometheus.Registerer, dir string, 
 		m:       newMetrics(reg),
 		tenants: map[string]*tenant{},
 
-		compactNow:  make(chan struct{}, 1),
-		stopCompact: make(chan struct{}),
-		compactDone: make(chan struct{}),
+		compactBackoffs: map[string]compactBackoff{},
+		compactNow:      make(chan struct{}, 1),
+		stopCompact:     make(chan struct{}),
+		compactDone:     make(chan struct{}),
 	}
 	deny, err := loadDenyList(filepath.Join(dir, denyFile))
 	if err != nil {

@@ -49,7 +49,7 @@ func newMetrics(reg prometheus.Registerer) *metrics { // nil reg: not registered
 		}),
 		compactionFailures: f.NewCounter(prometheus.CounterOpts{
 			Name: "phonehome_storage_head_compactions_failed_total",
-			Help: "Rounds of cutting a tenant's head into blocks that failed (retried within a minute); TSDB's prometheus_tsdb_compactions_total counts the blocks written.",
+			Help: "Failed attempts to cut a tenant's head into blocks (retried after 1s, doubling up to 1m); TSDB's prometheus_tsdb_compactions_total counts the blocks written.",
 		}),
 		tenants: f.NewGauge(prometheus.GaugeOpts{
 			Name: "phonehome_storage_tenants", Help: "Tenants with an open TSDB.",
