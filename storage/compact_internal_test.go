@@ -2,23 +2,17 @@ package storage
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/prometheus/prometheus/prompb"
 	"github.com/stretchr/testify/require"
-	"github.com/thanos-io/objstore"
 )
 
 // The barrier: the heads' max times are not read for compaction while a
 // write is in flight (each holds lifecycle for reading from first append to commit).
 func TestHeadMaxTimesWaitForWritesInFlight(t *testing.T) {
-	var cfg Config
-	cfg.SetDefaults()
-	db, err := openWithBucket(slog.New(slog.DiscardHandler), nil, t.TempDir(), cfg, objstore.NewInMemBucket(), time.Now)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	db, _ := openInternal(t)
 	db.stopCompactions() // this test cuts the head itself
 
 	start := time.Now().Add(-5 * time.Hour).UnixMilli()

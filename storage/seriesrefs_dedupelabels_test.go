@@ -5,7 +5,6 @@ package storage
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"math"
 	"sync"
 	"testing"
@@ -14,7 +13,6 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/prompb"
 	"github.com/stretchr/testify/require"
-	"github.com/thanos-io/objstore"
 )
 
 // TestSeriesRefsSymbolTable: new series' labels are interned in the cache's
@@ -56,11 +54,7 @@ func TestSeriesRefsSymbolTable(t *testing.T) {
 // another build may grow it, which seriesRefs.build serialises. Without it
 // the race detector reported the race in about half of the runs.
 func TestConcurrentSeriesCreation(t *testing.T) {
-	var cfg Config
-	cfg.SetDefaults()
-	db, err := openWithBucket(slog.New(slog.DiscardHandler), nil, t.TempDir(), cfg, objstore.NewInMemBucket(), time.Now)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, db.Close()) }()
+	db, _ := openInternal(t)
 
 	const writers, requests, perRequest = 4, 20, 100
 	ts := time.Now().Add(-time.Hour).UnixMilli()

@@ -2,7 +2,6 @@ package storage
 
 import (
 	"context"
-	"log/slog"
 	"math"
 	"testing"
 	"time"
@@ -10,18 +9,13 @@ import (
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/prompb"
 	"github.com/stretchr/testify/require"
-	"github.com/thanos-io/objstore"
 )
 
 // TestSeriesRefCache covers the reference cache's three states: a cached
 // reference reused, an entry the head no longer knows, and the head
 // truncated under it. Every sample must land on the right series in all.
 func TestSeriesRefCache(t *testing.T) {
-	var cfg Config
-	cfg.SetDefaults()
-	db, err := openWithBucket(slog.New(slog.DiscardHandler), nil, t.TempDir(), cfg, objstore.NewInMemBucket(), time.Now)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, db.Close()) }()
+	db, cfg := openInternal(t)
 
 	lsA := []prompb.Label{{Name: "__name__", Value: "csv_succeeded"}, {Name: "name", Value: "a"}}
 	lsB := []prompb.Label{{Name: "__name__", Value: "csv_succeeded"}, {Name: "name", Value: "b"}}

@@ -2,13 +2,11 @@ package storage
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/prometheus/prometheus/prompb"
 	"github.com/stretchr/testify/require"
-	"github.com/thanos-io/objstore"
 )
 
 // TestWriteHinted covers the caller-kept references (the receiver keeps them
@@ -17,11 +15,7 @@ import (
 // another incarnation of the tenant, and one never confirmed. Every sample
 // must land on its own series in all, and the DB's own cache stays empty.
 func TestWriteHinted(t *testing.T) {
-	var cfg Config
-	cfg.SetDefaults()
-	db, err := openWithBucket(slog.New(slog.DiscardHandler), nil, t.TempDir(), cfg, objstore.NewInMemBucket(), time.Now)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, db.Close()) }()
+	db, cfg := openInternal(t)
 
 	lsA := []prompb.Label{{Name: "__name__", Value: "csv_succeeded"}, {Name: "name", Value: "a"}}
 	lsB := []prompb.Label{{Name: "__name__", Value: "csv_succeeded"}, {Name: "name", Value: "b"}}
@@ -66,7 +60,7 @@ func TestWriteHinted(t *testing.T) {
 	// Every sample refused before the series is found: the hint is left as
 	// it was (nothing confirmed or refuted it).
 	before := hints[0]
-	_, err = db.WriteHinted(context.Background(), "t", []prompb.TimeSeries{
+	_, err := db.WriteHinted(context.Background(), "t", []prompb.TimeSeries{
 		{Labels: lsA, Samples: []prompb.Sample{{Value: 1, Timestamp: time.Now().Add(time.Hour).UnixMilli()}}},
 	}, nil, hints[:1])
 	var perr *PartialError
