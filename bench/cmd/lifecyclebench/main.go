@@ -382,12 +382,12 @@ func (b *bencher) run(ctx context.Context, stages map[string]bool, workers int, 
 	}
 	runner := lifecycle.New(b.logger, nil, runBkt, cfg, lifecycle.Options{Compactor: comp, WorkDir: filepath.Join(b.dir, "work"), Now: func() time.Time { return clock }})
 	if stages[stageCompact] {
-		t0, cpu0 := time.Now(), cpuSeconds()
+		t0, cpu0 := time.Now(), bench.ProcessCPU()
 		if err := runner.RunOnce(ctx); err != nil {
 			return fmt.Errorf("compact: %w", err)
 		}
 		b.st.Compact = time.Since(t0)
-		b.printf("Compaction CPU: %.0f s (this process, user and system).\n\n", cpuSeconds()-cpu0)
+		b.printf("Compaction CPU: %.0f s (this process, user and system).\n\n", (bench.ProcessCPU() - cpu0).Seconds())
 		clock = clock.Add(72 * time.Hour) // past the deletion delay: the sources go
 		if err := runner.RunOnce(ctx); err != nil {
 			return fmt.Errorf("delete sources: %w", err)
@@ -408,7 +408,7 @@ func (b *bencher) run(ctx context.Context, stages map[string]bool, workers int, 
 	if stages[stageErase] {
 		id := b.fleet.ClusterID(b.clusters / 2)
 		ms := []*labels.Matcher{labels.MustNewMatcher(labels.MatchEqual, "_id", id)}
-		t0, cpu0 := time.Now(), cpuSeconds()
+		t0, cpu0 := time.Now(), bench.ProcessCPU()
 		res, err := runner.EraseBucket(ctx, tenant, ms, []string{id}, filepath.Join(b.dir, "erase"), func(done, total int) {
 			fmt.Fprintf(os.Stderr, "erase: %d/%d blocks after %s\n", done, total, time.Since(t0).Round(time.Second))
 		})
@@ -420,7 +420,7 @@ func (b *bencher) run(ctx context.Context, stages map[string]bool, workers int, 
 			return err
 		}
 		b.printf("## Erasure of one cluster\n\nBucket step: %d blocks examined, %d rewritten, %d series removed, in %s (%.0f CPU seconds).\n\n",
-			res.Blocks, res.Rewritten, res.Series, b.st.EraseTime.Round(time.Millisecond), cpuSeconds()-cpu0)
+			res.Blocks, res.Rewritten, res.Series, b.st.EraseTime.Round(time.Millisecond), (bench.ProcessCPU() - cpu0).Seconds())
 	}
 
 	rows := []string{"| data | blocks | bucket bytes | bytes/sample |", "| --- | --- | --- | --- |"}
@@ -740,15 +740,6 @@ func (b *bencher) writeWindow(ctx context.Context, bkt objstore.Bucket, promDir 
 	return n, os.Rename(blockDir, filepath.Join(promDir, id.String()))
 }
 
-// cpuSeconds is this process' user and system CPU time so far.
-func cpuSeconds() float64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return math.NaN()
-	}
-	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
-}
-
 func windowErr(from time.Time, err error) error {
 	return fmt.Errorf("window %s: %w", from.UTC().Format(time.RFC3339), err)
 }
@@ -791,7 +782,7 @@ func (b *bencher) runQueries(ctx context.Context, bkt objstore.Bucket, label str
 			var totalCPU float64
 			for _, q := range b.queries {
 				before := downloaded(reg)
-				t0, cpu0 := time.Now(), cpuSeconds()
+				t0, cpu0 := time.Now(), bench.ProcessCPU()
 				qry, err := eng.NewRangeQuery(ctx, queryable, nil, q.expr, b.end.Add(-rng), b.end, rng/time.Duration(b.points))
 				if err != nil {
 					return err
@@ -804,7 +795,7 @@ func (b *bencher) runQueries(ctx context.Context, bkt objstore.Bucket, label str
 				m, _ := res.Matrix()
 				n := len(m)
 				qry.Close()
-				d, cpu := time.Since(t0), cpuSeconds()-cpu0
+				d, cpu := time.Since(t0), (bench.ProcessCPU() - cpu0).Seconds()
 				total += d
 				totalCPU += cpu
 				b.printf("| %s | %s | %s | %.3f | %.2f | %d | %d |\n", days(rng), pass, q.name, d.Seconds(), cpu, n, downloaded(reg)-before)
