@@ -90,7 +90,7 @@ func (db *DB) stopCompactions() {
 func (db *DB) compactHeads() {
 	db.compactMtx.Lock() // EraseLocal closes and reopens tenants
 	defer db.compactMtx.Unlock()
-	blockMs := time.Duration(db.cfg.BlockDuration).Milliseconds()
+	blockMs := db.blockMs()
 	now := time.Now()
 	var due []*tenant
 	for _, t := range db.snapshotTenants() {

@@ -12,7 +12,7 @@ import (
 // The barrier: the heads' max times are not read for compaction while a
 // write is in flight (each holds lifecycle for reading from first append to commit).
 func TestHeadMaxTimesWaitForWritesInFlight(t *testing.T) {
-	db, _ := openInternal(t)
+	db := openInternal(t)
 	db.stopCompactions() // this test cuts the head itself
 
 	start := time.Now().Add(-5 * time.Hour).UnixMilli()

@@ -124,6 +124,10 @@ func openWithBucket(logger *slog.Logger, reg prometheus.Registerer, dir string, 
 	return db, nil
 }
 
+// blockMs is the block duration (storage.block_duration) in milliseconds,
+// TSDB's unit.
+func (db *DB) blockMs() int64 { return time.Duration(db.cfg.BlockDuration).Milliseconds() }
+
 // Ready reports whether the DB accepts writes and reads.
 func (db *DB) Ready() bool { return db.ready.Load() }
 
@@ -225,7 +229,7 @@ func (db *DB) Close() error {
 	var errs []error
 	if *db.cfg.FlushOnShutdown {
 		for _, t := range db.snapshotTenants() {
-			if err := flushHead(t.db, time.Duration(db.cfg.BlockDuration).Milliseconds()); err != nil {
+			if err := flushHead(t.db, db.blockMs()); err != nil {
 				errs = append(errs, fmt.Errorf("flush tenant %s: %w", t.name, err))
 			}
 		}

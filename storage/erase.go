@@ -241,7 +241,7 @@ func (db *DB) EraseLocal(ctx context.Context, tenant string, ms []*labels.Matche
 	if err := t.db.Delete(ctx, math.MinInt64, math.MaxInt64, ms...); err != nil {
 		return res, fmt.Errorf("tombstone series: %w", err)
 	}
-	if err := flushHead(t.db, time.Duration(db.cfg.BlockDuration).Milliseconds()); err != nil {
+	if err := flushHead(t.db, db.blockMs()); err != nil {
 		return res, fmt.Errorf("flush head: %w", err)
 	}
 	if err := t.db.Delete(ctx, math.MinInt64, math.MaxInt64, ms...); err != nil {

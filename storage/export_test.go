@@ -21,7 +21,7 @@ func (db *DB) Ship(ctx context.Context) error { return db.ship(ctx) }
 // Flush persists every tenant's head into blocks, as Close does.
 func (db *DB) Flush() error {
 	for _, t := range db.snapshotTenants() {
-		if err := flushHead(t.db, time.Duration(db.cfg.BlockDuration).Milliseconds()); err != nil {
+		if err := flushHead(t.db, db.blockMs()); err != nil {
 			return err
 		}
 	}

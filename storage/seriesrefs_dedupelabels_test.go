@@ -54,7 +54,7 @@ func TestSeriesRefsSymbolTable(t *testing.T) {
 // another build may grow it, which seriesRefs.build serialises. Without it
 // the race detector reported the race in about half of the runs.
 func TestConcurrentSeriesCreation(t *testing.T) {
-	db, _ := openInternal(t)
+	db := openInternal(t)
 
 	const writers, requests, perRequest = 4, 20, 100
 	ts := time.Now().Add(-time.Hour).UnixMilli()

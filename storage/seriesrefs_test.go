@@ -15,7 +15,7 @@ import (
 // reference reused, an entry the head no longer knows, and the head
 // truncated under it. Every sample must land on the right series in all.
 func TestSeriesRefCache(t *testing.T) {
-	db, cfg := openInternal(t)
+	db := openInternal(t)
 
 	lsA := []prompb.Label{{Name: "__name__", Value: "csv_succeeded"}, {Name: "name", Value: "a"}}
 	lsB := []prompb.Label{{Name: "__name__", Value: "csv_succeeded"}, {Name: "name", Value: "b"}}
@@ -48,7 +48,7 @@ func TestSeriesRefCache(t *testing.T) {
 	// entries with them.
 	tn.refs.put(seriesKey{1, 2}, 99) // a series that left
 	require.Equal(t, 3, tn.refs.len())
-	require.NoError(t, flushHead(tn.db, time.Duration(cfg.BlockDuration).Milliseconds()))
+	require.NoError(t, flushHead(tn.db, db.blockMs()))
 	write(t0 + 4)
 	require.Equal(t, 2, tn.refs.len(), "the entry of the series that left is gone")
 

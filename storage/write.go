@@ -162,7 +162,7 @@ func (db *DB) write(ctx context.Context, tenantName string, series []prompb.Time
 	if err := app.Commit(); err != nil {
 		return Stats{}, fmt.Errorf("commit: %w", err)
 	}
-	if headCompactable(t.db.Head(), time.Duration(db.cfg.BlockDuration).Milliseconds()) {
+	if headCompactable(t.db.Head(), db.blockMs()) {
 		db.signalCompaction() // as TSDB's Commit does (compact.go)
 	}
 	for _, i := range committed {

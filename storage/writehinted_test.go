@@ -15,7 +15,7 @@ import (
 // another incarnation of the tenant, and one never confirmed. Every sample
 // must land on its own series in all, and the DB's own cache stays empty.
 func TestWriteHinted(t *testing.T) {
-	db, cfg := openInternal(t)
+	db := openInternal(t)
 
 	lsA := []prompb.Label{{Name: "__name__", Value: "csv_succeeded"}, {Name: "name", Value: "a"}}
 	lsB := []prompb.Label{{Name: "__name__", Value: "csv_succeeded"}, {Name: "name", Value: "b"}}
@@ -53,7 +53,7 @@ func TestWriteHinted(t *testing.T) {
 
 	// The head is compacted and truncated: the series are dropped, their
 	// hints go stale and are replaced.
-	require.NoError(t, flushHead(tn.db, time.Duration(cfg.BlockDuration).Milliseconds()))
+	require.NoError(t, flushHead(tn.db, db.blockMs()))
 	write(t0 + 4)
 	require.NotZero(t, hints[0])
 
