@@ -264,13 +264,7 @@ func (s *Session) Admit(metric string, hash uint64) error {
 func (s *Session) AdmitKey(metric string, k Key) (hint uint64, err error) {
 	sh := s.t.shard(k)
 	sh.mu.Lock()
-	if i, ok := sh.m.find(k); ok {
-		sl := &sh.m.slots[i]
-		e := sl.entry()
-		if e.seen < s.now {
-			e.seen = s.now
-			sl.setEntry(e)
-		}
+	if e, ok := sh.m.touch(k, s.now); ok {
 		sh.mu.Unlock()
 		return e.hint, nil
 	}
@@ -283,13 +277,7 @@ func (s *Session) AdmitKey(metric string, k Key) (hint uint64, err error) {
 func (l *Limiter) SetHint(tenant string, k Key, hint uint64) {
 	sh := l.tenant(tenant).shard(k)
 	sh.mu.Lock()
-	if i, ok := sh.m.find(k); ok {
-		sl := &sh.m.slots[i]
-		if e := sl.entry(); e.hint != hint {
-			e.hint = hint
-			sl.setEntry(e)
-		}
-	}
+	sh.m.setHint(k, hint)
 	sh.mu.Unlock()
 }
 
@@ -303,12 +291,7 @@ func (s *Session) admitNew(sh *shard, metric string, k Key) error {
 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if i, ok := sh.m.find(k); ok { // admitted concurrently
-		sl := &sh.m.slots[i]
-		if e := sl.entry(); e.seen < s.now {
-			e.seen = s.now
-			sl.setEntry(e)
-		}
+	if _, ok := sh.m.touch(k, s.now); ok { // admitted concurrently
 		return nil
 	}
 	maxCluster := lim.MaxSeriesPerCluster

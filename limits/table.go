@@ -83,6 +83,32 @@ func (t *seriesTable) find(k Key) (int, bool) {
 	}
 }
 
+// touch moves the last-seen time of series k forward to now and returns its
+// entry, or false if k is not in the table.
+func (t *seriesTable) touch(k Key, now uint32) (entry, bool) {
+	i, ok := t.find(k)
+	if !ok {
+		return entry{}, false
+	}
+	s := &t.slots[i]
+	e := s.entry()
+	if e.seen < now {
+		e.seen = now
+		s.setEntry(e)
+	}
+	return e, true
+}
+
+// setHint stores hint with series k if it is in the table.
+func (t *seriesTable) setHint(k Key, hint uint64) {
+	if i, ok := t.find(k); ok {
+		s := &t.slots[i]
+		e := s.entry()
+		e.hint = hint
+		s.setEntry(e)
+	}
+}
+
 // insert adds k, which must not be in the table.
 func (t *seriesTable) insert(k Key, e entry) {
 	if (t.n+1)*maxLoadDiv > len(t.slots)*maxLoadNum {
