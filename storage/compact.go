@@ -47,11 +47,34 @@ const (
 	compactBackoffMax = time.Minute
 )
 
-// compactBackoff is a failing tenant's retry state. Guarded by compactMtx.
-type compactBackoff struct {
+// retries holds the tenants whose last cut failed: when each may be tried
+// again, and its current wait. Guarded by compactMtx.
+type retries map[string]retry
+
+type retry struct {
 	wait time.Duration
 	next time.Time
 }
+
+// waiting reports whether name failed and its wait is not over at now.
+func (r retries) waiting(name string, now time.Time) bool {
+	b, ok := r[name]
+	return ok && now.Before(b.next)
+}
+
+// failed records a failure of name at now and returns the wait before the
+// next try: compactBackoffMin, doubling with each failure in a row up to
+// compactBackoffMax.
+func (r retries) failed(name string, now time.Time) time.Duration {
+	b := r[name]
+	b.wait = min(max(2*b.wait, compactBackoffMin), compactBackoffMax)
+	b.next = now.Add(b.wait)
+	r[name] = b
+	return b.wait
+}
+
+// succeeded forgets the failures of name.
+func (r retries) succeeded(name string) { delete(r, name) }
 
 // runCompactions compacts heads when signalled and every
 // compactCheckInterval, until db.stopCompact is closed.
@@ -94,7 +117,7 @@ func (db *DB) compactHeads() {
 	now := time.Now()
 	var due []*tenant
 	for _, t := range db.snapshotTenants() {
-		if b, ok := db.compactBackoffs[t.name]; ok && now.Before(b.next) {
+		if db.compactRetries.waiting(t.name, now) {
 			continue
 		}
 		if headCompactable(t.db.Head(), blockMs) {
@@ -112,18 +135,15 @@ func (db *DB) compactHeads() {
 		start := time.Now()
 		err := db.cutHead(t, maxts[i], blockMs)
 		if err == nil {
-			delete(db.compactBackoffs, t.name)
+			db.compactRetries.succeeded(t.name)
 			if took := time.Since(start); took.Milliseconds() > blockMs {
 				db.logger.Warn("head compaction took longer than a block range: compactions are falling behind", "tenant", t.name, "took", took)
 			}
 			continue
 		}
 		db.m.compactionFailures.Inc()
-		b := db.compactBackoffs[t.name]
-		b.wait = min(max(2*b.wait, compactBackoffMin), compactBackoffMax)
-		b.next = time.Now().Add(b.wait)
-		db.compactBackoffs[t.name] = b
-		db.logger.Error("head compaction failed", "tenant", t.name, "retry_in", b.wait, "err", err)
+		wait := db.compactRetries.failed(t.name, time.Now())
+		db.logger.Error("head compaction failed", "tenant", t.name, "retry_in", wait, "err", err)
 	}
 }
 

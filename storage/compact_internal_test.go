@@ -44,3 +44,26 @@ func TestHeadMaxTimesWaitForWritesInFlight(t *testing.T) {
 		t.Fatal("the barrier did not open after the write finished")
 	}
 }
+
+// A tenant whose cut fails is retried after 1s, the wait doubling with each
+// failure in a row up to 1m (phonehome_storage_head_compactions_failed_total's
+// help), and at once again after a success.
+func TestCompactRetriesBackOff(t *testing.T) {
+	r := retries{}
+	now := time.Unix(0, 0)
+	require.False(t, r.waiting("t", now))
+	var waits []time.Duration
+	for range 8 {
+		w := r.failed("t", now)
+		waits = append(waits, w)
+		require.True(t, r.waiting("t", now.Add(w-time.Millisecond)))
+		require.False(t, r.waiting("t", now.Add(w)))
+		require.False(t, r.waiting("other", now), "other tenants are not held back")
+		now = now.Add(w)
+	}
+	s := time.Second
+	require.Equal(t, []time.Duration{s, 2 * s, 4 * s, 8 * s, 16 * s, 32 * s, time.Minute, time.Minute}, waits)
+	r.succeeded("t")
+	require.False(t, r.waiting("t", now))
+	require.Equal(t, time.Second, r.failed("t", now), "a success resets the wait")
+}

@@ -51,7 +51,7 @@ type DB struct {
 
 	// Head compaction (compact.go).
 	compactMtx      sync.Mutex // held by a compaction round; EraseLocal takes it
-	compactBackoffs map[string]compactBackoff
+	compactRetries  retries
 	compactNow      chan struct{} // a write made a head compactable
 	stopCompact     chan struct{}
 	stopCompactOnce sync.Once
@@ -87,10 +87,10 @@ func openWithBucket(logger *slog.Logger, reg prometheus.Registerer, dir string, 
 		m:       newMetrics(reg),
 		tenants: map[string]*tenant{},
 
-		compactBackoffs: map[string]compactBackoff{},
-		compactNow:      make(chan struct{}, 1),
-		stopCompact:     make(chan struct{}),
-		compactDone:     make(chan struct{}),
+		compactRetries: retries{},
+		compactNow:     make(chan struct{}, 1),
+		stopCompact:    make(chan struct{}),
+		compactDone:    make(chan struct{}),
 	}
 	deny, err := loadDenyList(filepath.Join(dir, denyFile))
 	if err != nil {
