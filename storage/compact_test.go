@@ -104,4 +104,6 @@ func TestHeadCompactionKeepsEveryAcknowledgedSample(t *testing.T) {
 	require.Len(t, got, laggers*seriesPerLagger+1)
 	require.Equal(t, acked, got, "acknowledged samples per series")
 	require.Zero(t, counter(t, reg, "phonehome_storage_head_compactions_failed_total", ""))
+	// TSDB's own triggers are skipped (README, "Storage and object storage").
+	require.Positive(t, counter(t, reg, "prometheus_tsdb_compactions_skipped_total", ""))
 }
