@@ -7,6 +7,8 @@ import (
 
 	"github.com/prometheus/prometheus/prompb"
 	"github.com/stretchr/testify/require"
+
+	"github.com/phonehome/phonehome/gcburst"
 )
 
 // The barrier: the heads' max times are not read for compaction while a
@@ -66,4 +68,40 @@ func TestCompactRetriesBackOff(t *testing.T) {
 	r.succeeded("t")
 	require.False(t, r.waiting("t", now))
 	require.Equal(t, time.Second, r.failed("t", now), "a success resets the wait")
+}
+
+// Head cuts and the shutdown flush run as GC bursts: begun before the block
+// is written, ended after it.
+func TestHeadCompactionsRunAsGCBursts(t *testing.T) {
+	db := openInternal(t)
+	db.stopCompactions() // this test runs the round itself
+	var blocksAtBegin, blocksAtEnd []int
+	blocks := func() int { return len(db.tenant("t").db.Blocks()) }
+	beginGCBurst = func() func() {
+		blocksAtBegin = append(blocksAtBegin, blocks())
+		return func() { blocksAtEnd = append(blocksAtEnd, blocks()) }
+	}
+	defer func() { beginGCBurst = gcburst.Begin }()
+
+	write := func(ts int64) {
+		_, err := db.Write(context.Background(), "t", []prompb.TimeSeries{{
+			Labels:  []prompb.Label{{Name: "__name__", Value: "m"}},
+			Samples: []prompb.Sample{{Value: 1, Timestamp: ts}},
+		}})
+		require.NoError(t, err)
+	}
+	start := time.Now().Add(-5 * time.Hour).UnixMilli()
+	write(start)
+	db.compactHeads()
+	require.Empty(t, blocksAtBegin, "nothing to cut: no burst")
+
+	write(start + (3*time.Hour + time.Minute).Milliseconds())
+	db.compactHeads()
+	require.Equal(t, []int{0}, blocksAtBegin)
+	require.Equal(t, []int{1}, blocksAtEnd, "the cut wrote its block inside the burst")
+
+	require.NoError(t, db.Close()) // flushes the rest of the head
+	require.Equal(t, []int{0, 1}, blocksAtBegin)
+	require.Len(t, blocksAtEnd, 2)
+	require.Greater(t, blocksAtEnd[1], 1, "the flush wrote its blocks inside the burst")
 }

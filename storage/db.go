@@ -228,11 +228,13 @@ func (db *DB) Close() error {
 
 	var errs []error
 	if *db.cfg.FlushOnShutdown {
+		endBurst := beginGCBurst()
 		for _, t := range db.snapshotTenants() {
 			if err := flushHead(t.db, db.blockMs()); err != nil {
 				errs = append(errs, fmt.Errorf("flush tenant %s: %w", t.name, err))
 			}
 		}
+		endBurst()
 	}
 	db.shipMtx.Lock()
 	if *db.cfg.UploadOnShutdown {

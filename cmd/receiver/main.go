@@ -33,6 +33,7 @@ import (
 	"github.com/phonehome/phonehome/auth"
 	"github.com/phonehome/phonehome/erasure"
 	"github.com/phonehome/phonehome/gathering"
+	"github.com/phonehome/phonehome/gcburst"
 	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/peers"
 	"github.com/phonehome/phonehome/push"
@@ -82,6 +83,7 @@ func run(args []string, stderr io.Writer) int {
 		enablePprof = fs.Bool("web.enable-pprof", false, "Serve net/http/pprof under /debug/pprof/ (unauthenticated: for benchmarks and debugging on trusted networks only).")
 		gcPercent   = fs.Int("runtime.gogc", defaultGOGC, "GOGC for the process (100 is Go's default; see bench/results/README.md, \"GC settings\"). An explicit GOGC environment variable overrides the default, not an explicit flag.")
 		memLimit    = fs.Int64("runtime.memory-limit-bytes", 0, "Soft memory limit for the Go runtime (GOMEMLIMIT) in bytes; 0 keeps the GOMEMLIMIT environment variable or no limit.")
+		burstGC     = fs.Int("runtime.compaction-gogc", gcburst.DefaultPercent, "GOGC while a head compaction (every block range, and the flush at shutdown) runs: its garbage, ~900 B per head series, would otherwise grow the heap to the --runtime.gogc goal, ~1.7x the live heap, which the pod's memory limit must cover (docs/operations.md). Lower is a lower peak for more GC work during the compaction; 0 leaves --runtime.gogc in force.")
 		releaseFree = fs.Duration("runtime.release-free-heap-interval", 10*time.Second, "How often to check whether a burst (series creation, head compaction) left free heap that the Go runtime keeps mapped, and return it to the OS when it exceeds 5% of the live heap (at least 8MiB) and less than 5% of the heap was allocated since the last check (docs/operations.md); 0 leaves it to the runtime.")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -103,6 +105,7 @@ func run(args []string, stderr io.Writer) int {
 	if *memLimit > 0 {
 		debug.SetMemoryLimit(*memLimit)
 	}
+	gcburst.SetPercent(*burstGC)
 	logger, err := newLogger(stderr, *logLevel, *logFormat)
 	if err != nil {
 		fmt.Fprintf(stderr, "receiver: %v\n", err)
