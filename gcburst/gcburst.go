@@ -8,7 +8,8 @@
 // fast enough that the heap reaches the goal before a GC runs. At GOGC=70 a
 // 1M-series receiver went from 0.8 to 1.4 GB of RSS at every compaction, and a
 // pod's memory limit must be sized for that peak, not for the steady state
-// (bench/results/README.md, issue 19).
+// (bench/results/README.md, issue 19). The receiver runs every block write as
+// a burst: head cuts and flushes, erasure rewrites, bucket compactions.
 //
 // Begin lowers GOGC to Percent until the matching end: the GC then runs after
 // every Percent % of the live heap allocated, and the peak stays near the live

@@ -36,10 +36,10 @@ import (
 // Compact does. The barrier costs writes one wait for the slowest write in
 // flight, once per round that has something to cut (every 2h).
 //
-// A cut, and the flush of every head at shutdown, run as a GC burst
-// (package gcburst): TSDB allocates ~900 B of garbage per head series while
-// it writes the block, which would otherwise grow the heap to the process's
-// GC goal, ~1.7× the live heap.
+// Every block write of the package runs as a GC burst (package gcburst):
+// a round's cuts, flushHead (at shutdown and erasure) and RewriteBlock. TSDB
+// allocates ~900 B of garbage per head series while it writes a block, which
+// would otherwise grow the heap to the process's GC goal, ~1.7× the live heap.
 
 const (
 	// compactCheckInterval is how often heads are checked besides the

@@ -228,13 +228,11 @@ func (db *DB) Close() error {
 
 	var errs []error
 	if *db.cfg.FlushOnShutdown {
-		endBurst := beginGCBurst()
 		for _, t := range db.snapshotTenants() {
 			if err := flushHead(t.db, db.blockMs()); err != nil {
 				errs = append(errs, fmt.Errorf("flush tenant %s: %w", t.name, err))
 			}
 		}
-		endBurst()
 	}
 	db.shipMtx.Lock()
 	if *db.cfg.UploadOnShutdown {
@@ -271,7 +269,9 @@ func (db *DB) closeTenants() error {
 
 // flushHead persists the whole head (in-order and out-of-order) into blocks
 // aligned to the block duration, as Thanos receive does on shutdown.
+// It runs as a GC burst (compact.go).
 func flushHead(db *tsdb.DB, blockMs int64) error {
+	defer beginGCBurst()()
 	head := db.Head()
 	if mint, maxt := head.MinTime(), head.MaxTime(); mint != math.MaxInt64 && mint <= maxt {
 		for start := mint - mod(mint, blockMs); start <= maxt; start += blockMs {
