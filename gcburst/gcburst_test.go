@@ -5,12 +5,7 @@ import (
 	"testing"
 )
 
-// gogc reads the process's GOGC without changing it.
-func gogc() int {
-	p := debug.SetGCPercent(-1)
-	debug.SetGCPercent(p)
-	return p
-}
+func gogc() int { return currentGOGC() }
 
 // withGOGC runs the test body with the process's GOGC at p and Percent at
 // burst, and restores both.
