@@ -1,8 +1,10 @@
 package gcburst
 
 import (
+	"context"
 	"runtime/debug"
 	"testing"
+	"time"
 )
 
 func gogc() int { return currentGOGC() }
@@ -80,4 +82,74 @@ func TestDisabled(t *testing.T) {
 	if got := gogc(); got != 70 {
 		t.Fatalf("GOGC after a disabled burst = %d, want 70", got)
 	}
+}
+
+func TestQuietHeap(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		allocated, live uint64
+		want            bool
+	}{
+		{1 * mib, 800 * mib, true},    // a fleet in steady state: ~0.1 MB/s
+		{39 * mib, 800 * mib, true},   // just under 5 %
+		{41 * mib, 800 * mib, false},  // just over
+		{900 * mib, 800 * mib, false}, // a catch-up, or a burst in progress
+		{0, 0, true},
+	} {
+		if got := quietHeap(tc.allocated, tc.live); got != tc.want {
+			t.Errorf("quietHeap(%d MiB, %d MiB) = %v, want %v", tc.allocated/mib, tc.live/mib, got, tc.want)
+		}
+	}
+}
+
+func TestBeginIfQuiet(t *testing.T) {
+	withGOGC(t, 70, 10)
+	t.Cleanup(func() { watching.Store(false); busy.Store(false) })
+	for _, tc := range []struct {
+		name           string
+		watching, busy bool
+		want           int
+	}{
+		{"no watch (tests, the erase command): a burst", false, true, 10},
+		{"quiet heap: a burst", true, false, 10},
+		{"busy heap: no burst", true, true, 70},
+	} {
+		watching.Store(tc.watching)
+		busy.Store(tc.busy)
+		end := BeginIfQuiet()
+		if got := gogc(); got != tc.want {
+			t.Errorf("%s: GOGC = %d, want %d", tc.name, got, tc.want)
+		}
+		end()
+		if got := gogc(); got != 70 {
+			t.Errorf("%s: GOGC after end = %d, want 70", tc.name, got)
+		}
+	}
+}
+
+// Watch marks a heap busy after an interval with much allocated, and stops
+// watching when its context ends.
+func TestWatch(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- Watch(ctx, 20*time.Millisecond) }()
+	deadline := time.Now().Add(10 * time.Second)
+	var sink [][]byte
+	for !(watching.Load() && busy.Load()) {
+		if time.Now().After(deadline) {
+			t.Fatal("Watch did not find a heap busy that allocated far more than 5 % of itself per interval")
+		}
+		for range 64 {
+			sink = append(sink, make([]byte, 1<<20))
+		}
+		sink = sink[:0]
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if watching.Load() {
+		t.Fatal("still watching after Watch returned")
+	}
+	busy.Store(false)
 }

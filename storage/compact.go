@@ -37,7 +37,8 @@ import (
 // flight, once per round that has something to cut (every 2h).
 //
 // Every block write of the package runs as a GC burst (package gcburst):
-// a round's cuts, flushHead (at shutdown and erasure) and RewriteBlock. TSDB
+// flushHead (at shutdown and erasure, with writes stopped) always, a round's
+// cuts and RewriteBlock when the heap is quiet (no catch-up running). TSDB
 // allocates ~900 B of garbage per head series while it writes a block, which
 // would otherwise grow the heap to the process's GC goal, ~1.7× the live heap.
 
@@ -54,8 +55,12 @@ const (
 	compactBackoffMax = time.Minute
 )
 
-// beginGCBurst is gcburst.Begin; tests replace it to see what runs under it.
-var beginGCBurst = gcburst.Begin
+// beginGCBurst and beginGCBurstIfQuiet are gcburst's; tests replace them
+// to see what runs under them.
+var (
+	beginGCBurst        = gcburst.Begin
+	beginGCBurstIfQuiet = gcburst.BeginIfQuiet
+)
 
 // retries holds the tenants whose last cut failed: when each may be tried
 // again, and its current wait. Guarded by compactMtx.
@@ -141,7 +146,7 @@ func (db *DB) compactHeads() {
 	if !ok {
 		return // closing: Close flushes the whole head
 	}
-	defer beginGCBurst()()
+	defer beginGCBurstIfQuiet()() // writes go on meanwhile
 	for i, t := range due {
 		start := time.Now()
 		err := db.cutHead(t, maxts[i], blockMs)

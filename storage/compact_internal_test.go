@@ -71,17 +71,22 @@ func TestCompactRetriesBackOff(t *testing.T) {
 }
 
 // Head cuts and the shutdown flush run as GC bursts: begun before the block
-// is written, ended after it.
+// is written, ended after it; the cut only if the heap is quiet.
 func TestHeadCompactionsRunAsGCBursts(t *testing.T) {
 	db := openInternal(t)
 	db.stopCompactions() // this test runs the round itself
 	var blocksAtBegin, blocksAtEnd []int
 	blocks := func() int { return len(db.tenant("t").db.Blocks()) }
-	beginGCBurst = func() func() {
-		blocksAtBegin = append(blocksAtBegin, blocks())
-		return func() { blocksAtEnd = append(blocksAtEnd, blocks()) }
+	var always, ifQuiet int
+	record := func(n *int) func() func() {
+		return func() func() {
+			*n++
+			blocksAtBegin = append(blocksAtBegin, blocks())
+			return func() { blocksAtEnd = append(blocksAtEnd, blocks()) }
+		}
 	}
-	defer func() { beginGCBurst = gcburst.Begin }()
+	beginGCBurst, beginGCBurstIfQuiet = record(&always), record(&ifQuiet)
+	defer func() { beginGCBurst, beginGCBurstIfQuiet = gcburst.Begin, gcburst.BeginIfQuiet }()
 
 	write := func(ts int64) {
 		_, err := db.Write(context.Background(), "t", []prompb.TimeSeries{{
@@ -99,9 +104,11 @@ func TestHeadCompactionsRunAsGCBursts(t *testing.T) {
 	db.compactHeads()
 	require.Equal(t, []int{0}, blocksAtBegin)
 	require.Equal(t, []int{1}, blocksAtEnd, "the cut wrote its block inside the burst")
+	require.Equal(t, 1, ifQuiet, "writes go on during a cut: a burst only if the heap is quiet")
 
 	require.NoError(t, db.Close()) // flushes the rest of the head
 	require.Equal(t, []int{0, 1}, blocksAtBegin)
 	require.Len(t, blocksAtEnd, 2)
 	require.Greater(t, blocksAtEnd[1], 1, "the flush wrote its blocks inside the burst")
+	require.Equal(t, 1, always, "writes are stopped during the flush: always a burst")
 }

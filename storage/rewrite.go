@@ -77,7 +77,7 @@ func RewriteBlock(ctx context.Context, logger *slog.Logger, srcDir, destDir stri
 		return res, err
 	}
 	meta := res.Meta
-	endBurst := beginGCBurst() // as a head compaction (compact.go)
+	endBurst := beginGCBurstIfQuiet() // as a head cut (compact.go)
 	ids, err := c.Write(destDir, symbolFilter{Block: b, symbols: kept}, meta.MinTime, meta.MaxTime, &meta)
 	endBurst()
 	if err != nil {

@@ -83,7 +83,7 @@ func run(args []string, stderr io.Writer) int {
 		enablePprof = fs.Bool("web.enable-pprof", false, "Serve net/http/pprof under /debug/pprof/ (unauthenticated: for benchmarks and debugging on trusted networks only).")
 		gcPercent   = fs.Int("runtime.gogc", defaultGOGC, "GOGC for the process (100 is Go's default; see bench/results/README.md, \"GC settings\"). An explicit GOGC environment variable overrides the default, not an explicit flag.")
 		memLimit    = fs.Int64("runtime.memory-limit-bytes", 0, "Soft memory limit for the Go runtime (GOMEMLIMIT) in bytes; 0 keeps the GOMEMLIMIT environment variable or no limit.")
-		burstGC     = fs.Int("runtime.compaction-gogc", gcburst.DefaultPercent, "GOGC while a block is written (the head cut every block range, the head flush at shutdown, erasure rewrites, bucket compactions): the garbage of a head cut, ~900 B per head series, would otherwise grow the heap to the --runtime.gogc goal, ~1.7x the live heap, which the pod's memory limit must cover (docs/operations.md). Lower is a lower peak for more GC work while the block is written; 0 leaves --runtime.gogc in force.")
+		burstGC     = fs.Int("runtime.compaction-gogc", gcburst.DefaultPercent, "GOGC while a block is written (the head flush at shutdown and at an erasure; the head cut every block range, erasure rewrites and bucket compactions only while the heap is quiet, not during a catch-up): the garbage of a head cut, ~900 B per head series, would otherwise grow the heap to the --runtime.gogc goal, ~1.7x the live heap, which the pod's memory limit must cover (docs/operations.md). Lower is a lower peak for more GC work while the block is written; 0 leaves --runtime.gogc in force.")
 		releaseFree = fs.Duration("runtime.release-free-heap-interval", 10*time.Second, "How often to check whether a burst (series creation, head compaction) left free heap that the Go runtime keeps mapped, and return it to the OS when it exceeds 5% of the live heap (at least 8MiB) and less than 5% of the heap was allocated since the last check (docs/operations.md); 0 leaves it to the runtime.")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -382,6 +382,10 @@ func run(args []string, stderr io.Writer) int {
 	if *releaseFree > 0 { // Free heap back to the OS after bursts (memrelease.go).
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return releaseFreeHeap(ctx, logger, *releaseFree) }, func(error) { cancel() })
+	}
+	if *burstGC > 0 { // Head cuts lower GOGC only while the heap is quiet (gcburst).
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return gcburst.Watch(ctx, 10*time.Second) }, func(error) { cancel() })
 	}
 	{ // Idle series stop counting towards the series limits.
 		ctx, cancel := context.WithCancel(context.Background())

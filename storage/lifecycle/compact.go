@@ -201,7 +201,7 @@ func (r *Runner) compactWindow(ctx context.Context, key string, ws []*block) err
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
-	endBurst := gcburst.Begin() // its garbage would grow the heap to the GC goal
+	endBurst := gcburst.BeginIfQuiet() // its garbage would grow the heap to the GC goal
 	ids, err := c.Compact(out, dirs, nil)
 	endBurst()
 	if err != nil {
