@@ -17,9 +17,8 @@
 // set, for more GC cycles during the burst (a background task every block
 // range). Where the burst meets a heavy ingest it buys nothing (the heap
 // outgrows a 10 % goal while a GC marks) and slows the ingest: a 1M-series
-// catch-up ran at 0.76× while cuts ran back to back (bench/results/README.md);
-// --runtime.compaction-gogc=0 turns it off for a receiver that ingests near
-// its limit. The setting is process-wide, as GOGC is: bursts nest and
+// catch-up ran at 0.76× while cuts ran back to back (bench/results/README.md):
+// see BeginIfQuiet. The setting is process-wide, as GOGC is: bursts nest and
 // overlap, and the first Begin saves the process's GOGC that the last end
 // restores.
 package gcburst
