@@ -102,9 +102,12 @@ func currentGOGC() int {
 // which asks Watch whether the heap was quiet during its last interval.
 
 // quietShare: the heap is quiet when less than this share of the live heap
-// was allocated during the last Watch interval. A fleet in steady state
-// allocates ~0.1 MB/s against ~800 MB of live heap at 1M series, well below
-// 5 % per 10 s; a catch-up allocates far more.
+// was allocated during the last interval (of Watch, and of the receiver's
+// release of free heap). A fleet in steady state allocates ~0.1 MB/s against
+// ~850 MB of live heap at 1M series, well below 5 % per 10 s; a catch-up or
+// a benchmark far more. At 0.25 the release's forced GCs during a
+// 1M-series load cost 11–15 % more CPU per sample (bench/results/README.md,
+// issue 19).
 const quietShare = 0.05
 
 var (
@@ -134,12 +137,14 @@ func Watch(ctx context.Context, interval time.Duration) error {
 		case <-t.C:
 		}
 		cur, live := read()
-		busy.Store(!quietHeap(cur-min(prev, cur), live))
+		busy.Store(!QuietHeap(cur-min(prev, cur), live))
 		prev = cur
 	}
 }
 
-func quietHeap(allocated, live uint64) bool {
+// QuietHeap is the receiver's one definition of a quiet heap: allocated
+// bytes during an interval against the live heap.
+func QuietHeap(allocated, live uint64) bool {
 	return float64(allocated) < quietShare*float64(max(live, 1))
 }
 

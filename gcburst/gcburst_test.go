@@ -96,8 +96,8 @@ func TestQuietHeap(t *testing.T) {
 		{900 * mib, 800 * mib, false}, // a catch-up, or a burst in progress
 		{0, 0, true},
 	} {
-		if got := quietHeap(tc.allocated, tc.live); got != tc.want {
-			t.Errorf("quietHeap(%d MiB, %d MiB) = %v, want %v", tc.allocated/mib, tc.live/mib, got, tc.want)
+		if got := QuietHeap(tc.allocated, tc.live); got != tc.want {
+			t.Errorf("QuietHeap(%d MiB, %d MiB) = %v, want %v", tc.allocated/mib, tc.live/mib, got, tc.want)
 		}
 	}
 }
@@ -135,7 +135,7 @@ func TestWatch(t *testing.T) {
 	go func() { done <- Watch(ctx, 20*time.Millisecond) }()
 	deadline := time.Now().Add(10 * time.Second)
 	var sink [][]byte
-	for !(watching.Load() && busy.Load()) {
+	for !watching.Load() || !busy.Load() {
 		if time.Now().After(deadline) {
 			t.Fatal("Watch did not find a heap busy that allocated far more than 5 % of itself per interval")
 		}

@@ -6,6 +6,8 @@ import (
 	"runtime/debug"
 	"runtime/metrics"
 	"time"
+
+	"github.com/phonehome/phonehome/gcburst"
 )
 
 // Returning free heap to the OS once a burst is over.
@@ -41,13 +43,6 @@ const (
 	// quiet steady state each release is a GC of the live heap per 5 % of it
 	// allocated: at a fleet's ~0.1 MB/s, one every few minutes.
 	releaseFreeShare = 0.05
-	// releaseQuietShare: ...and less than this share of it was allocated
-	// since the last check. A fleet's steady state allocates far less (1M
-	// series at one sample per 4m30s: ~0.1 MB/s against a ~850 MB heap); a
-	// catch-up or a benchmark far more, and is left alone until it is over:
-	// at 0.25 the forced GCs during a 1M-series load cost 11–15 % more CPU
-	// per sample (bench/results/README.md, issue 19).
-	releaseQuietShare = 0.05
 )
 
 // heapSample is what one check reads.
@@ -84,8 +79,9 @@ func shouldRelease(prev, cur heapSample) bool {
 	if !large(cur.free) && !large(garbage) {
 		return false
 	}
-	allocated := cur.allocs - min(prev.allocs, cur.allocs)
-	return float64(allocated) < releaseQuietShare*float64(live)
+	// ...and the heap is quiet: a catch-up or a benchmark is left alone
+	// until it is over (gcburst.QuietHeap).
+	return gcburst.QuietHeap(cur.allocs-min(prev.allocs, cur.allocs), cur.live)
 }
 
 // releaseFreeHeap runs the check every interval until ctx is done.
