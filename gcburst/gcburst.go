@@ -72,6 +72,7 @@ func Begin() (end func()) {
 		saved = debug.SetGCPercent(lower)
 	}
 	active++
+	lowered++
 	var once sync.Once
 	return func() { once.Do(finish) }
 }
@@ -152,6 +153,9 @@ func QuietHeap(allocated, live uint64) bool {
 // last interval; then GOGC stays as it is and end does nothing.
 func BeginIfQuiet() (end func()) {
 	if watching.Load() && busy.Load() {
+		mu.Lock()
+		skippedBusy++
+		mu.Unlock()
 		return func() {}
 	}
 	return Begin()

@@ -117,6 +117,7 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 	reg := prometheus.NewRegistry()
+	gcburst.RegisterMetrics(reg)
 	a, err := setupAuth(logger.With("component", "auth"), reg, cfg.Auth, *noAuth)
 	if err != nil {
 		logger.Error("invalid configuration", "file", *configFile, "err", err)

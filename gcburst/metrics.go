@@ -1,0 +1,40 @@
+package gcburst
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// Counts for the metrics: bursts that lowered GOGC, and bursts that
+// BeginIfQuiet skipped because the heap was busy. Guarded by mu.
+var lowered, skippedBusy uint64
+
+// RegisterMetrics registers the bursts' metrics with reg: whether a block
+// write ran at the burst's GOGC is otherwise visible only as GC activity.
+func RegisterMetrics(reg prometheus.Registerer) {
+	f := promauto.With(reg)
+	const help = "Block writes (head cuts and flushes, rewrites, bucket compactions) by what they did to GOGC: lowered to --runtime.compaction-gogc, or skipped_busy (the heap was not quiet: a catch-up)."
+	for outcome, n := range map[string]*uint64{"lowered": &lowered, "skipped_busy": &skippedBusy} {
+		f.NewCounterFunc(prometheus.CounterOpts{
+			Name: "phonehome_gc_bursts_total", Help: help,
+			ConstLabels: prometheus.Labels{"outcome": outcome},
+		}, func() float64 { return float64(read(n)) })
+	}
+	f.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "phonehome_gc_burst_running",
+		Help: "1 while a block write runs at the lowered GOGC of --runtime.compaction-gogc.",
+	}, func() float64 {
+		mu.Lock()
+		defer mu.Unlock()
+		if active > 0 {
+			return 1
+		}
+		return 0
+	})
+}
+
+func read(n *uint64) uint64 {
+	mu.Lock()
+	defer mu.Unlock()
+	return *n
+}
