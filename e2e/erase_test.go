@@ -239,6 +239,8 @@ func TestEraseCluster(t *testing.T) {
 	require.Equal(t, float64(job.BlocksTotal), metricValue(mfs, "phonehome_erasure_bucket_blocks_done", nil))
 	require.Equal(t, 1.0, metricValue(mfs, "phonehome_storage_denied_clusters", nil))
 	require.Equal(t, 4.0, metricValue(mfs, "phonehome_storage_samples_rejected_total", map[string]string{"reason": "erased_cluster"}))
+	// The erasure flushed the head with writes stopped: always a GC burst.
+	require.GreaterOrEqual(t, metricValue(mfs, "phonehome_gc_bursts_total", map[string]string{"outcome": "lowered"}), 1.0)
 	var audit bool
 	for _, l := range r.Logs() {
 		if strings.Contains(l, `"msg":"erasure done"`) && strings.Contains(l, `"audit":true`) &&
