@@ -72,7 +72,7 @@ func Begin() (end func()) {
 		saved = debug.SetGCPercent(lower)
 	}
 	active++
-	lowered++
+	lowered.Add(1)
 	var once sync.Once
 	return func() { once.Do(finish) }
 }
@@ -153,9 +153,7 @@ func QuietHeap(allocated, live uint64) bool {
 // last interval; then GOGC stays as it is and end does nothing.
 func BeginIfQuiet() (end func()) {
 	if watching.Load() && busy.Load() {
-		mu.Lock()
-		skippedBusy++
-		mu.Unlock()
+		skippedBusy.Add(1)
 		return func() {}
 	}
 	return Begin()

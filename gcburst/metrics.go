@@ -1,24 +1,26 @@
 package gcburst
 
 import (
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 // Counts for the metrics: bursts that lowered GOGC, and bursts that
-// BeginIfQuiet skipped because the heap was busy. Guarded by mu.
-var lowered, skippedBusy uint64
+// BeginIfQuiet skipped because the heap was busy.
+var lowered, skippedBusy atomic.Uint64
 
 // RegisterMetrics registers the bursts' metrics with reg: whether a block
 // write ran at the burst's GOGC is otherwise visible only as GC activity.
 func RegisterMetrics(reg prometheus.Registerer) {
 	f := promauto.With(reg)
 	const help = "Block writes (head cuts and flushes, rewrites, bucket compactions) by what they did to GOGC: lowered to --runtime.compaction-gogc, or skipped_busy (the heap was not quiet: a catch-up)."
-	for outcome, n := range map[string]*uint64{"lowered": &lowered, "skipped_busy": &skippedBusy} {
+	for outcome, n := range map[string]*atomic.Uint64{"lowered": &lowered, "skipped_busy": &skippedBusy} {
 		f.NewCounterFunc(prometheus.CounterOpts{
 			Name: "phonehome_gc_bursts_total", Help: help,
 			ConstLabels: prometheus.Labels{"outcome": outcome},
-		}, func() float64 { return float64(read(n)) })
+		}, func() float64 { return float64(n.Load()) })
 	}
 	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "phonehome_gc_burst_running",
@@ -31,10 +33,4 @@ func RegisterMetrics(reg prometheus.Registerer) {
 		}
 		return 0
 	})
-}
-
-func read(n *uint64) uint64 {
-	mu.Lock()
-	defer mu.Unlock()
-	return *n
 }

@@ -13,7 +13,7 @@ func TestMetrics(t *testing.T) {
 	t.Cleanup(func() { watching.Store(false); busy.Store(false) })
 	reg := prometheus.NewRegistry()
 	RegisterMetrics(reg)
-	base := map[string]uint64{"lowered": read(&lowered), "skipped_busy": read(&skippedBusy)}
+	base := map[string]uint64{"lowered": lowered.Load(), "skipped_busy": skippedBusy.Load()}
 
 	end := Begin()
 	running := `
@@ -29,10 +29,10 @@ phonehome_gc_burst_running 1
 	busy.Store(true)
 	BeginIfQuiet()()
 
-	if got := read(&lowered) - base["lowered"]; got != 1 {
+	if got := lowered.Load() - base["lowered"]; got != 1 {
 		t.Errorf("lowered counted %d, want 1", got)
 	}
-	if got := read(&skippedBusy) - base["skipped_busy"]; got != 1 {
+	if got := skippedBusy.Load() - base["skipped_busy"]; got != 1 {
 		t.Errorf("skipped_busy counted %d, want 1", got)
 	}
 	if n, err := testutil.GatherAndCount(reg, "phonehome_gc_bursts_total"); err != nil || n != 2 {
