@@ -42,8 +42,10 @@ const DefaultPercent = 10
 var (
 	mu      sync.Mutex
 	percent = DefaultPercent
-	active  int // bursts begun and not ended
-	saved   int // the process's GOGC while active > 0
+	always  int  // bursts from Begin, not ended
+	quiet   int  // bursts from BeginIfQuiet, not ended
+	lowered bool // GOGC is the bursts' (saved holds the process's)
+	saved   int
 )
 
 // SetPercent sets the GOGC of later bursts; 0 or less disables them (Begin
@@ -58,30 +60,47 @@ func SetPercent(p int) {
 // which may be called more than once (later calls do nothing). While any
 // burst runs, GOGC is the lower of the process's and the burst's percent
 // (the burst's if the process's is off).
-func Begin() (end func()) {
+func Begin() (end func()) { return begin(&always) }
+
+func begin(running *int) (end func()) {
 	mu.Lock()
 	defer mu.Unlock()
 	if percent <= 0 {
 		return func() {}
 	}
-	if active == 0 {
-		lower := percent
-		if cur := currentGOGC(); cur >= 0 && cur < percent {
-			lower = cur
-		}
-		saved = debug.SetGCPercent(lower)
+	*running++
+	apply()
+	if lowered && (saved < 0 || saved > percent) {
+		loweredBursts.Add(1)
+	} else {
+		unchangedBursts.Add(1) // the process's GOGC is already as low
 	}
-	active++
-	lowered.Add(1)
 	var once sync.Once
-	return func() { once.Do(finish) }
+	return func() {
+		once.Do(func() {
+			mu.Lock()
+			defer mu.Unlock()
+			*running--
+			apply()
+		})
+	}
 }
 
-func finish() {
-	mu.Lock()
-	defer mu.Unlock()
-	if active--; active == 0 {
+// apply sets GOGC for the bursts running now: the bursts' while one from
+// Begin runs, or one from BeginIfQuiet while the heap is quiet; the
+// process's otherwise. mu must be held.
+func apply() {
+	want := always > 0 || quiet > 0 && !(watching.Load() && busy.Load())
+	switch {
+	case want && !lowered:
+		low := percent
+		if cur := currentGOGC(); cur >= 0 && cur < percent {
+			low = cur
+		}
+		saved, lowered = debug.SetGCPercent(low), true
+	case !want && lowered:
 		debug.SetGCPercent(saved)
+		lowered = false
 	}
 }
 
@@ -140,6 +159,24 @@ func Watch(ctx context.Context, interval time.Duration) error {
 		cur, live := read()
 		busy.Store(!QuietHeap(cur-min(prev, cur), live))
 		prev = cur
+		yieldOrResume()
+	}
+}
+
+// yieldOrResume gives the process's GOGC back to the bursts from
+// BeginIfQuiet when the heap turned busy while they ran (a catch-up began
+// during a minutes-long bucket compaction), and lowers it again when the
+// heap is quiet again.
+func yieldOrResume() {
+	mu.Lock()
+	defer mu.Unlock()
+	if quiet == 0 || always > 0 {
+		return
+	}
+	was := lowered
+	apply()
+	if was && !lowered {
+		yields.Add(1)
 	}
 }
 
@@ -150,11 +187,13 @@ func QuietHeap(allocated, live uint64) bool {
 }
 
 // BeginIfQuiet is Begin unless Watch runs and found the heap busy during its
-// last interval; then GOGC stays as it is and end does nothing.
+// last interval; then GOGC stays as it is and end does nothing. A burst that
+// began on a quiet heap yields while Watch finds the heap busy, and resumes
+// when it is quiet again.
 func BeginIfQuiet() (end func()) {
 	if watching.Load() && busy.Load() {
 		skippedBusy.Add(1)
 		return func() {}
 	}
-	return Begin()
+	return begin(&quiet)
 }

@@ -1,6 +1,7 @@
 package gcburst
 
 import (
+	"runtime/debug"
 	"strings"
 	"testing"
 
@@ -13,11 +14,11 @@ func TestMetrics(t *testing.T) {
 	t.Cleanup(func() { watching.Store(false); busy.Store(false) })
 	reg := prometheus.NewRegistry()
 	RegisterMetrics(reg)
-	base := map[string]uint64{"lowered": lowered.Load(), "skipped_busy": skippedBusy.Load()}
+	base := map[string]uint64{"lowered": loweredBursts.Load(), "unchanged": unchangedBursts.Load(), "skipped_busy": skippedBusy.Load()}
 
 	end := Begin()
 	running := `
-# HELP phonehome_gc_burst_running 1 while a block write runs at the lowered GOGC of --runtime.compaction-gogc.
+# HELP phonehome_gc_burst_running 1 while GOGC is lowered to --runtime.compaction-gogc for a block write.
 # TYPE phonehome_gc_burst_running gauge
 phonehome_gc_burst_running 1
 `
@@ -25,18 +26,27 @@ phonehome_gc_burst_running 1
 		t.Error(err)
 	}
 	end()
+	debug.SetGCPercent(5) // --runtime.gogc=5: a burst leaves it
+	Begin()()
+	debug.SetGCPercent(70)
 	watching.Store(true)
 	busy.Store(true)
 	BeginIfQuiet()()
 
-	if got := lowered.Load() - base["lowered"]; got != 1 {
+	if got := loweredBursts.Load() - base["lowered"]; got != 1 {
 		t.Errorf("lowered counted %d, want 1", got)
+	}
+	if got := unchangedBursts.Load() - base["unchanged"]; got != 1 {
+		t.Errorf("unchanged counted %d, want 1", got)
 	}
 	if got := skippedBusy.Load() - base["skipped_busy"]; got != 1 {
 		t.Errorf("skipped_busy counted %d, want 1", got)
 	}
-	if n, err := testutil.GatherAndCount(reg, "phonehome_gc_bursts_total"); err != nil || n != 2 {
-		t.Errorf("phonehome_gc_bursts_total series = %d (%v), want 2 (lowered, skipped_busy)", n, err)
+	if n, err := testutil.GatherAndCount(reg, "phonehome_gc_bursts_total"); err != nil || n != 3 {
+		t.Errorf("phonehome_gc_bursts_total series = %d (%v), want 3 (lowered, unchanged, skipped_busy)", n, err)
+	}
+	if n, err := testutil.GatherAndCount(reg, "phonehome_gc_burst_yields_total"); err != nil || n != 1 {
+		t.Errorf("phonehome_gc_burst_yields_total series = %d (%v), want 1", n, err)
 	}
 	stopped := strings.Replace(running, "phonehome_gc_burst_running 1\n", "phonehome_gc_burst_running 0\n", 1)
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(stopped), "phonehome_gc_burst_running"); err != nil {
