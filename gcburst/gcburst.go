@@ -90,7 +90,8 @@ func begin(running *int) (end func()) {
 // Begin runs, or one from BeginIfQuiet while the heap is quiet; the
 // process's otherwise. mu must be held.
 func apply() {
-	want := always > 0 || quiet > 0 && !(watching.Load() && busy.Load())
+	heapBusy := watching.Load() && busy.Load()
+	want := always > 0 || quiet > 0 && !heapBusy
 	switch {
 	case want && !lowered:
 		low := percent
