@@ -46,6 +46,8 @@ type Config struct {
 	Upstream upstream.Config `yaml:"upstream"`
 	// RemoteWrite configures the remote-write endpoint (accepted versions).
 	RemoteWrite RemoteWriteConfig `yaml:"remote_write"`
+	// Telemeter configures Telemeter's paths (/upload, /metrics/v1/receive).
+	Telemeter TelemeterPathsConfig `yaml:"telemeter"`
 	// Gathering serves and enforces a gathering definition.
 	Gathering GatheringConfig `yaml:"gathering"`
 	// Peers are the other replicas, read for fresh fleet-wide queries;
@@ -188,9 +190,10 @@ func LoadConfig(path string) (*Config, error) {
 	cfg.Push.SetDefaults()
 	cfg.Rules.SetDefaults()
 	cfg.RemoteWrite.SetDefaults()
+	cfg.Telemeter.SetDefaults()
 	cfg.Gathering.SetDefaults()
 	cfg.Peers.SetDefaults()
-	if err := errors.Join(cfg.Gathering.Validate(), cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate(), cfg.Push.Validate(), cfg.Rules.Validate(), cfg.BucketStore.Validate(), cfg.Compactor.Validate(), cfg.Upstream.Validate(), cfg.RemoteWrite.Validate(), cfg.Peers.Validate(), cfg.validatePolicy()); err != nil {
+	if err := errors.Join(cfg.Gathering.Validate(), cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate(), cfg.Push.Validate(), cfg.Rules.Validate(), cfg.BucketStore.Validate(), cfg.Compactor.Validate(), cfg.Upstream.Validate(), cfg.RemoteWrite.Validate(), cfg.Telemeter.Validate(), cfg.Peers.Validate(), cfg.validatePolicy()); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return cfg, nil

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
+
+	"github.com/prometheus/common/model"
 )
 
 // RemoteWriteConfig configures the remote-write endpoint.
@@ -36,4 +39,48 @@ func (c *RemoteWriteConfig) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// TelemeterPathsConfig is the top-level telemeter: section: how Telemeter's
+// paths (/upload and /metrics/v1/receive) treat the Prometheus replica label.
+type TelemeterPathsConfig struct {
+	// ReplicaLabel is removed on both paths, and on remote-write one
+	// replica per cluster is written (telemeter.go). Unset means
+	// prometheus_replica; "" turns it off.
+	ReplicaLabel *string `yaml:"replica_label"`
+	// ReplicaFailoverTimeout: the elected replica silent this long, another
+	// takes over.
+	ReplicaFailoverTimeout model.Duration `yaml:"replica_failover_timeout"`
+}
+
+// SetDefaults fills every unset field.
+func (c *TelemeterPathsConfig) SetDefaults() {
+	if c.ReplicaLabel == nil {
+		l := DefaultReplicaLabel
+		c.ReplicaLabel = &l
+	}
+	if c.ReplicaFailoverTimeout == 0 {
+		c.ReplicaFailoverTimeout = model.Duration(DefaultReplicaFailover)
+	}
+}
+
+// Validate reports every problem with its YAML path.
+func (c *TelemeterPathsConfig) Validate() error {
+	var errs []error
+	if l := c.ReplicaLabel; l != nil && *l != "" && !model.LegacyValidation.IsValidLabelName(*l) {
+		errs = append(errs, fmt.Errorf("telemeter.replica_label: %q is not a valid label name", *l))
+	}
+	if c.ReplicaFailoverTimeout < model.Duration(time.Second) {
+		errs = append(errs, fmt.Errorf("telemeter.replica_failover_timeout: %s is shorter than 1s", c.ReplicaFailoverTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+// Options is the section as the Handler takes it.
+func (c *TelemeterPathsConfig) Options() TelemeterOptions {
+	o := TelemeterOptions{ReplicaFailover: time.Duration(c.ReplicaFailoverTimeout)}
+	if c.ReplicaLabel != nil {
+		o.ReplicaLabel = *c.ReplicaLabel
+	}
+	return o
 }

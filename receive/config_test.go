@@ -37,13 +37,19 @@ func TestLoadConfigDefaults(t *testing.T) {
 	require.Equal(t, 5*time.Minute, time.Duration(cfg.Auth.Telemeter.TokenCacheTTL))
 	require.Equal(t, 100_000, cfg.Auth.Telemeter.TokenCacheSize)
 	require.True(t, filepath.IsAbs(cfg.Auth.ClusterIDHash.SecretFile), "relative to the config file")
+
+	// Telemeter's paths: prometheus_replica unless set; "" turns it off.
+	require.Equal(t, TelemeterOptions{ReplicaLabel: "prometheus_replica", ReplicaFailover: 2 * time.Minute}, cfg.Telemeter.Options())
+	cfg, err = LoadConfig(writeConfig(t, "telemeter:\n  replica_label: ''\n  replica_failover_timeout: 5m\n"))
+	require.NoError(t, err)
+	require.Equal(t, TelemeterOptions{ReplicaFailover: 5 * time.Minute}, cfg.Telemeter.Options())
 }
 
 func TestLoadConfigNamesEveryProblem(t *testing.T) {
 	_, err := LoadConfig(writeConfig(t, "auth:\n  tokenz_file: x\n"))
 	require.ErrorContains(t, err, "field tokenz_file not found")
 
-	_, err = LoadConfig(writeConfig(t, "limits:\n  defaults:\n    max_body_bytes: 64MiB\n    max_decoded_bytes: 1MiB\n    max_label_name_length: -1\nallowlist: ['up{', 'ok']\nelide_labels: [__name__, 'a-b']\nauth:\n  id_mismatch: ignore\n  telemeter: {token_cache_ttl: 2h, token_cache_size: -1}\n  cluster_id_hash: {}\n"))
+	_, err = LoadConfig(writeConfig(t, "limits:\n  defaults:\n    max_body_bytes: 64MiB\n    max_decoded_bytes: 1MiB\n    max_label_name_length: -1\nallowlist: ['up{', 'ok']\nelide_labels: [__name__, 'a-b']\nauth:\n  id_mismatch: ignore\n  telemeter: {token_cache_ttl: 2h, token_cache_size: -1}\n  cluster_id_hash: {}\ntelemeter: {replica_label: a-b, replica_failover_timeout: 500ms}\n"))
 	for _, want := range []string{
 		"limits.defaults.max_decoded_bytes",
 		"limits.defaults.max_label_name_length",
@@ -54,6 +60,8 @@ func TestLoadConfigNamesEveryProblem(t *testing.T) {
 		"auth.telemeter.token_cache_ttl: 2h",
 		"auth.telemeter.token_cache_size: -1",
 		"auth.cluster_id_hash.secret_file: required",
+		`telemeter.replica_label: "a-b"`,
+		"telemeter.replica_failover_timeout: 500ms",
 	} {
 		require.ErrorContains(t, err, want)
 	}

@@ -45,6 +45,35 @@ type familyRequest struct {
 	// so the bound is checked on every series, not once per family.
 	maxLabels int
 	expanded  bool // a series was refused for maxLabels
+
+	// restamp stores every metric at the receive time, as telemeter-server
+	// does (telemeter.go); drift counts the timestamps it replaced that were
+	// more than driftRange off, by tense.
+	restamp bool
+	drift   [numTenses]int
+}
+
+// Tenses of a replaced upload timestamp against the receive time.
+const (
+	tensePast = iota
+	tensePresent
+	tenseFuture
+	numTenses
+)
+
+// driftRange is how far from the receive time a replaced timestamp counts
+// as present (telemeter-server's metricscollector_overwritten_timestamps_total
+// uses the same range).
+const driftRange = 5 * 60 * 1000 // ms
+
+func tenseOf(ts, now int64) int {
+	switch {
+	case ts < now-driftRange:
+		return tensePast
+	case ts > now+driftRange:
+		return tenseFuture
+	}
+	return tensePresent
 }
 
 // errFamilyExpands refuses an upload that would expand into far more labels
@@ -58,6 +87,7 @@ func (d *familyRequest) reset() {
 	clear(d.pairs)
 	d.series, d.labels, d.samples, d.spans, d.meta, d.pairs = d.series[:0], d.labels[:0], d.samples[:0], d.spans[:0], d.meta[:0], d.pairs[:0]
 	d.expanded = false
+	d.drift = [numTenses]int{}
 }
 
 func (d *familyRequest) poolable() bool {
@@ -66,11 +96,12 @@ func (d *familyRequest) poolable() bool {
 }
 
 // decodeFamilies decodes raw, a sequence of varint-length-delimited
-// MetricFamily messages, into d. Samples without a timestamp get now (ms).
-// Malformed input is errBadRequest; an upload that would expand beyond
-// about four labels per byte is errTooLarge.
-func decodeFamilies(raw []byte, d *familyRequest, now int64) error {
+// MetricFamily messages, into d. Samples without a timestamp get now (ms),
+// and with restamp every sample does. Malformed input is errBadRequest; an
+// upload that would expand beyond about four labels per byte is errTooLarge.
+func decodeFamilies(raw []byte, d *familyRequest, now int64, restamp bool) error {
 	d.reset()
+	d.restamp = restamp
 	if err := d.decode(raw, now); err != nil {
 		d.reset()
 		if errors.Is(err, errFamilyExpands) {
@@ -368,7 +399,10 @@ func (d *familyRequest) decodeMetric(f family, raw []byte, now int64) error {
 		}
 	}
 	var err error
-	if !m.hasTS {
+	if d.restamp && m.hasTS {
+		d.drift[tenseOf(m.ts, now)]++
+	}
+	if !m.hasTS || d.restamp {
 		m.ts = now
 	}
 	switch f.typ {

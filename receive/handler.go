@@ -51,6 +51,8 @@ type Options struct {
 	// (prometheus.WriteRequest, io.prometheus.write.v2.Request); nil means
 	// both. Another one is answered 415.
 	AcceptedMessages []string
+	// Telemeter configures Telemeter's paths (telemeter.go).
+	Telemeter TelemeterOptions
 }
 
 // hintedWriter is implemented by a storage.Writer that takes a hint per
@@ -91,6 +93,9 @@ type Handler struct {
 	policy  atomic.Pointer[Policy]
 	opts    Options
 	metrics *metrics
+	// replicas elects one Prometheus replica per cluster on Telemeter's
+	// remote-write path; nil without a replica label.
+	replicas *replicaTracker
 	// release returns a request's buffers once it is answered; tests
 	// replace it to prove nothing kept a string aliasing them.
 	release func(*bytesBuffer)
@@ -103,6 +108,9 @@ func NewHandler(logger *slog.Logger, reg prometheus.Registerer, w storage.Writer
 	h.metaW, _ = w.(metadataWriter)
 	h.famW, _ = w.(familyMetadataWriter)
 	h.hintW, _ = w.(hintedWriter)
+	if opts.Telemeter.ReplicaLabel != "" {
+		h.replicas = newReplicaTracker(opts.Telemeter.ReplicaFailover)
+	}
 	if opts.Policy == nil {
 		opts.Policy = &Policy{}
 	}
@@ -121,15 +129,22 @@ func (h *Handler) CountUnauthenticated(*http.Request, error) {
 
 // ServeHTTP implements http.Handler: remote-write 1.0 and 2.0.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	h.serve(w, r, false)
+	h.serve(w, r, routeRemoteWrite)
+}
+
+// ServeTelemeterWrite serves Prometheus' telemetry remote-write on
+// Telemeter's POST /metrics/v1/receive: remote-write, as Telemeter treats it
+// (telemeter.go).
+func (h *Handler) ServeTelemeterWrite(w http.ResponseWriter, r *http.Request) {
+	h.serve(w, r, routeTelemeterWrite)
 }
 
 // serve handles a remote-write request, or a telemeter-client upload.
-func (h *Handler) serve(w http.ResponseWriter, r *http.Request, upload bool) {
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rt route) {
 	start := time.Now()
-	written, proto, err := h.handle(r, upload)
+	written, proto, err := h.handle(r, rt)
 	code := statusFor(err)
-	if err == nil && upload {
+	if err == nil && rt == routeUpload {
 		code = http.StatusOK // telemeter-client takes nothing else for success
 	}
 
@@ -163,7 +178,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, upload bool) {
 
 // handle serves one request and also returns the protobuf message it
 // carried ("" when it was refused before its headers were read).
-func (h *Handler) handle(r *http.Request, upload bool) (written storage.Stats, proto string, err error) {
+func (h *Handler) handle(r *http.Request, rt route) (written storage.Stats, proto string, err error) {
 	if h.opts.Ready != nil && !h.opts.Ready() {
 		return storage.Stats{}, proto, storage.ErrNotReady
 	}
@@ -171,7 +186,7 @@ func (h *Handler) handle(r *http.Request, upload bool) (written storage.Stats, p
 	if !ok {
 		return storage.Stats{}, proto, errors.New("request reached the write handler without an identity")
 	}
-	if upload {
+	if rt == routeUpload {
 		proto, err = protoFamilies, negotiateUpload(r.Header)
 	} else {
 		proto, err = negotiate(r.Header, h.opts.AcceptedMessages)
@@ -196,6 +211,13 @@ func (h *Handler) handle(r *http.Request, upload bool) (written storage.Stats, p
 		return storage.Stats{}, proto, err
 	}
 	h.metrics.requestsByProto.WithLabelValues(proto).Inc()
+	if rt.telemeter() && h.replicas != nil {
+		label := h.opts.Telemeter.ReplicaLabel
+		if rt == routeTelemeterWrite && !h.electedReplica(id, replicaOf(b.series, label), b.samples()) {
+			return storage.Stats{}, proto, nil // the other replica's copy: answered as written
+		}
+		dropLabel(b.series, label)
+	}
 	n := b.samples()
 	if len(b.familyMeta) > 0 {
 		n++ // a metadata-only request is not free either
@@ -208,8 +230,24 @@ func (h *Handler) handle(r *http.Request, upload bool) (written storage.Stats, p
 	if err := h.writeFamilyMetadata(id.Tenant, b.familyMeta); err != nil {
 		return storage.Stats{}, proto, err
 	}
-	written, err = h.write(r, id, &lim, b, proto)
+	written, err = h.write(r, id, &lim, b, proto, rt)
 	return written, proto, err
+}
+
+// electedReplica reports whether the cluster's writes from replica are
+// written, and counts what it drops.
+func (h *Handler) electedReplica(id auth.Identity, replica string, samples int) bool {
+	if replica == "" {
+		return true
+	}
+	ok, failedOver := h.replicas.accept(id.Tenant, id.ClusterID, replica, time.Now())
+	if failedOver {
+		h.metrics.replicaFailovers.Inc()
+	}
+	if !ok {
+		h.metrics.replicaDropped.Add(float64(samples))
+	}
+	return ok
 }
 
 // decode reads r's body into buf and decodes it as proto, within lim's sizes.
@@ -236,9 +274,11 @@ func (h *Handler) decode(r *http.Request, proto string, buf *bytesBuffer, lim *l
 
 	switch proto {
 	case protoFamilies:
-		if err := decodeFamilies(raw, &buf.fam, time.Now().UnixMilli()); err != nil {
+		now := time.Now().UnixMilli()
+		if err := decodeFamilies(raw, &buf.fam, now, !keepUploadTimestamps(r)); err != nil {
 			return nil, err
 		}
+		h.countRestamped(&buf.fam)
 		return &batch{series: buf.fam.series, familyMeta: buf.fam.meta}, nil
 	case protoV2:
 		if err := decodeV2(raw, &buf.v2); err != nil {
@@ -298,7 +338,7 @@ func (e *rateLimitedError) Unwrap() error { return e.err }
 
 // write validates and admits series, stores the valid ones, and reports
 // the rest.
-func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLimits, b *batch, proto string) (storage.Stats, error) {
+func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLimits, b *batch, proto string, rt route) (storage.Stats, error) {
 	series := b.series
 	valid := series[:0]
 	var meta []metadata.Metadata
@@ -330,6 +370,9 @@ func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLim
 			rejected += n
 			h.metrics.rejected.WithLabelValues(serr.reason).Add(float64(max(n, 1)))
 			sess.refuse(h.limiter, id, ts, serr.reason, n) // status page (track.go)
+			if rt.telemeter() && serr.reason == reasonAllowlist {
+				continue // dropped as telemeter-server drops it: counted, not refused (telemeter.go)
+			}
 			if len(problems) < maxErrorsInBody {
 				problems = append(problems, fmt.Sprintf("series %d: %s", i, serr.msg))
 			}

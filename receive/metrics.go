@@ -17,6 +17,10 @@ type metrics struct {
 	seriesAccepted  prometheus.Counter
 	unsortedSeries  prometheus.Counter
 	unauthenticated prometheus.Counter
+	// Telemeter's paths (telemeter.go)
+	replicaDropped   prometheus.Counter
+	replicaFailovers prometheus.Counter
+	restamped        *prometheus.CounterVec // by tense
 }
 
 // newMetrics registers the handler's metrics; a nil reg registers nothing.
@@ -69,6 +73,21 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "phonehome_receive_unauthenticated_requests_total",
 			Help: "Requests refused for a missing or invalid credential.",
 		}),
+		replicaDropped: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_receive_telemeter_replica_dropped_samples_total",
+			Help: "Samples on Telemeter's remote-write path from a Prometheus replica other than the one elected for its cluster: answered as written, not stored (the elected replica's copy is).",
+		}),
+		replicaFailovers: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_receive_telemeter_replica_failovers_total",
+			Help: "Clusters whose elected Prometheus replica was silent for the failover timeout and was replaced by another.",
+		}),
+		restamped: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_receive_upload_restamped_total",
+			Help: "Upload metrics stored at the receive time instead of their own timestamp, as telemeter-server does, by how far off their timestamp was: past or future (more than 5m), or present.",
+		}, []string{"tense"}),
+	}
+	for _, tense := range []string{"past", "present", "future"} {
+		m.restamped.WithLabelValues(tense)
 	}
 	for _, r := range []string{"accepted", "rejected"} {
 		m.samples.WithLabelValues(r)
@@ -83,4 +102,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.bytes.WithLabelValues(e)
 	}
 	return m
+}
+
+// countRestamped counts the timestamps an upload's restamp replaced.
+func (h *Handler) countRestamped(d *familyRequest) {
+	for tense, name := range [numTenses]string{tensePast: "past", tensePresent: "present", tenseFuture: "future"} {
+		if n := d.drift[tense]; n > 0 {
+			h.metrics.restamped.WithLabelValues(name).Add(float64(n))
+		}
+	}
 }

@@ -22,7 +22,7 @@ const protoFamilies = "io.prometheus.client.MetricFamily"
 // success is 200, not 204, because telemeter-client takes nothing else for
 // success. It expects auth.Middleware in front of it, as ServeHTTP does.
 func (h *Handler) ServeUpload(w http.ResponseWriter, r *http.Request) {
-	h.serve(w, r, true)
+	h.serve(w, r, routeUpload)
 }
 
 // negotiateUpload checks an upload's Content-Type and Content-Encoding:

@@ -231,6 +231,7 @@ func run(args []string, stderr io.Writer) int {
 		Ready:              isReady,
 		OverwriteClusterID: cfg.Auth.IDMismatch == receive.IDMismatchOverwrite,
 		AcceptedMessages:   cfg.RemoteWrite.AcceptedProtobufMessages,
+		Telemeter:          cfg.Telemeter.Options(),
 	})
 	// The gathering definitions (per tenant), served and enforced with the
 	// config's policy; each one's previous version is kept under the
@@ -313,7 +314,7 @@ func run(args []string, stderr io.Writer) int {
 	// Telemeter's two paths, so existing clusters send unchanged: telemeter-client's
 	// upload (after /authorize) and Prometheus' telemetry remote-write.
 	mux.Handle("POST /upload", auth.Middleware(a.authn, auth.PermWrite, writes.CountUnauthenticated, http.HandlerFunc(writes.ServeUpload)))
-	mux.Handle("POST /metrics/v1/receive", auth.Middleware(a.telemeter, auth.PermWrite, writes.CountUnauthenticated, writes))
+	mux.Handle("POST /metrics/v1/receive", auth.Middleware(a.telemeter, auth.PermWrite, writes.CountUnauthenticated, http.HandlerFunc(writes.ServeTelemeterWrite)))
 	if defs != nil { // any credential of a tenant may read it, cluster credentials included
 		mux.Handle("GET /api/v1/gathering", auth.Middleware(a.authn, 0, nil, defs))
 	}
