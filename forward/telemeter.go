@@ -41,6 +41,13 @@ const (
 // length-delimited io.prometheus.client.MetricFamily messages.
 const TelemeterContentType = "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"
 
+// HeaderTimestamps: "source" on an upload asks our receiver to store the
+// samples at their own timestamps, where it stores telemeter-client's at
+// the time it receives them (as telemeter-server does). Ours are exact, and
+// a backlog delivered after an outage must keep its times. A stock
+// telemeter-server ignores the header.
+const HeaderTimestamps = "X-Phonehome-Timestamps"
+
 // TelemeterAuthorizeURL is the authorize URL of the telemeter flow: toAuth
 // (telemeter-client's --to-auth) if set, else <base>/authorize, with the
 // query parameter id set to hashedID as telemeter-client sends it. An id
@@ -173,6 +180,7 @@ func (s *TelemeterSender) post(ctx context.Context, body []byte, token string) e
 	}
 	req.Header.Set("Content-Type", TelemeterContentType)
 	req.Header.Set("Content-Encoding", "snappy")
+	req.Header.Set(HeaderTimestamps, "source")
 	if s.opts.UserAgent != "" {
 		req.Header.Set("User-Agent", s.opts.UserAgent)
 	}

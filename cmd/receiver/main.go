@@ -336,14 +336,20 @@ func run(args []string, stderr io.Writer) int {
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
-	mux.HandleFunc("GET /-/healthy", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "healthy") })
-	mux.HandleFunc("GET /-/ready", func(w http.ResponseWriter, _ *http.Request) {
+	healthy := func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "healthy") }
+	readyz := func(w http.ResponseWriter, _ *http.Request) {
 		if !isReady() {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")
-	})
+	}
+	mux.HandleFunc("GET /-/healthy", healthy)
+	mux.HandleFunc("GET /-/ready", readyz)
+	// telemeter-server's probes, so a route or load balancer set up for it
+	// keeps working.
+	mux.HandleFunc("GET /healthz", healthy)
+	mux.HandleFunc("GET /healthz/ready", readyz)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 
 	var g oklogrun.Group
