@@ -347,22 +347,38 @@ func TestTelemeterClientProtocolE2E(t *testing.T) {
 	c.authorize(t)
 	require.Equal(t, map[string]string{"_id": pseudonym}, c.labels)
 
-	// The whole fixture: what the allowlist refuses is counted and answered
-	// 400 (as on remote-write), the rest is written.
+	// The whole fixture: what the allowlist refuses is dropped and counted,
+	// and the upload succeeds (200), as telemeter-server's filtering did.
+	// The samples are stored at the receive time, whatever their own
+	// timestamp, and without the Prometheus replica's label.
 	sentAt := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
+	before := time.Now()
 	code, body := c.upload(t, withTimestamp(fixtureFamilies(t), sentAt))
-	require.Equal(t, http.StatusBadRequest, code, body)
-	require.Contains(t, body, "76 of 300 samples rejected, the rest were written: series 1: series is not in the server-side allowlist")
-	want := telemeterExpected(t, pseudonym)
+	after := time.Now()
+	require.Equal(t, http.StatusOK, code, body)
+	want := telemeterExpected(t, pseudonym, "prometheus_replica")
 	require.Len(t, want, 224, "the fixture through the real allowlist")
-	require.Equal(t, want, storedLabelSets(t, recv.URL(), sentAt), "every allowlisted series, bound to the pseudonym")
-	ts := instant(t, recv.URL(), telemeterReadToken, "max(timestamp("+allowlistedFamilies(t)[0].GetName()+"))", sentAt)
-	var got string
-	require.NoError(t, json.Unmarshal(ts.Result[0].Value[1], &got))
-	gotSec, err := strconv.ParseFloat(got, 64)
-	require.NoError(t, err)
-	require.Equal(t, sentAt.UnixMilli(), int64(math.Round(gotSec*1000)), "timestamps kept as sent")
+	require.Equal(t, want, storedLabelSets(t, recv.URL(), after), "every allowlisted series, bound to the pseudonym")
 	require.Equal(t, 76.0, metricsValue(t, recv.URL(), "phonehome_receive_rejected_samples_total", map[string]string{"reason": "allowlist"}))
+	storedAt := func(at time.Time) time.Time {
+		t.Helper()
+		r := instant(t, recv.URL(), telemeterReadToken, "max(timestamp("+allowlistedFamilies(t)[0].GetName()+"))", at)
+		var got string
+		require.NoError(t, json.Unmarshal(r.Result[0].Value[1], &got))
+		sec, err := strconv.ParseFloat(got, 64)
+		require.NoError(t, err)
+		return time.UnixMilli(int64(math.Round(sec * 1000)))
+	}
+	ts := storedAt(after)
+	require.False(t, ts.Before(before.Truncate(time.Millisecond)) || ts.After(after), "stored at the receive time: %v, not %v", ts, sentAt)
+	require.Equal(t, 300.0, metricsValue(t, recv.URL(), "phonehome_receive_upload_restamped_total", map[string]string{"tense": "present"}), "every metric of the upload")
+
+	// A cluster whose clock runs 15 minutes ahead still reports "now".
+	skewed := time.Now().Add(15 * time.Minute)
+	code, body = c.upload(t, withTimestamp(allowlistedFamilies(t), skewed))
+	require.Equal(t, http.StatusOK, code, body)
+	require.True(t, storedAt(time.Now()).After(ts), "stored now, not 15 minutes ahead")
+	require.Equal(t, 224.0, metricsValue(t, recv.URL(), "phonehome_receive_upload_restamped_total", map[string]string{"tense": "future"}))
 
 	// What telemeter-client federates with the allowlist as match[] is
 	// accepted whole: 200, the only success it knows.
@@ -389,7 +405,7 @@ func TestTelemeterClientProtocolE2E(t *testing.T) {
 	dw := snappy.NewBufferedWriter(&declared)
 	_, _ = dw.Write(binary.AppendUvarint(nil, 1<<40))
 	require.NoError(t, dw.Flush())
-	before := metricsValue(t, recv.URL(), "phonehome_receive_samples_total", map[string]string{"result": "accepted"})
+	accepted := metricsValue(t, recv.URL(), "phonehome_receive_samples_total", map[string]string{"result": "accepted"})
 	for _, tc := range []struct {
 		name string
 		body []byte
@@ -404,7 +420,7 @@ func TestTelemeterClientProtocolE2E(t *testing.T) {
 		code, body := postUpload(t, recv.URL(), c.token, tc.body, tc.hdr)
 		require.Equal(t, tc.code, code, "%s: %s", tc.name, body)
 	}
-	require.Equal(t, before, metricsValue(t, recv.URL(), "phonehome_receive_samples_total", map[string]string{"result": "accepted"}), "nothing partial written")
+	require.Equal(t, accepted, metricsValue(t, recv.URL(), "phonehome_receive_samples_total", map[string]string{"result": "accepted"}), "nothing partial written")
 	code, body = c.upload(t, withTimestamp(allowlistedFamilies(t), time.Now()))
 	require.Equal(t, http.StatusOK, code, "still serving: %s", body)
 
@@ -429,8 +445,10 @@ func TestTelemeterClientProtocolE2E(t *testing.T) {
 // base64 JSON bearer from a file, write_relabel_configs that set _id from
 // the temporary cluster-id label and keep the allowlisted names, and its
 // queue settings (batch_send_deadline shortened from 1m so the test does not
-// wait a minute per batch).
-func cmoRemoteWriteConfig(t *testing.T, exporterHost, receiver, tokenFile string) string {
+// wait a minute per batch). The fixture's series carry the external labels
+// of replica prometheus-k8s-0; replica sets prometheus_replica instead, as
+// the cluster's other Prometheus sends it.
+func cmoRemoteWriteConfig(t *testing.T, exporterHost, receiver, tokenFile, replica string) string {
 	t.Helper()
 	return fixtureScrapeConfig(exporterHost) + fmt.Sprintf(`remote_write:
   - url: %s/metrics/v1/receive
@@ -438,6 +456,8 @@ func cmoRemoteWriteConfig(t *testing.T, exporterHost, receiver, tokenFile string
       type: Bearer
       credentials_file: %s
     write_relabel_configs:
+      - target_label: prometheus_replica
+        replacement: %s
       - target_label: __tmp_openshift_cluster_id__
         replacement: %s
       - source_labels: [__name__]
@@ -453,7 +473,7 @@ func cmoRemoteWriteConfig(t *testing.T, exporterHost, receiver, tokenFile string
       batch_send_deadline: 1s
       min_backoff: 1s
       max_backoff: 256s
-`, receiver, tokenFile, telemeterRawID, allowlistNamesRegex(t))
+`, receiver, tokenFile, replica, telemeterRawID, allowlistNamesRegex(t))
 }
 
 // allowlistNamesRegex is the metric names of the allowlist's selectors as
@@ -523,9 +543,14 @@ func TestTelemeterRemoteWritePrometheusE2E(t *testing.T) {
 	tokenFile := filepath.Join(dir, "telemetry-token")
 	require.NoError(t, os.WriteFile(tokenFile, []byte(telemeterBearer(telemeterFleetToken, telemeterRawID)), 0o600))
 	exporter := fixtureExporter(t)
-	prom := startPrometheus(t, cmoRemoteWriteConfig(t, strings.TrimPrefix(exporter.URL, "http://"), recv.URL(), tokenFile))
+	// The cluster's two Prometheus replicas both send: one is written, and
+	// the series carry no replica label.
+	var proms []*Process
+	for _, replica := range []string{"prometheus-k8s-0", "prometheus-k8s-1"} {
+		proms = append(proms, startPrometheus(t, cmoRemoteWriteConfig(t, strings.TrimPrefix(exporter.URL, "http://"), recv.URL(), tokenFile, replica)))
+	}
 
-	want := telemeterExpected(t, pseudonym, "job", "instance")
+	want := telemeterExpected(t, pseudonym, "job", "instance", "prometheus_replica")
 	var got []string
 	eventually(t, 90*time.Second, func() error {
 		got = storedLabelSets(t, recv.URL(), time.Now(), "job", "instance")
@@ -538,6 +563,16 @@ func TestTelemeterRemoteWritePrometheusE2E(t *testing.T) {
 	})
 	for _, s := range instant(t, recv.URL(), telemeterReadToken, `{__name__=~".+"}`, time.Now()).Result {
 		require.Equal(t, pseudonym, s.Metric["_id"], "every series bound to the cluster's pseudonym: %v", s.Metric)
+	}
+	eventually(t, 30*time.Second, func() error {
+		if v := metricsValue(t, recv.URL(), "phonehome_receive_telemeter_replica_dropped_samples_total", nil); v <= 0 {
+			return fmt.Errorf("no sample of the other replica dropped yet (%v)", v)
+		}
+		return nil
+	})
+	for _, p := range proms { // neither replica sees a failure: no PrometheusRemoteStorageFailures
+		require.Zero(t, metricsValue(t, p.URL(), "prometheus_remote_storage_samples_failed_total", nil))
+		require.Positive(t, metricsValue(t, p.URL(), "prometheus_remote_storage_samples_total", nil))
 	}
 	eventually(t, 30*time.Second, func() error { // Prometheus' next batch: the fleet token's answer is reused
 		if v := metricsValue(t, recv.URL(), "phonehome_auth_telemeter_token_checks_total", map[string]string{"result": "cached"}); v <= 0 {
@@ -592,7 +627,9 @@ func TestTelemeterRemoteWritePrometheusE2E(t *testing.T) {
 	require.Positive(t, metricsValue(t, recv.URL(), "phonehome_auth_telemeter_token_checks_total", map[string]string{"result": "refused"}))
 
 	logs := recv.Logs()
-	prom.Stop()
+	for _, p := range proms {
+		p.Stop()
+	}
 	recv.Stop()
 	requireNoRawID(t, data, logs)
 }
@@ -605,7 +642,13 @@ func TestTelemeterRemoteWritePrometheusE2E(t *testing.T) {
 // cluster-id hash leaves as it is.
 func TestForwarderTelemeterModeToReceiverE2E(t *testing.T) {
 	hashedID := relabel.Anonymize([]byte(fwdSalt), fwdClusterID)
-	want := expectedSeries(t, hashedID)
+	var want []string // the receiver removes the Prometheus replica's label on Telemeter's paths
+	for _, w := range expectedSeries(t, hashedID) {
+		ls, err := parser.NewParser(parser.Options{}).ParseMetric(w)
+		require.NoError(t, err)
+		want = append(want, labels.NewBuilder(ls).Del("prometheus_replica").Labels().String())
+	}
+	sort.Strings(want)
 	prom := startFixturePrometheus(t, fixtureExporter(t))
 	waitFederated(t, prom.URL())
 
@@ -626,5 +669,8 @@ func TestForwarderTelemeterModeToReceiverE2E(t *testing.T) {
 	require.Equal(t, 1.0, metricsValue(t, fwd.URL(), "phonehome_forward_delivery_protocol", map[string]string{"protocol": "telemeter"}))
 	require.Positive(t, metricsValue(t, recv.URL(), "phonehome_receive_decoded_requests_total", map[string]string{"proto": "io.prometheus.client.MetricFamily"}))
 	require.Zero(t, metricsValue(t, recv.URL(), "phonehome_receive_decoded_requests_total", map[string]string{"proto": "prometheus.WriteRequest"}))
+	for _, tense := range []string{"past", "present", "future"} { // the forwarder's timestamps are exact: kept
+		require.Zero(t, metricsValue(t, recv.URL(), "phonehome_receive_upload_restamped_total", map[string]string{"tense": tense}), tense)
+	}
 	requireNoForwarderDrops(t, fwd)
 }
