@@ -340,6 +340,9 @@ func TestTelemeterClientProtocolE2E(t *testing.T) {
 	addr := freeAddr(t)
 	recv := startReceiver(t, cfg, data, "--web.listen-address="+addr)
 	pseudonym := telemeterPseudonym(telemeterRawID)
+	for _, probe := range []string{"/healthz", "/healthz/ready"} { // telemeter-server's probes
+		waitHTTP(t, recv.URL()+probe, http.StatusOK)
+	}
 
 	// telemeter-client sends the raw cluster id; the exchange binds its
 	// pseudonym and returns it as the _id label to add.
