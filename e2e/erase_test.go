@@ -19,7 +19,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-const tokenAdmin = "adm1n-t0ken"
+const (
+	tokenAdmin = "adm1n-t0ken"
+	// erasedCluster is TestEraseCluster's; erasedClusterPush is its
+	// cluster-bound credential, which pushes installer metrics.
+	erasedCluster     = "e2e-erase-me-5d1f0a9c3b7e"
+	erasedClusterPush = "push-t0ken-of-the-erased"
+)
 
 // eraseConfig writes a receiver config on versitygw's bucket with an admin
 // token for acme, and returns its path.
@@ -27,8 +33,8 @@ func eraseConfig(t *testing.T, dir, s3Addr string) string {
 	t.Helper()
 	secretFile := filepath.Join(dir, "s3-secret")
 	require.NoError(t, os.WriteFile(secretFile, []byte(s3Secret+"\n"), 0o600))
-	tokens := fmt.Sprintf("tokens:\n- token: %q\n  tenant: acme\n- token: %q\n  tenant: acme\n  allow: [admin, read]\n- token_sha256: %q\n  tenant: other\n",
-		tokenAcme, tokenAdmin, sha256Hex(tokenOther))
+	tokens := fmt.Sprintf("tokens:\n- token: %q\n  tenant: acme\n- token: %q\n  tenant: acme\n  allow: [admin, read]\n- token_sha256: %q\n  tenant: other\n- token: %q\n  tenant: acme\n  cluster_id: %s\n  allow: [push]\n",
+		tokenAcme, tokenAdmin, sha256Hex(tokenOther), erasedClusterPush, erasedCluster)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "tokens.yaml"), []byte(tokens), 0o600))
 	cfg := fmt.Sprintf(`auth:
   tokens_file: tokens.yaml
@@ -140,7 +146,7 @@ func TestEraseCluster(t *testing.T) {
 	s3Addr := startVersityGW(t, s3Root)
 	cfg := eraseConfig(t, dir, s3Addr)
 	data := filepath.Join(dir, "data")
-	const gone = "e2e-erase-me-5d1f0a9c3b7e"
+	const gone = erasedCluster
 
 	now := time.Now()
 	window := now.Truncate(2 * time.Hour)
@@ -184,12 +190,17 @@ func TestEraseCluster(t *testing.T) {
 		}
 		return nil
 	})
+	// The cluster's installer pushes: aggregated under its _id, on disk.
+	const pushed = "# TYPE cluster_installation_invocation counter\ncluster_installation_invocation{result=\"success\"} 1\n"
+	code, msg := pushRaw(t, r.URL(), erasedClusterPush, pushed)
+	require.Equal(t, http.StatusOK, code, msg)
+	require.NotEmpty(t, grepTree(t, filepath.Join(data, "push"), []byte(gone)))
 	before := fleetAnswers(t, r.URL(), now)
 	require.NotEmpty(t, grepTree(t, s3Root, []byte(gone)))
 	require.NotEmpty(t, grepTree(t, data, []byte(gone)))
 
 	// Only an admin credential of the tenant may erase.
-	code, _ := adminPost(t, r.URL(), tokenAcme, "/api/v1/admin/erase", map[string]string{"cluster_id": gone})
+	code, _ = adminPost(t, r.URL(), tokenAcme, "/api/v1/admin/erase", map[string]string{"cluster_id": gone})
 	require.Equal(t, http.StatusForbidden, code)
 	code, _ = adminPost(t, r.URL(), tokenAdmin, "/api/v1/admin/erase", map[string]string{"tenant": "other", "cluster_id": gone})
 	require.Equal(t, http.StatusForbidden, code)
@@ -232,13 +243,15 @@ func TestEraseCluster(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusBadRequest, code, msg)
 	require.Contains(t, msg, "erased")
+	code, msg = pushRaw(t, r.URL(), erasedClusterPush, pushed)
+	require.Equal(t, http.StatusBadRequest, code, "its pushes too: %s", msg)
 	mustWrite(t, r.URL(), tokenAcme, &prompb.WriteRequest{Timeseries: []prompb.TimeSeries{series("c1", now)}})
 
 	mfs := scrapeMetrics(t, r.URL())
 	require.Equal(t, 1.0, metricValue(mfs, "phonehome_erasure_jobs_total", map[string]string{"result": "success"}))
 	require.Equal(t, float64(job.BlocksTotal), metricValue(mfs, "phonehome_erasure_bucket_blocks_done", nil))
 	require.Equal(t, 1.0, metricValue(mfs, "phonehome_storage_denied_clusters", nil))
-	require.Equal(t, 4.0, metricValue(mfs, "phonehome_storage_samples_rejected_total", map[string]string{"reason": "erased_cluster"}))
+	require.Equal(t, 4.0, metricValue(mfs, "phonehome_receive_rejected_samples_total", map[string]string{"reason": "erased"}), "refused before the limiter")
 	// The erasure flushed the head with writes stopped: always a GC burst.
 	require.GreaterOrEqual(t, metricValue(mfs, "phonehome_gc_bursts_total", map[string]string{"outcome": "lowered"}), 1.0)
 	var audit bool

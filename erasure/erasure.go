@@ -37,6 +37,13 @@ type Local interface {
 	Readmit(tenant, clusterID string) (bool, error)
 }
 
+// Pushes erases from the installer pushes' aggregated state (*push.Gateway),
+// which flushes into the head every few seconds and would write the series
+// back after the local step.
+type Pushes interface {
+	Erase(tenant string, ms []*labels.Matcher) (int, error)
+}
+
 // Bucket erases from the bucket (*lifecycle.Runner).
 type Bucket interface {
 	EraseBucket(ctx context.Context, tenant string, ms []*labels.Matcher, forbidden []string, workDir string, progress func(done, total int)) (lifecycle.BucketErasure, error)
@@ -109,6 +116,7 @@ type Eraser struct {
 	bucket      Bucket
 	dir         string
 	afterBucket func(context.Context) error
+	pushes      Pushes
 	now         func() time.Time
 	m           *metrics
 
@@ -122,7 +130,9 @@ type Options struct {
 	// AfterBucket runs after a job's bucket step, e.g. the bucket store's
 	// sync, which drops its cached copies of the deleted blocks.
 	AfterBucket func(context.Context) error
-	Now         func() time.Time
+	// Pushes, when set, is erased before the local storage.
+	Pushes Pushes
+	Now    func() time.Time
 }
 
 // New returns an Eraser keeping job state in dir (created if needed) and
@@ -132,7 +142,7 @@ func New(logger *slog.Logger, reg prometheus.Registerer, local Local, bucket Buc
 		opts.Now = time.Now
 	}
 	e := &Eraser{
-		logger: logger, local: local, bucket: bucket, dir: dir, afterBucket: opts.AfterBucket, now: opts.Now,
+		logger: logger, local: local, bucket: bucket, dir: dir, afterBucket: opts.AfterBucket, pushes: opts.Pushes, now: opts.Now,
 		m: newMetrics(reg), jobs: map[string]*job{}, queue: make(chan string, 1024),
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -328,11 +338,17 @@ func (e *Eraser) Do(ctx context.Context, id string) (err error) {
 	if err := e.save(j); err != nil {
 		return err
 	}
+	pushed := 0
+	if e.pushes != nil { // first: a flush after the local step would write them back
+		if pushed, err = e.pushes.Erase(j.req.Tenant, ms); err != nil {
+			return fmt.Errorf("push state: %w", err)
+		}
+	}
 	lr, err := e.local.EraseLocal(ctx, j.req.Tenant, ms, forbidden)
 	if err != nil {
 		return fmt.Errorf("local: %w", err)
 	}
-	e.update(j, func(s *Status) { s.State, s.SeriesRemoved = StateBucket, lr.Series })
+	e.update(j, func(s *Status) { s.State, s.SeriesRemoved = StateBucket, pushed + lr.Series })
 	if err := e.save(j); err != nil {
 		return err
 	}
@@ -351,7 +367,7 @@ func (e *Eraser) Do(ctx context.Context, id string) (err error) {
 	}
 	e.update(j, func(s *Status) {
 		s.State, s.Finished = StateDone, e.now().UTC()
-		s.SeriesRemoved = lr.Series + br.Series
+		s.SeriesRemoved = pushed + lr.Series + br.Series
 	})
 	// The raw id lives only in the state file and this job's request:
 	// both go now.
@@ -362,10 +378,10 @@ func (e *Eraser) Do(ctx context.Context, id string) (err error) {
 	j.req.ClusterID = ""
 	e.mu.Unlock()
 	e.m.jobs.WithLabelValues("success").Inc()
-	e.m.series.Add(float64(lr.Series + br.Series))
+	e.m.series.Add(float64(pushed + lr.Series + br.Series))
 	e.logger.Info("erasure done", "audit", true, "job", id, "tenant", j.status.Tenant, "cluster_sha256", j.status.ClusterSHA256,
 		"selector", j.status.Selector, "requested_by", j.status.RequestedBy, "caller", j.status.Caller,
-		"series_local", lr.Series, "local_blocks_rewritten", lr.BlocksRewritten, "local_blocks_dropped", lr.BlocksDropped,
+		"series_push", pushed, "series_local", lr.Series, "local_blocks_rewritten", lr.BlocksRewritten, "local_blocks_dropped", lr.BlocksDropped,
 		"bucket_blocks", br.Blocks, "bucket_blocks_rewritten", br.Rewritten, "bucket_series", br.Series,
 		"bucket_blocks_deleted", br.Deleted, "duration", e.now().Sub(start).String())
 	return nil

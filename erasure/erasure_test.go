@@ -113,6 +113,38 @@ func TestJobResumesAfterACrashAndForgetsTheID(t *testing.T) {
 	require.Contains(t, buf.String(), got.ClusterSHA256)
 }
 
+// fakePushes records its erasures, and the order of steps in log.
+type fakePushes struct{ log *[]string }
+
+func (f fakePushes) Erase(tenant string, ms []*labels.Matcher) (int, error) {
+	*f.log = append(*f.log, "push "+tenant+" "+ms[0].String())
+	return 4, nil
+}
+
+type orderedLocal struct {
+	fakeLocal
+	log *[]string
+}
+
+func (o *orderedLocal) EraseLocal(ctx context.Context, tenant string, ms []*labels.Matcher, forbidden []string) (storage.LocalErasure, error) {
+	*o.log = append(*o.log, "local")
+	return o.fakeLocal.EraseLocal(ctx, tenant, ms, forbidden)
+}
+
+// The installer pushes' state is erased before the local storage: a flush
+// in between would write the cluster's series back into the head.
+func TestJobErasesThePushStateFirst(t *testing.T) {
+	var steps []string
+	e, err := New(slog.New(slog.DiscardHandler), nil, &orderedLocal{log: &steps}, &fakeBucket{}, t.TempDir(), Options{Pushes: fakePushes{&steps}})
+	require.NoError(t, err)
+	st, err := e.Submit(Request{Tenant: "acme", ClusterID: "c1"})
+	require.NoError(t, err)
+	require.NoError(t, e.Do(context.Background(), st.ID))
+	require.Equal(t, []string{`push acme _id="c1"`, "local"}, steps)
+	got, _ := e.Get(st.ID)
+	require.Equal(t, 4+2+1, got.SeriesRemoved, "push, local and bucket series")
+}
+
 func TestHandlerScopesToTheCallersTenant(t *testing.T) {
 	e, err := New(slog.New(slog.DiscardHandler), nil, &fakeLocal{}, &fakeBucket{}, filepath.Join(t.TempDir(), "jobs"), Options{})
 	require.NoError(t, err)

@@ -42,6 +42,10 @@ type Options struct {
 	// sum of the pushes it received, and the exact total is the sum over
 	// ReplicaLabel. Empty (one receiver): no label is added.
 	Replica string
+	// Denied reports whether a cluster was erased and is refused until
+	// re-admitted (storage.DB.Denied): its pushes are refused too, so the
+	// state never aggregates its data again. Nil denies nothing.
+	Denied func(tenant, clusterID string) bool
 }
 
 // Gateway is the push endpoint. It is an http.Handler that must be mounted
@@ -56,11 +60,16 @@ type Gateway struct {
 	now     func() time.Time
 	metrics *metrics
 	replica string
+	denied  func(tenant, clusterID string) bool
 	allowed map[string]bool
 	limiter *limiter
 
 	syncMu sync.Mutex // serialises fsyncs; held while waiting for one
 	synced uint64     // the last Seq known durable (under syncMu)
+
+	// flushMu is held through a whole Flush, copy and write, so that Erase
+	// never runs between a flush's copy of the state and its write.
+	flushMu sync.Mutex
 
 	mu     sync.Mutex
 	state  map[string]*tenantState // by tenant
@@ -85,6 +94,7 @@ func Open(logger *slog.Logger, reg prometheus.Registerer, dir string, w storage.
 		cfg:     cfg,
 		now:     opts.Now,
 		replica: opts.Replica,
+		denied:  opts.Denied,
 		allowed: make(map[string]bool, len(cfg.AllowedMetrics)),
 		limiter: newLimiter(cfg.RateLimit),
 		state:   state,
@@ -214,6 +224,8 @@ func (g *Gateway) Run(ctx context.Context) error {
 // current time (and ReplicaLabel, see Options.Replica) into its tenant's
 // TSDB. Failures are logged and counted; the next flush retries.
 func (g *Gateway) Flush(ctx context.Context) {
+	g.flushMu.Lock()
+	defer g.flushMu.Unlock()
 	ts := g.now().UnixMilli()
 	batches, err := g.compactAndCopy(ts)
 	if err != nil {

@@ -66,13 +66,15 @@ func (f *fakeWriter) get(tenant string) map[string]float64 {
 	return out
 }
 
-// tokenAuth maps bearer tokens to tenants.
+// tokenAuth maps bearer tokens to tenants, and "tenant/cluster" to a
+// cluster-bound credential.
 type tokenAuth map[string]string
 
 func (a tokenAuth) Authenticate(r *http.Request) (auth.Identity, error) {
 	tok, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if t, ok := a[tok]; ok {
-		return auth.Identity{Tenant: t, Allow: auth.PermWrite}, nil
+		tenant, cluster, _ := strings.Cut(t, "/")
+		return auth.Identity{Tenant: tenant, ClusterID: cluster, Allow: auth.PermWrite}, nil
 	}
 	return auth.Identity{}, auth.ErrUnauthorized
 }
@@ -80,6 +82,7 @@ func (a tokenAuth) Authenticate(r *http.Request) (auth.Identity, error) {
 type fixture struct {
 	t       *testing.T
 	replica string // Options.Replica
+	denied  func(tenant, clusterID string) bool
 	dir     string
 	cfg     Config
 	w       *fakeWriter
@@ -106,12 +109,12 @@ func (f *fixture) open() {
 	f.t.Helper()
 	require.NoError(f.t, f.cfg.Validate())
 	f.reg = prometheus.NewRegistry()
-	gw, err := Open(slog.New(slog.DiscardHandler), f.reg, f.dir, f.w, f.cfg, Options{Now: func() time.Time { return f.now }, Replica: f.replica})
+	gw, err := Open(slog.New(slog.DiscardHandler), f.reg, f.dir, f.w, f.cfg, Options{Now: func() time.Time { return f.now }, Replica: f.replica, Denied: f.denied})
 	require.NoError(f.t, err)
 	f.gw = gw
 	mux := http.NewServeMux()
 	for _, p := range Patterns {
-		mux.Handle(p, auth.Middleware(tokenAuth{"tok-a": "acme", "tok-b": "other"}, auth.PermWrite, gw.CountUnauthenticated, gw))
+		mux.Handle(p, auth.Middleware(tokenAuth{"tok-a": "acme", "tok-b": "other", "tok-c1": "acme/c1", "tok-c2": "acme/c2"}, auth.PermWrite, gw.CountUnauthenticated, gw))
 	}
 	f.srv = httptest.NewServer(mux)
 	f.t.Cleanup(f.close)

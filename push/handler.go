@@ -83,6 +83,9 @@ func (g *Gateway) handle(r *http.Request) (int, error) {
 	if !ok || id.Tenant == "" {
 		return 0, reject(reasonUnauthenticated, errInvalid, "no identity: the push endpoint must be mounted behind authentication")
 	}
+	if id.ClusterID != "" && g.denied != nil && g.denied(id.Tenant, id.ClusterID) {
+		return 0, reject(reasonErased, errInvalid, "cluster was erased and is denied until re-admitted")
+	}
 	key := rateKey(id.Tenant, r.Header.Get("Authorization"))
 	if ok, wait := g.limiter.allow(key, g.now()); !ok {
 		rj := reject(reasonRateLimited, errRateLimited, "push rate limit exceeded (push.rate_limit); retry later")

@@ -36,13 +36,14 @@ const (
 	reasonSeriesLimit     = "series_limit"
 	reasonRateLimited     = "rate_limited"
 	reasonInternal        = "internal"
+	reasonErased          = "erased"
 )
 
 var allReasons = []string{
 	reasonUnauthenticated, reasonForbidden, reasonInvalidPath, reasonUnsupported, reasonTooLarge,
 	reasonParse, reasonUntyped, reasonUnsupportedType, reasonNotAllowed, reasonInvalidLabel,
 	reasonLabelConflict, reasonInvalidValue, reasonTypeMismatch, reasonBucketMismatch,
-	reasonClusterID, reasonSeriesLimit, reasonRateLimited, reasonInternal,
+	reasonClusterID, reasonSeriesLimit, reasonRateLimited, reasonInternal, reasonErased,
 }
 
 // rejection is a refused push: a reason for the counter, a class for the

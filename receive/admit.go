@@ -20,6 +20,9 @@ func (h *Handler) admit(ts *prompb.TimeSeries, id auth.Identity, lim *limits.Ten
 	if serr != nil {
 		return limits.Key{}, 0, serr
 	}
+	if sess.denied(h.opts.Denied, id.Tenant, clusterOf(ts.Labels)) { // before the limiter: an erased cluster leaves no trace there
+		return limits.Key{}, 0, &seriesError{reasonErased, "cluster was erased and is denied until re-admitted"}
+	}
 	ts.Labels = pol.elideLabels(ts.Labels)
 	if !pol.allows(id.Tenant, ts.Labels) {
 		return limits.Key{}, 0, &seriesError{reasonAllowlist, "series is not in the server-side allowlist"}
@@ -39,6 +42,22 @@ func (h *Handler) admit(ts *prompb.TimeSeries, id auth.Identity, lim *limits.Ten
 type sessions struct {
 	clusters []string
 	s        []*limits.Session
+
+	// The last cluster checked against the deny list, and the answer.
+	denyChecked, lastDenied bool
+	lastDenyCluster         string
+}
+
+// denied reports whether cluster is erased and denied (Options.Denied),
+// asking once per run of series of the same cluster.
+func (ss *sessions) denied(isDenied func(tenant, cluster string) bool, tenant, cluster string) bool {
+	if isDenied == nil {
+		return false
+	}
+	if !ss.denyChecked || cluster != ss.lastDenyCluster {
+		ss.denyChecked, ss.lastDenyCluster, ss.lastDenied = true, cluster, isDenied(tenant, cluster)
+	}
+	return ss.lastDenied
 }
 
 func (ss *sessions) get(l *limits.Limiter, tenant, cluster string) *limits.Session {

@@ -53,6 +53,12 @@ type Options struct {
 	AcceptedMessages []string
 	// Telemeter configures Telemeter's paths (telemeter.go).
 	Telemeter TelemeterOptions
+	// Denied reports whether a cluster was erased and is refused until
+	// re-admitted (storage.DB.Denied). Its series are refused before the
+	// limiter sees them, so an erased cluster neither takes series budget
+	// nor shows on the status page. Nil denies nothing (storage still
+	// refuses such series, later).
+	Denied func(tenant, cluster string) bool
 }
 
 // hintedWriter is implemented by a storage.Writer that takes a hint per
@@ -369,7 +375,9 @@ func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLim
 		if serr != nil {
 			rejected += n
 			h.metrics.rejected.WithLabelValues(serr.reason).Add(float64(max(n, 1)))
-			sess.refuse(h.limiter, id, ts, serr.reason, n) // status page (track.go)
+			if serr.reason != reasonErased {
+				sess.refuse(h.limiter, id, ts, serr.reason, n) // status page (track.go)
+			}
 			if rt.telemeter() && serr.reason == reasonAllowlist {
 				continue // dropped as telemeter-server drops it: counted, not refused (telemeter.go)
 			}

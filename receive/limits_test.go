@@ -170,3 +170,26 @@ func TestV1MetadataIsRateLimitedAndValidated(t *testing.T) {
 	require.Equal(t, http.StatusTooManyRequests, rec.Code, "metadata-only requests count against the rate")
 	require.Len(t, w.meta, 1)
 }
+
+// An erased (denied) cluster's series are refused before the limiter: they
+// take none of the tenant's series budget and leave no cluster on the
+// status page.
+func TestHandlerRefusesADeniedClusterBeforeTheLimiter(t *testing.T) {
+	lim := newLimiter(func(s *limits.Spec) { s.MaxSeriesPerTenant = ptr(1) })
+	lim.TrackClusters(Reasons())
+	w := &fakeWriter{}
+	h := NewHandler(discard(), nil, w, lim, Options{Denied: func(tenant, cluster string) bool { return tenant == "acme" && cluster == "erased" }})
+
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t, series("up"), series("up", "job", "x")), &auth.Identity{Tenant: "acme", ClusterID: "erased"}))
+	require.Equal(t, http.StatusBadRequest, rec.Code)
+	require.Contains(t, rec.Body.String(), "cluster was erased")
+	require.InDelta(t, 2, testutil.ToFloat64(h.metrics.rejected.WithLabelValues(reasonErased)), 0)
+	_, shown := lim.Cluster("acme", "erased")
+	require.False(t, shown, "not on the status page")
+
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t, series("up")), &auth.Identity{Tenant: "acme", ClusterID: "c2"}))
+	require.Equal(t, http.StatusNoContent, rec.Code, "the tenant's one series is still free: %s", rec.Body)
+	require.Len(t, w.series, 1)
+}

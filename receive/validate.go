@@ -29,12 +29,13 @@ const (
 	reasonSeriesLimit     = "series_limit"
 	reasonRateLimit       = "rate_limit"
 	reasonInvalidMetadata = "invalid_metadata"
+	reasonErased          = "erased" // the cluster was erased and is denied until re-admitted
 )
 
 var allReasons = []string{
 	reasonInvalidLabels, reasonInvalidSeries, reasonLabelLimits, reasonClusterMismatch, reasonNoSamples,
 	reasonOutOfOrder, reasonTooOld, reasonFuture, reasonDuplicate, reasonStorage,
-	reasonAllowlist, reasonSeriesLimit, reasonRateLimit, reasonInvalidMetadata,
+	reasonAllowlist, reasonSeriesLimit, reasonRateLimit, reasonInvalidMetadata, reasonErased,
 }
 
 // clusterLabel is the label that carries a cluster's pseudonymous id.

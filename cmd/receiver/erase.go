@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/phonehome/phonehome/erasure"
+	"github.com/phonehome/phonehome/push"
 	"github.com/phonehome/phonehome/receive"
 	"github.com/phonehome/phonehome/storage"
 	"github.com/phonehome/phonehome/storage/bucketstore"
@@ -101,7 +102,16 @@ func runErase(args []string, stderr io.Writer) int {
 	if bstore != nil {
 		after = bstore.Sync
 	}
-	eraser, err := erasure.New(logger.With("component", "erasure"), reg, db, lc, filepath.Join(*storagePath, erasureDir), erasure.Options{AfterBucket: after})
+	// The installer pushes' state holds cluster-bound series too; it is
+	// opened, not flushed: the next start writes what is left.
+	pushes, err := push.Open(logger.With("component", "push"), nil, filepath.Join(*storagePath, "push"), db, cfg.Push, push.Options{})
+	if err != nil {
+		logger.Error("open push state", "err", err)
+		return 1
+	}
+	defer func() { _ = pushes.Close() }()
+	eraser, err := erasure.New(logger.With("component", "erasure"), reg, db, lc, filepath.Join(*storagePath, erasureDir),
+		erasure.Options{AfterBucket: after, Pushes: pushes})
 	if err != nil {
 		logger.Error("open erasure jobs", "err", err)
 		return 1

@@ -188,7 +188,15 @@ func run(args []string, stderr io.Writer) int {
 	if bstore != nil {
 		afterErase = bstore.Sync
 	}
-	eraser, err := erasure.New(logger.With("component", "erasure"), reg, db, lc, filepath.Join(*storagePath, erasureDir), erasure.Options{AfterBucket: afterErase})
+	pushes, err := push.Open(logger.With("component", "push"), reg, filepath.Join(*storagePath, "push"), db, cfg.Push,
+		push.Options{Replica: cfg.Storage.ExternalLabels["replica"], Denied: db.Denied}) // replicas' partial sums apart (push_replica)
+	if err != nil {
+		logger.Error("open push state", "err", err)
+		return 1
+	}
+	defer func() { _ = pushes.Close() }() // after Run has returned
+	eraser, err := erasure.New(logger.With("component", "erasure"), reg, db, lc, filepath.Join(*storagePath, erasureDir),
+		erasure.Options{AfterBucket: afterErase, Pushes: pushes})
 	if err != nil {
 		logger.Error("open erasure jobs", "err", err)
 		return 1
@@ -232,6 +240,7 @@ func run(args []string, stderr io.Writer) int {
 		OverwriteClusterID: cfg.Auth.IDMismatch == receive.IDMismatchOverwrite,
 		AcceptedMessages:   cfg.RemoteWrite.AcceptedProtobufMessages,
 		Telemeter:          cfg.Telemeter.Options(),
+		Denied:             db.Denied,
 	})
 	// The gathering definitions (per tenant), served and enforced with the
 	// config's policy; each one's previous version is kept under the
@@ -318,13 +327,6 @@ func run(args []string, stderr io.Writer) int {
 	if defs != nil { // any credential of a tenant may read it, cluster credentials included
 		mux.Handle("GET /api/v1/gathering", auth.Middleware(a.authn, 0, nil, defs))
 	}
-	pushes, err := push.Open(logger.With("component", "push"), reg, filepath.Join(*storagePath, "push"), db, cfg.Push,
-		push.Options{Replica: cfg.Storage.ExternalLabels["replica"]}) // replicas' partial sums apart (push_replica)
-	if err != nil {
-		logger.Error("open push state", "err", err)
-		return 1
-	}
-	defer func() { _ = pushes.Close() }() // after Run has returned
 	for _, p := range push.Patterns {
 		mux.Handle(p, auth.Middleware(a.authn, auth.PermPush, pushes.CountUnauthenticated, pushes))
 	}

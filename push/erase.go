@@ -1,0 +1,50 @@
+package push
+
+import (
+	"fmt"
+
+	"github.com/prometheus/prometheus/model/labels"
+)
+
+// Erase drops the tenant's aggregated series that match every matcher (an
+// erasure: a cluster's _id, or a selector) and snapshots the state at once,
+// so that neither the next flush nor a replay of the push log brings them
+// back, and the log no longer holds them. It waits for a flush in progress:
+// the caller erases storage after it, and no flush writes the series
+// between the two. It returns how many series went.
+func (g *Gateway) Erase(tenant string, ms []*labels.Matcher) (int, error) {
+	g.flushMu.Lock()
+	defer g.flushMu.Unlock()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	st := g.state[tenant]
+	if st == nil {
+		return 0, nil
+	}
+	n := 0
+	for k, it := range st.Series {
+		if matchesAll(ms, it.Labels) {
+			delete(st.Series, k)
+			n++
+		}
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	if g.broken != nil {
+		return n, fmt.Errorf("erase from push state: %w", g.broken)
+	}
+	if err := g.log.compact(g.state, g.seq); err != nil {
+		return n, fmt.Errorf("erase from push state: %w", err)
+	}
+	return n, nil
+}
+
+func matchesAll(ms []*labels.Matcher, ls labels.Labels) bool {
+	for _, m := range ms {
+		if !m.Matches(ls.Get(m.Name)) {
+			return false
+		}
+	}
+	return true
+}
