@@ -132,19 +132,21 @@ func (l *List) AllowsFunc(get func(name string) string) bool {
 		return false
 	}
 	for _, sel := range l.byName[get(model.MetricNameLabel)] {
-		if matchesAll(sel, get) {
+		if MatchesAll(sel, get) {
 			return true
 		}
 	}
 	for _, sel := range l.other {
-		if matchesAll(sel, get) {
+		if MatchesAll(sel, get) {
 			return true
 		}
 	}
 	return false
 }
 
-func matchesAll(sel []*labels.Matcher, get func(string) string) bool {
+// MatchesAll reports whether the label values get returns satisfy every
+// matcher of sel: one selector, as PromQL applies it.
+func MatchesAll(sel []*labels.Matcher, get func(string) string) bool {
 	for _, m := range sel {
 		if !m.Matches(get(m.Name)) {
 			return false

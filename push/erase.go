@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/prometheus/model/labels"
+
+	"github.com/phonehome/phonehome/allowlist"
 )
 
 // Erase drops the tenant's aggregated series that match every matcher (an
@@ -23,7 +25,7 @@ func (g *Gateway) Erase(tenant string, ms []*labels.Matcher) (int, error) {
 	}
 	n := 0
 	for k, it := range st.Series {
-		if matchesAll(ms, it.Labels) {
+		if allowlist.MatchesAll(ms, it.Labels.Get) {
 			delete(st.Series, k)
 			n++
 		}
@@ -38,13 +40,4 @@ func (g *Gateway) Erase(tenant string, ms []*labels.Matcher) (int, error) {
 		return n, fmt.Errorf("erase from push state: %w", err)
 	}
 	return n, nil
-}
-
-func matchesAll(ms []*labels.Matcher, ls labels.Labels) bool {
-	for _, m := range ms {
-		if !m.Matches(ls.Get(m.Name)) {
-			return false
-		}
-	}
-	return true
 }

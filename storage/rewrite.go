@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/prometheus/prometheus/tsdb/chunks"
 	"github.com/prometheus/prometheus/tsdb/index"
+
+	"github.com/phonehome/phonehome/allowlist"
 )
 
 // Rewrite is what RewriteBlock did to one block.
@@ -117,7 +119,7 @@ func scanIndex(ctx context.Context, ix tsdb.IndexReader, ms []*labels.Matcher, f
 			return nil, 0, false, err
 		}
 		ls := b.Labels()
-		if matchesAll(ms, ls) {
+		if allowlist.MatchesAll(ms, ls.Get) {
 			removed++
 			continue
 		}
@@ -135,15 +137,6 @@ func scanIndex(ctx context.Context, ix tsdb.IndexReader, ms []*labels.Matcher, f
 	}
 	slices.Sort(kept)
 	return kept, removed, found, nil
-}
-
-func matchesAll(ms []*labels.Matcher, ls labels.Labels) bool {
-	for _, m := range ms {
-		if !m.Matches(ls.Get(m.Name)) {
-			return false
-		}
-	}
-	return true
 }
 
 // symbolFilter is a block whose index lists only the given symbols, those
