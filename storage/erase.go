@@ -165,11 +165,16 @@ func (db *DB) Readmit(tenant, clusterID string) (bool, error) {
 	return true, d.saveLocked()
 }
 
-// Denied reports whether clusterID of tenant is denied.
+// Denied reports whether clusterID of tenant is denied. It is on the write
+// path: a tenant without denied clusters costs no digest.
 func (db *DB) Denied(tenant, clusterID string) bool {
 	db.deny.mu.RLock()
 	defer db.deny.mu.RUnlock()
-	_, ok := db.deny.set[tenant][ClusterDigest(tenant, clusterID)]
+	set := db.deny.set[tenant]
+	if len(set) == 0 {
+		return false
+	}
+	_, ok := set[ClusterDigest(tenant, clusterID)]
 	return ok
 }
 
