@@ -672,6 +672,16 @@ func TestForwarderTelemeterModeToReceiverE2E(t *testing.T) {
 	require.Equal(t, 1.0, metricsValue(t, fwd.URL(), "phonehome_forward_delivery_protocol", map[string]string{"protocol": "telemeter"}))
 	require.Positive(t, metricsValue(t, recv.URL(), "phonehome_receive_decoded_requests_total", map[string]string{"proto": "io.prometheus.client.MetricFamily"}))
 	require.Zero(t, metricsValue(t, recv.URL(), "phonehome_receive_decoded_requests_total", map[string]string{"proto": "prometheus.WriteRequest"}))
+	// telemeter-client's /federate: what the last cycle sent, anonymized.
+	resp, err := http.Get(fwd.URL() + "/federate")
+	require.NoError(t, err)
+	sent, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(sent))
+	require.Contains(t, string(sent), `_id="`+hashedID+`"`)
+	require.NotContains(t, string(sent), fwdClusterID, "the raw id is not what was sent")
+	require.Contains(t, string(sent), "\ncsv_succeeded{")
 	for _, tense := range []string{"past", "present", "future"} { // the forwarder's timestamps are exact: kept
 		require.Zero(t, metricsValue(t, recv.URL(), "phonehome_receive_upload_restamped_total", map[string]string{"tense": tense}), tense)
 	}

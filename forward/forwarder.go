@@ -224,6 +224,7 @@ type Forwarder struct {
 
 	loggedCap sync.Map // reason -> struct{}: caps are logged once per process
 	scratch   scratch  // reused by Collect, which must not run concurrently
+	last      atomic.Pointer[lastCycle] // for LastCycleHandler
 }
 
 // scratch holds Collect's buffers across cycles.
@@ -504,6 +505,9 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 		f.logCapOnce(ReasonMaxBytes, "federate byte cap reached, dropping the rest of the response")
 	}
 
+	if ferr == nil {
+		f.last.Store(&lastCycle{records: records, at: start})
+	}
 	qerr := f.enqueue(records, recordSamples)
 	f.logger.Debug("collected", "federated", federated, "kept", kept, "requests", len(records), "bytes", st.Bytes)
 	return errors.Join(ferr, qerr)

@@ -614,6 +614,9 @@ func run(args []string, stderr io.Writer) int {
 		}
 		fmt.Fprintln(w, "ok")
 	})
+	if fwd != nil { // telemeter-client's /federate: what the last cycle sent, as it left
+		mux.Handle("GET /federate", fwd.LastCycleHandler())
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 
 	var g oklogrun.Group
