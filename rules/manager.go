@@ -12,6 +12,10 @@
 // parse is logged, counted in phonehome_rules_reloads_total{result="failure"},
 // and the previous rules stay in force (the last good contents are kept in
 // memory, so tenants discovered later get them too).
+//
+// A rule whose query reads partial data (a peer unavailable, a bucket block
+// not fetched) skips that evaluation instead of recording or alerting on
+// the rest (partial.go).
 package rules
 
 import (
@@ -110,6 +114,7 @@ type metrics struct {
 	reloads     *prometheus.CounterVec
 	lastSuccess prometheus.Gauge
 	tenants     prometheus.Gauge
+	partial     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -126,6 +131,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		tenants: f.NewGauge(prometheus.GaugeOpts{
 			Name: "phonehome_rules_tenants",
 			Help: "Tenants whose rules are being evaluated.",
+		}),
+		partial: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_rules_partial_evaluations_total",
+			Help: "Rule queries that read partial data (a peer unavailable, a bucket block not fetched), so the rule skipped that evaluation.",
 		}),
 	}
 	m.reloads.WithLabelValues("success")
@@ -351,11 +360,11 @@ func (m *Manager) newTenantManager(ctx context.Context, tenant string) *promrule
 	ctx = auth.WithIdentity(context.WithoutCancel(ctx), auth.Identity{Tenant: tenant})
 	return promrules.NewManager(&promrules.ManagerOptions{
 		ExternalURL:     m.externalURL(),
-		QueryFunc:       promrules.EngineQueryFunc(m.engine, queryable),
+		QueryFunc:       m.queryFunc(queryable),
 		NotifyFunc:      notify,
 		Context:         ctx,
 		AppendableV2:    tenantAppendable{w: m.store, tenant: tenant},
-		Queryable:       queryable,
+		Queryable:       restoreQueryable{queryable}, // the `for` state restore only
 		Logger:          m.logger.With("tenant", tenant),
 		OutageTolerance: time.Hour,
 		ForGracePeriod:  10 * time.Minute,

@@ -1,0 +1,263 @@
+package rules
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/prompb"
+	"github.com/prometheus/prometheus/promql"
+	promrules "github.com/prometheus/prometheus/rules"
+	promstorage "github.com/prometheus/prometheus/storage"
+	"github.com/prometheus/prometheus/tsdb"
+	"github.com/prometheus/prometheus/util/annotations"
+	"github.com/stretchr/testify/require"
+
+	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/storage"
+)
+
+// fleetReader is the fleet view as peers.Reader builds it: this replica's
+// data (cluster a) as the primary of a merge, a peer's (cluster b) as a
+// secondary. While down, the peer's Select fails as an unreachable peer's
+// does, which the merge turns into a warning.
+type fleetReader struct {
+	local, peer *tsdb.DB
+	down        atomic.Bool
+	queries     atomic.Int64
+}
+
+func (r *fleetReader) Querier(_ string, mint, maxt int64) (promstorage.Querier, error) {
+	r.queries.Add(1)
+	lq, err := r.local.Querier(mint, maxt)
+	if err != nil {
+		return nil, err
+	}
+	var pq promstorage.Querier = deadPeer{}
+	if !r.down.Load() {
+		if pq, err = r.peer.Querier(mint, maxt); err != nil {
+			return nil, err
+		}
+	}
+	return promstorage.NewMergeQuerier([]promstorage.Querier{lq}, []promstorage.Querier{pq}, promstorage.ChainedSeriesMerge), nil
+}
+
+// deadPeer fails as peers' querier of an unreachable peer does.
+type deadPeer struct{}
+
+var errDeadPeer = fmt.Errorf("peer 10.0.3.7:9291 unavailable, its data is missing: %w", errors.New("remote_read: connection refused"))
+
+func (deadPeer) Select(context.Context, bool, *promstorage.SelectHints, ...*labels.Matcher) promstorage.SeriesSet {
+	return promstorage.ErrSeriesSet(errDeadPeer)
+}
+
+func (deadPeer) LabelValues(context.Context, string, *promstorage.LabelHints, ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	return nil, nil, errDeadPeer
+}
+
+func (deadPeer) LabelNames(context.Context, *promstorage.LabelHints, ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	return nil, nil, errDeadPeer
+}
+
+func (deadPeer) Close() error { return nil }
+
+// clusterDB holds up{_id=id} every 15s around now, so that evaluations in
+// the next minutes see it.
+func clusterDB(t *testing.T, id string) *tsdb.DB {
+	t.Helper()
+	db, err := tsdb.Open(t.TempDir(), nil, nil, tsdb.DefaultOptions(), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	app := db.Appender(context.Background())
+	now := time.Now()
+	for ts := now.Add(-2 * time.Minute); ts.Before(now.Add(3 * time.Minute)); ts = ts.Add(15 * time.Second) {
+		_, err := app.Append(0, labels.FromStrings(model.MetricNameLabel, "up", "_id", id), ts.UnixMilli(), 1)
+		require.NoError(t, err)
+	}
+	require.NoError(t, app.Commit())
+	return db
+}
+
+// historyStore records every value written, by metric name.
+type historyStore struct {
+	mu     sync.Mutex
+	values map[string][]float64
+}
+
+func (s *historyStore) Write(_ context.Context, _ string, series []prompb.TimeSeries) (storage.Stats, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.values == nil {
+		s.values = map[string][]float64{}
+	}
+	for _, ts := range series {
+		for _, l := range ts.Labels {
+			if l.Name == model.MetricNameLabel {
+				for _, smp := range ts.Samples {
+					s.values[l.Value] = append(s.values[l.Value], smp.Value)
+				}
+			}
+		}
+	}
+	return storage.Stats{}, nil
+}
+
+func (s *historyStore) Querier(string, int64, int64) (promstorage.Querier, error) {
+	return promstorage.NoopQuerier(), nil
+}
+
+func (s *historyStore) Tenants() []string { return []string{"acme"} }
+
+func (s *historyStore) written(name string) []float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]float64(nil), s.values[name]...)
+}
+
+// lockedBuffer is a log destination for concurrent writers.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// startFleetRules runs a Manager with rules over reader, evaluated every
+// 50ms for tenant acme. It returns the manager, the store and a stop func.
+func startFleetRules(t *testing.T, rules string, reader Reader, logs *lockedBuffer) (*Manager, *historyStore, func()) {
+	t.Helper()
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "fleet.yaml"), []byte(rules), 0o600))
+	cfg := Config{Files: []string{filepath.Join(dir, "*.yaml")}, EvaluationInterval: model.Duration(50 * time.Millisecond), ReloadInterval: model.Duration(time.Hour)}
+	cfg.SetDefaults()
+	store := &historyStore{}
+	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 10000, Timeout: 10 * time.Second, LookbackDelta: 5 * time.Minute})
+	m, err := New(slog.New(slog.NewTextHandler(logs, nil)), nil, engine, store, cfg, Options{Reader: reader})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			require.NoError(t, <-done)
+		})
+	}
+	t.Cleanup(stop)
+	return m, store, stop
+}
+
+func alertByName(m *Manager, name string) *promrules.AlertingRule {
+	for _, r := range m.RulesRetriever(auth.WithIdentity(context.Background(), auth.Identity{Tenant: "acme"})).AlertingRules() {
+		if r.Name() == name {
+			return r
+		}
+	}
+	return nil
+}
+
+// TestPartialDataSkipsEvaluation: while a peer is unreachable, the fleet
+// query answers with the rest and a warning. The rules must not record
+// that answer, and alerts keep their state (a firing one stays firing, a
+// pending one keeps its `for` timer).
+func TestPartialDataSkipsEvaluation(t *testing.T) {
+	reader := &fleetReader{local: clusterDB(t, "a"), peer: clusterDB(t, "b")}
+	logs := &lockedBuffer{}
+	m, store, stop := startFleetRules(t, `groups:
+- name: fleet
+  rules:
+  - record: clusters_reporting:count
+    expr: count(up)
+  - alert: FleetComplete
+    expr: count(up) >= 2
+  - alert: FleetCompleteForAnHour
+    expr: count(up) >= 2
+    for: 1h
+`, reader, logs)
+
+	eventually(t, func() bool {
+		firing, pending := alertByName(m, "FleetComplete"), alertByName(m, "FleetCompleteForAnHour")
+		return len(store.written("clusters_reporting:count")) > 0 &&
+			firing != nil && firing.State() == promrules.StateFiring &&
+			pending != nil && pending.State() == promrules.StatePending
+	})
+	activeAt := alertByName(m, "FleetCompleteForAnHour").ActiveAlerts()[0].ActiveAt
+
+	reader.down.Store(true)
+	before := reader.queries.Load()
+	eventually(t, func() bool { return reader.queries.Load() >= before+9 }) // three evaluations of three rules
+
+	for _, v := range store.written("clusters_reporting:count") {
+		require.Equal(t, 2.0, v, "a count over partial data was recorded")
+	}
+	require.Equal(t, promrules.StateFiring, alertByName(m, "FleetComplete").State())
+	pending := alertByName(m, "FleetCompleteForAnHour").ActiveAlerts()
+	require.Len(t, pending, 1)
+	require.Equal(t, activeAt, pending[0].ActiveAt, "the for timer restarted")
+	require.ErrorContains(t, alertByName(m, "FleetComplete").LastError(), "peer 10.0.3.7:9291 unavailable")
+
+	// Back to complete data: recorded again.
+	reader.down.Store(false)
+	n := len(store.written("clusters_reporting:count"))
+	eventually(t, func() bool { return len(store.written("clusters_reporting:count")) > n })
+	stop()
+
+	skipped := testutil.ToFloat64(m.metrics.partial)
+	require.GreaterOrEqual(t, skipped, 9.0)
+	// Logged by the group at Warn, once per skipped rule evaluation.
+	require.Equal(t, int(skipped), strings.Count(logs.String(), "partial data: peer 10.0.3.7:9291 unavailable"), logs.String())
+	require.Contains(t, logs.String(), "level=WARN")
+}
+
+// TestPromQLAnnotationsDoNotSkipEvaluation: rate over a metric not named
+// like a counter gets PromQL's "possible non-counter" info; that says
+// nothing about missing data, so the rule is recorded as usual.
+func TestPromQLAnnotationsDoNotSkipEvaluation(t *testing.T) {
+	reader := &fleetReader{local: clusterDB(t, "a"), peer: clusterDB(t, "b")}
+
+	// The query does carry the info annotation.
+	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 10000, Timeout: 10 * time.Second})
+	ctx := auth.WithIdentity(context.Background(), auth.Identity{Tenant: "acme"})
+	q, err := engine.NewInstantQuery(ctx, promstorage.QueryableFunc(func(mint, maxt int64) (promstorage.Querier, error) {
+		return reader.Querier("acme", mint, maxt)
+	}), nil, "sum(rate(up[5m]))", time.Now())
+	require.NoError(t, err)
+	res := q.Exec(ctx)
+	require.NoError(t, res.Err)
+	_, infos := res.Warnings.AsStrings("", 0, 0)
+	require.NotEmpty(t, infos)
+	q.Close()
+
+	m, store, stop := startFleetRules(t, `groups:
+- name: fleet
+  rules:
+  - record: up:rate5m
+    expr: sum(rate(up[5m]))
+`, reader, &lockedBuffer{})
+	eventually(t, func() bool { return len(store.written("up:rate5m")) >= 2 })
+	stop()
+	require.Zero(t, testutil.ToFloat64(m.metrics.partial))
+}
