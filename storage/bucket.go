@@ -17,7 +17,8 @@ import (
 // bucket is the subset of objstore.Bucket the shipper uses.
 type bucket interface {
 	Upload(ctx context.Context, name string, r io.Reader, opts ...objstore.ObjectUploadOption) error
-	Exists(ctx context.Context, name string) (bool, error)
+	Get(ctx context.Context, name string) (io.ReadCloser, error) // meta.json, to check a shipped block (inBucket)
+	IsObjNotFoundErr(err error) bool
 	Close() error
 }
 

@@ -99,13 +99,14 @@ func (db *DB) shipLocked(ctx context.Context) error {
 }
 
 // uploadBlock uploads chunks and index, then meta.json last, so readers never
-// see a partial block. A block whose meta.json already exists is uploaded.
+// see a partial block. A block already in the bucket, with a valid meta.json
+// naming it, is not uploaded again.
 func (db *DB) uploadBlock(ctx context.Context, t *tenant, dir string, meta tsdb.BlockMeta) error {
-	exists, err := db.bkt.Exists(ctx, path.Join(meta.ULID.String(), "meta.json"))
+	ok, err := db.inBucket(ctx, meta.ULID)
 	if err != nil {
-		return fmt.Errorf("check meta.json: %w", err)
+		return err
 	}
-	if exists {
+	if ok {
 		return nil
 	}
 	labels := maps.Clone(db.cfg.ExternalLabels)
@@ -114,6 +115,34 @@ func (db *DB) uploadBlock(ctx context.Context, t *tenant, dir string, meta tsdb.
 	}
 	labels[tenantLabel] = t.name
 	return UploadBlock(ctx, db.bkt, dir, meta, labels, SourceReceive)
+}
+
+// inBucket reports whether block id is in the bucket: its meta.json exists,
+// decodes and names id. An existing meta.json is not enough: the filesystem
+// bucket writes objects in place, so a crash or a full disk can leave it
+// empty or torn, and a block taken for shipped is deleted locally after
+// retention. Uploading again is always safe: the objects are the same.
+func (db *DB) inBucket(ctx context.Context, id ulid.ULID) (bool, error) {
+	bkt := db.bkt
+	name := path.Join(id.String(), "meta.json")
+	r, err := bkt.Get(ctx, name)
+	if bkt.IsObjNotFoundErr(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("check meta.json: %w", err)
+	}
+	defer r.Close()
+	var m ThanosMeta
+	if err := json.NewDecoder(io.LimitReader(r, 16<<20)).Decode(&m); err != nil {
+		db.logger.Warn("invalid meta.json in the bucket, uploading the block again", "block", id.String(), "err", err)
+		return false, nil
+	}
+	if m.ULID != id {
+		db.logger.Warn("meta.json in the bucket names another block, uploading the block again", "block", id.String(), "names", m.ULID.String())
+		return false, nil
+	}
+	return true, nil
 }
 
 // Uploader is the part of a bucket UploadBlock uses.

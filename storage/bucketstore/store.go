@@ -62,6 +62,9 @@ type known struct {
 	marked bool // has a deletion-mark.json: never read again
 }
 
+// errInvalidMeta is a meta.json that does not decode or names another block.
+var errInvalidMeta = errors.New("invalid meta.json")
+
 // deletionMarkFile is Thanos' marker of a block that will be deleted after a
 // delay (retention, compaction, erasure). Readers stop using the block.
 const deletionMarkFile = "deletion-mark.json"
@@ -174,8 +177,9 @@ func (s *Store) Run(ctx context.Context) error {
 
 // Sync lists the bucket and reads the meta.json of every new block. Blocks
 // without meta.json are skipped (meta.json is uploaded last, so the upload is
-// still in progress); blocks gone from the bucket are forgotten and evicted
-// from the cache once unused.
+// still in progress), and so are blocks whose meta.json is invalid (counted,
+// logged, and read again at the next sync); blocks gone from the bucket are
+// forgotten and evicted from the cache once unused.
 func (s *Store) Sync(ctx context.Context) (err error) {
 	s.syncMtx.Lock()
 	defer s.syncMtx.Unlock()
@@ -250,6 +254,13 @@ func (s *Store) Sync(ctx context.Context) (err error) {
 		switch {
 		case err != nil && s.bkt.IsObjNotFoundErr(err):
 			continue // upload in progress
+		case errors.Is(err, errInvalidMeta):
+			// Torn by a crash or a full disk on a filesystem bucket: one
+			// such block must not fail the sync of every other block.
+			// Its uploader re-uploads it while it has a copy.
+			s.m.invalidMetas.Inc()
+			s.logger.Warn("skipping bucket block with invalid meta.json", "block", id.String(), "err", err)
+			continue
 		case err != nil:
 			errs = append(errs, err)
 			continue
@@ -327,11 +338,16 @@ func (s *Store) readMeta(ctx context.Context, id ulid.ULID) (*blockMeta, error) 
 	defer r.Close()
 	var m blockMeta
 	if err := json.NewDecoder(io.LimitReader(r, 16<<20)).Decode(&m); err != nil {
-		return nil, fmt.Errorf("decode %s/meta.json: %w", id, err)
+		var syntax *json.SyntaxError
+		var typ *json.UnmarshalTypeError
+		if errors.As(err, &syntax) || errors.As(err, &typ) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil, fmt.Errorf("decode %s/meta.json: %w: %w", id, errInvalidMeta, err)
+		}
+		return nil, fmt.Errorf("read %s/meta.json: %w", id, err) // the bucket failed mid-read
 	}
 	switch {
 	case m.ULID != id:
-		return nil, fmt.Errorf("%s/meta.json names block %s", id, m.ULID)
+		return nil, fmt.Errorf("%w: %s/meta.json names block %s", errInvalidMeta, id, m.ULID)
 	case m.Thanos.Labels[TenantLabel] == "":
 		s.logger.Debug("ignoring block without tenant", "block", id.String())
 		return nil, nil
@@ -690,6 +706,7 @@ type metrics struct {
 	downloadBytes   prometheus.Counter
 	downloadSeconds prometheus.Histogram
 	evictions       prometheus.Counter
+	invalidMetas    prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -725,6 +742,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		evictions: f.NewCounter(prometheus.CounterOpts{
 			Name: "phonehome_bucketstore_evictions_total", Help: "Blocks evicted from the local cache to stay within its budget.",
+		}),
+		invalidMetas: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_bucketstore_invalid_meta_total", Help: "Reads of a block's meta.json that did not decode or named another block; the block is skipped until a sync reads a valid one.",
 		}),
 	}
 	for _, r := range []string{"success", "error"} {

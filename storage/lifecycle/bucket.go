@@ -11,7 +11,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -56,8 +58,12 @@ func (b block) tenant() string {
 const tenantLabel = "tenant_id"
 
 // scan lists the block directories of the bucket root and reads each one's
-// meta.json and deletion mark, 16 blocks at a time.
-func scan(ctx context.Context, bkt objstore.BucketReader) ([]block, error) {
+// meta.json and deletion mark, 16 blocks at a time. err is the listing's
+// failure. A block whose meta.json or mark could not be read or decoded (a
+// bucket error, a torn or foreign meta.json) is left out of blocks and is in
+// unreadable with why: a block is only taken for a partial upload when its
+// meta.json is known to be absent, so a 503 never deletes a block.
+func scan(ctx context.Context, bkt objstore.BucketReader) (blocks []block, unreadable map[ulid.ULID]error, err error) {
 	var ids []ulid.ULID
 	if err := bkt.Iter(ctx, "", func(name string) error {
 		if id, err := ulid.ParseStrict(strings.TrimSuffix(name, "/")); err == nil {
@@ -65,9 +71,9 @@ func scan(ctx context.Context, bkt objstore.BucketReader) ([]block, error) {
 		}
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("list bucket: %w", err)
+		return nil, nil, fmt.Errorf("list bucket: %w", err)
 	}
-	blocks := make([]block, len(ids))
+	all := make([]block, len(ids))
 	errs := make([]error, len(ids))
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 16)
@@ -77,30 +83,53 @@ func scan(ctx context.Context, bkt objstore.BucketReader) ([]block, error) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			blocks[i].id = id
-			var meta storage.ThanosMeta
-			switch ok, err := readJSON(ctx, bkt, path.Join(id.String(), MetaFile), &meta); {
-			case err != nil:
-				errs[i] = err
-				return
-			case ok:
-				if meta.ULID != id {
-					errs[i] = fmt.Errorf("%s/meta.json names block %s", id, meta.ULID)
-					return
-				}
-				blocks[i].meta = &meta
-			}
-			var mark DeletionMark
-			switch ok, err := readJSON(ctx, bkt, path.Join(id.String(), DeletionMarkFile), &mark); {
-			case err != nil:
-				errs[i] = err
-			case ok:
-				blocks[i].mark = &mark
-			}
+			all[i], errs[i] = readBlock(ctx, bkt, id)
 		}()
 	}
 	wg.Wait()
-	return blocks, errors.Join(errs...)
+	blocks = all[:0]
+	for i, b := range all {
+		if errs[i] != nil {
+			if unreadable == nil {
+				unreadable = map[ulid.ULID]error{}
+			}
+			unreadable[b.id] = errs[i]
+			continue
+		}
+		blocks = append(blocks, b)
+	}
+	return blocks, unreadable, nil
+}
+
+// readBlock reads block id's meta.json and deletion mark.
+func readBlock(ctx context.Context, bkt objstore.BucketReader, id ulid.ULID) (block, error) {
+	b := block{id: id}
+	var meta storage.ThanosMeta
+	switch ok, err := readJSON(ctx, bkt, path.Join(id.String(), MetaFile), &meta); {
+	case err != nil:
+		return b, err
+	case ok && meta.ULID != id:
+		return b, fmt.Errorf("%s/meta.json names block %s", id, meta.ULID)
+	case ok:
+		b.meta = &meta
+	}
+	var mark DeletionMark
+	switch ok, err := readJSON(ctx, bkt, path.Join(id.String(), DeletionMarkFile), &mark); {
+	case err != nil:
+		return b, err
+	case ok:
+		b.mark = &mark
+	}
+	return b, nil
+}
+
+// joinUnreadable returns the errors of unreadable blocks, in block order.
+func joinUnreadable(unreadable map[ulid.ULID]error) error {
+	var errs []error
+	for _, id := range slices.SortedFunc(maps.Keys(unreadable), ulid.ULID.Compare) {
+		errs = append(errs, fmt.Errorf("block %s left alone: %w", id, unreadable[id]))
+	}
+	return errors.Join(errs...)
 }
 
 // readJSON decodes the object name into v; ok is false if it does not exist.

@@ -66,8 +66,7 @@ func liveContent(t *testing.T, dir string) content {
 	t.Helper()
 	bkt, err := filesystem.NewBucket(dir)
 	require.NoError(t, err)
-	blocks, err := scan(context.Background(), bkt)
-	require.NoError(t, err)
+	blocks := scanOK(t, bkt)
 	c := content{samples: map[string]map[int64]float64{}}
 	for _, b := range blocks {
 		if b.meta == nil || b.mark != nil {
@@ -147,17 +146,14 @@ func TestCompactionMergesReplicasIntoFewerBlocks(t *testing.T) {
 	t.Logf("blocks %d -> %d, bytes %d -> %d, samples %d copies -> %d", before.blocks, after.blocks, before.bytes, after.bytes, before.copies, after.copies)
 
 	// A second run has nothing to do; after the delay the sources go.
-	blocks, err := scan(context.Background(), bkt)
-	require.NoError(t, err)
+	blocks := scanOK(t, bkt)
 	n := len(blocks)
 	require.NoError(t, r.RunOnce(context.Background()))
-	blocks, err = scan(context.Background(), bkt)
-	require.NoError(t, err)
+	blocks = scanOK(t, bkt)
 	require.Len(t, blocks, n)
 	clock = clock.Add(48 * time.Hour)
 	require.NoError(t, r.RunOnce(context.Background()))
-	blocks, err = scan(context.Background(), bkt)
-	require.NoError(t, err)
+	blocks = scanOK(t, bkt)
 	require.Len(t, blocks, 1)
 	require.Equal(t, storage.SourceCompactor, blocks[0].meta.Thanos.Source)
 	require.Equal(t, map[string]string{"tenant_id": "acme"}, blocks[0].meta.Thanos.Labels)

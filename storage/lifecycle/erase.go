@@ -26,9 +26,13 @@ type BucketErasure struct {
 	// Series removed, summed over blocks.
 	Series int
 	// Deleted counts blocks deleted at once: the rewritten ones, marked
-	// blocks of the tenant still waiting for their delay, and abandoned
-	// uploads holding a forbidden string.
+	// blocks of the tenant still waiting for their delay, abandoned
+	// uploads holding a forbidden string, and Downsampled.
 	Deleted int
+	// Downsampled counts blocks Thanos' compactor downsampled that held
+	// the series or a forbidden string: their aggregate chunks cannot be
+	// rewritten, so they were deleted whole, with the other series in them.
+	Downsampled int
 }
 
 // EraseBucket removes the series of tenant matching ms, and every forbidden
@@ -43,14 +47,22 @@ type BucketErasure struct {
 //
 // It is idempotent and resumable: a block whose replacement is already in
 // the bucket (a block with source "erasure" naming it as parent) is only
-// marked and deleted. progress is called with blocks done and total.
+// marked and deleted. A downsampled block (Thanos' compactor) holding the
+// series or a forbidden string cannot be rewritten and is deleted whole
+// (eraseDownsampled). A block whose meta.json or deletion mark cannot be
+// read fails the erasure before any change: it may hold the series.
+// progress is called with blocks done and total.
 func (r *Runner) EraseBucket(ctx context.Context, tenant string, ms []*labels.Matcher, forbidden []string, workDir string, progress func(done, total int)) (BucketErasure, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var res BucketErasure
-	blocks, err := scan(ctx, r.bkt)
+	blocks, unreadable, err := scan(ctx, r.bkt)
 	if err != nil {
 		return res, err
+	}
+	if len(unreadable) > 0 {
+		r.m.failures.WithLabelValues("read_meta").Add(float64(len(unreadable)))
+		return res, joinUnreadable(unreadable)
 	}
 	replaced := map[ulid.ULID]bool{} // parents of erasure rewrites in the bucket
 	var todo, drop, partial []block
@@ -108,6 +120,9 @@ func (r *Runner) EraseBucket(ctx context.Context, tenant string, ms []*labels.Ma
 }
 
 func (r *Runner) eraseBlock(ctx context.Context, b block, replaced bool, ms []*labels.Matcher, forbidden []string, workDir string, res *BucketErasure) error {
+	if b.meta.Thanos.Downsample.Resolution > 0 {
+		return r.eraseDownsampled(ctx, b, ms, forbidden, workDir, res)
+	}
 	if !replaced {
 		src := filepath.Join(workDir, b.id.String())
 		out := filepath.Join(workDir, "out")
@@ -139,11 +154,17 @@ func (r *Runner) eraseBlock(ctx context.Context, b block, replaced bool, ms []*l
 			}
 		}
 	}
-	if err := markForDeletion(ctx, r.bkt, b.id, "erasure", r.now()); err != nil {
+	return r.deleteErased(ctx, b.id, "erasure", res)
+}
+
+// deleteErased marks block id and deletes it at once: the right to erasure
+// does not wait for the deletion delay.
+func (r *Runner) deleteErased(ctx context.Context, id ulid.ULID, details string, res *BucketErasure) error {
+	if err := markForDeletion(ctx, r.bkt, id, details, r.now()); err != nil {
 		return err
 	}
 	r.m.marked.WithLabelValues(ReasonErasure).Inc()
-	n, err := deleteBlock(ctx, r.bkt, b.id)
+	n, err := deleteBlock(ctx, r.bkt, id)
 	r.m.deletedBytes.Add(float64(n))
 	if err != nil {
 		return err
@@ -163,25 +184,29 @@ func download(ctx context.Context, bkt objstore.Bucket, id ulid.ULID, dir string
 		if rel == name || rel == "" || rel == DeletionMarkFile || strings.Contains(rel, "..") {
 			return nil
 		}
-		dst := filepath.Join(dir, filepath.FromSlash(rel))
-		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-			return err
-		}
-		rc, err := bkt.Get(ctx, name)
-		if err != nil {
-			return fmt.Errorf("get %s: %w", name, err)
-		}
-		defer rc.Close()
-		f, err := os.Create(dst)
-		if err != nil {
-			return err
-		}
-		if _, err := io.Copy(f, rc); err != nil {
-			_ = f.Close()
-			return fmt.Errorf("download %s: %w", name, err)
-		}
-		return f.Close()
+		return getFile(ctx, bkt, name, filepath.Join(dir, filepath.FromSlash(rel)))
 	}, objstore.WithRecursiveIter())
+}
+
+// getFile copies the object name into the file dst.
+func getFile(ctx context.Context, bkt objstore.BucketReader, name, dst string) error {
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	rc, err := bkt.Get(ctx, name)
+	if err != nil {
+		return fmt.Errorf("get %s: %w", name, err)
+	}
+	defer rc.Close()
+	f, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, rc); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("download %s: %w", name, err)
+	}
+	return f.Close()
 }
 
 // indexContains reports whether block id's index object holds any of the

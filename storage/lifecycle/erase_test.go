@@ -68,8 +68,7 @@ func readable(t *testing.T, dir string) map[string]int {
 	t.Helper()
 	bkt, err := filesystem.NewBucket(dir)
 	require.NoError(t, err)
-	blocks, err := scan(context.Background(), bkt)
-	require.NoError(t, err)
+	blocks := scanOK(t, bkt)
 	out := map[string]int{}
 	for _, b := range blocks {
 		if b.meta == nil || b.mark != nil || b.tenant() != "acme" {
@@ -190,8 +189,7 @@ func TestEraseBucketLeavesOtherTenantsAndCleanBlocks(t *testing.T) {
 	shipBlocks(t, dir)
 	bkt, err := filesystem.NewBucket(dir)
 	require.NoError(t, err)
-	before, err := scan(context.Background(), bkt)
-	require.NoError(t, err)
+	before := scanOK(t, bkt)
 	cfg := storage.Config{}
 	cfg.SetDefaults()
 	r := New(discard, nil, bkt, cfg, Options{})
@@ -201,8 +199,7 @@ func TestEraseBucketLeavesOtherTenantsAndCleanBlocks(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, BucketErasure{Blocks: 3}, res)
 	require.Equal(t, [][2]int{{0, 3}, {1, 3}, {2, 3}, {3, 3}}, calls)
-	after, err := scan(context.Background(), bkt)
-	require.NoError(t, err)
+	after := scanOK(t, bkt)
 	require.Equal(t, len(before), len(after))
 	for _, b := range after {
 		ok, err := bkt.Exists(context.Background(), path.Join(b.id.String(), DeletionMarkFile))

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"path/filepath"
 	"sync"
 	"time"
 
+	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/thanos-io/objstore"
@@ -93,7 +95,9 @@ func (r *Runner) Run(ctx context.Context) error {
 // RunOnce scans the bucket once: it marks blocks past their tenant's
 // retention, compacts (when enabled, rescanning after each merged window),
 // deletes marked blocks whose deletion delay has passed, and deletes
-// uploads without meta.json untouched for the deletion delay. It goes on
+// uploads without meta.json untouched for the deletion delay. A block whose
+// meta.json or mark cannot be read or decoded is left alone, counted as
+// failures_total{operation="read_meta"} and named in the error. It goes on
 // after a block's failure and returns every error.
 func (r *Runner) RunOnce(ctx context.Context) (err error) {
 	r.mu.Lock()
@@ -106,12 +110,14 @@ func (r *Runner) RunOnce(ctx context.Context) (err error) {
 		r.m.runs.WithLabelValues("success").Inc()
 		r.m.lastSuccess.Set(float64(r.now().Unix()))
 	}()
-	blocks, err := scan(ctx, r.bkt)
+	blocks, unreadable, err := scan(ctx, r.bkt)
 	if err != nil {
 		r.m.failures.WithLabelValues("scan").Inc()
-		// Go on with the blocks that were read: one unreadable meta.json
-		// must not stop retention for every other block.
 	}
+	// Go on with the blocks that were read: one unreadable meta.json must
+	// not stop retention for every other block.
+	skipped := map[ulid.ULID]error{}
+	maps.Copy(skipped, unreadable)
 	errs := []error{err}
 	errs = append(errs, r.applyRetention(ctx, blocks)...)
 	if *r.comp.Enabled {
@@ -124,12 +130,17 @@ func (r *Runner) RunOnce(ctx context.Context) (err error) {
 			if !changed {
 				break
 			}
-			if blocks, err = scan(ctx, r.bkt); err != nil {
+			if blocks, unreadable, err = scan(ctx, r.bkt); err != nil {
 				errs = append(errs, err)
 				break
 			}
+			maps.Copy(skipped, unreadable)
 		}
 	}
+	// Each block left alone is counted once per run, and fails the run:
+	// a meta.json that stays unreadable needs an operator.
+	r.m.failures.WithLabelValues("read_meta").Add(float64(len(skipped)))
+	errs = append(errs, joinUnreadable(skipped))
 	errs = append(errs, r.deleteMarked(ctx, blocks)...)
 	return errors.Join(errs...)
 }
@@ -181,7 +192,7 @@ func (r *Runner) deleteMarked(ctx context.Context, blocks []block) []error {
 			}
 			r.m.deleted.Inc()
 			r.logger.Info("marked block deleted", "block", b.id.String(), "tenant", b.tenant(), "bytes", n)
-		case b.meta == nil:
+		case b.meta == nil: // meta.json is absent: scan leaves out what it could not read
 			last, err := lastModified(ctx, r.bkt, b.id)
 			if err != nil {
 				r.m.failures.WithLabelValues("delete").Inc()
@@ -238,7 +249,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "phonehome_lifecycle_abandoned_uploads_deleted_total", Help: "Block uploads without meta.json, untouched for the deletion delay, deleted.",
 		}),
 		failures: f.NewCounterVec(prometheus.CounterOpts{
-			Name: "phonehome_lifecycle_failures_total", Help: "Failed bucket lifecycle operations by operation.",
+			Name: "phonehome_lifecycle_failures_total", Help: "Failed bucket lifecycle operations by operation (read_meta: a block whose meta.json or deletion mark could not be read or decoded, left alone for the run).",
 		}, []string{"operation"}),
 	}
 	m.compactions = f.NewCounter(prometheus.CounterOpts{
@@ -250,7 +261,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range []string{ReasonRetention, ReasonCompaction, ReasonErasure} {
 		m.marked.WithLabelValues(r)
 	}
-	for _, op := range []string{"scan", "mark", "delete", "compact", "erase"} {
+	for _, op := range []string{"scan", "read_meta", "mark", "delete", "compact", "erase"} {
 		m.failures.WithLabelValues(op)
 	}
 	return m

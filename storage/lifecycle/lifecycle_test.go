@@ -45,6 +45,15 @@ func putBlock(t *testing.T, bkt objstore.Bucket, tenant string, mint, maxt time.
 	return id
 }
 
+// scanOK scans bkt and requires every block to be readable.
+func scanOK(t *testing.T, bkt objstore.BucketReader) []block {
+	t.Helper()
+	blocks, unreadable, err := scan(context.Background(), bkt)
+	require.NoError(t, err)
+	require.Empty(t, unreadable)
+	return blocks
+}
+
 func objects(t *testing.T, bkt objstore.Bucket, id ulid.ULID) []string {
 	t.Helper()
 	var names []string
