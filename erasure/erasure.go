@@ -348,7 +348,7 @@ func (e *Eraser) Do(ctx context.Context, id string) (err error) {
 	if err != nil {
 		return fmt.Errorf("local: %w", err)
 	}
-	e.update(j, func(s *Status) { s.State, s.SeriesRemoved = StateBucket, pushed + lr.Series })
+	e.update(j, func(s *Status) { s.State, s.SeriesRemoved = StateBucket, pushed+lr.Series })
 	if err := e.save(j); err != nil {
 		return err
 	}

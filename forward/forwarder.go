@@ -222,8 +222,8 @@ type Forwarder struct {
 	sender Sender
 	opts   Options
 
-	loggedCap sync.Map // reason -> struct{}: caps are logged once per process
-	scratch   scratch  // reused by Collect, which must not run concurrently
+	loggedCap sync.Map                  // reason -> struct{}: caps are logged once per process
+	scratch   scratch                   // reused by Collect, which must not run concurrently
 	last      atomic.Pointer[lastCycle] // for LastCycleHandler
 }
 

@@ -26,7 +26,7 @@ type lastCycle struct {
 func (f *Forwarder) LastCycleHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		last := f.last.Load()
-		format := expfmt.Negotiate(r.Header)
+		format := expfmt.NegotiateAccept(r.Header, expfmt.DefaultAcceptedFormats()...)
 		w.Header().Set("Content-Type", string(format))
 		if last == nil {
 			return
