@@ -334,6 +334,19 @@ rules:
 		require.Equal(t, withoutClusters(t, want, onR2), withoutClusters(t, got, onR2))
 	}
 	require.Positive(t, metricValue(scrapeMetrics(t, replicas[0].URL()), "phonehome_peers_reads_total", map[string]string{"result": "error"}))
+
+	// The fleet rules do not evaluate over the partial view: r0 skips
+	// them, counts it, and its alert keeps firing.
+	eventually(t, time.Minute, func() error {
+		if v := metricValue(scrapeMetrics(t, replicas[0].URL()), "phonehome_rules_partial_evaluations_total", nil); v <= 0 {
+			return fmt.Errorf("%v partial evaluations skipped", v)
+		}
+		return nil
+	})
+	require.Equal(t, []string{"FleetWide/firing"}, firing(replicas[0].URL()), "the alert holds its state")
+	// Remote read refuses to answer partially: Prometheus sees the failure.
+	_, ws := repAPI(t, prom.URL(), "", "/api/v1/query", url.Values{"query": {"count(replica_m)"}, "time": {formatTime(offGrid)}})
+	require.NotEmpty(t, ws, "a remote read that lacks r2's head is an error, not a smaller answer")
 }
 
 // fleetQuery is one API call of the comparison.
