@@ -123,6 +123,11 @@ type Eraser struct {
 	mu    sync.Mutex
 	jobs  map[string]*job
 	queue chan string
+
+	// The jobs found on disk at start, until Run has attempted each; then
+	// resumed is closed (Resumed).
+	toResume map[string]bool
+	resumed  chan struct{}
 }
 
 // Options are the optional parts of an Eraser.
@@ -144,6 +149,7 @@ func New(logger *slog.Logger, reg prometheus.Registerer, local Local, bucket Buc
 	e := &Eraser{
 		logger: logger, local: local, bucket: bucket, dir: dir, afterBucket: opts.AfterBucket, pushes: opts.Pushes, now: opts.Now,
 		m: newMetrics(reg), jobs: map[string]*job{}, queue: make(chan string, 1024),
+		toResume: map[string]bool{}, resumed: make(chan struct{}),
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create erasure directory: %w", err)
@@ -173,10 +179,34 @@ func New(logger *slog.Logger, reg prometheus.Registerer, local Local, bucket Buc
 			return nil, fmt.Errorf("decode erasure job %s: %w", de.Name(), err)
 		}
 		e.jobs[st.Status.ID] = &job{req: st.Request, status: st.Status}
+		e.toResume[st.Status.ID] = true
 		e.queue <- st.Status.ID
 		logger.Info("resuming erasure", "job", st.Status.ID, "tenant", st.Status.Tenant, "state", st.Status.State)
 	}
+	if len(e.toResume) == 0 {
+		close(e.resumed)
+	}
 	return e, nil
+}
+
+// Resumed is closed once Run has attempted every job that was unfinished at
+// start. A job cut short by a crash may have flushed the head into local
+// blocks that still hold the cluster (tombstoned, not yet rewritten): the
+// receiver ships nothing before this, so those blocks never reach the
+// bucket. A job that fails again does not hold shipping back; it is retried
+// at the next start.
+func (e *Eraser) Resumed() <-chan struct{} { return e.resumed }
+
+func (e *Eraser) attempted(id string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.toResume[id] {
+		return
+	}
+	delete(e.toResume, id)
+	if len(e.toResume) == 0 {
+		close(e.resumed)
+	}
 }
 
 // ErrInvalid is a request that cannot be run.
@@ -304,6 +334,9 @@ func (e *Eraser) Run(ctx context.Context) error {
 		case id := <-e.queue:
 			if err := e.Do(ctx, id); err != nil && ctx.Err() == nil {
 				e.logger.Error("erasure failed; it is retried at the next start", "job", id, "err", err)
+			}
+			if ctx.Err() == nil {
+				e.attempted(id)
 			}
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/prometheus/model/labels"
@@ -143,6 +144,42 @@ func TestJobErasesThePushStateFirst(t *testing.T) {
 	require.Equal(t, []string{`push acme _id="c1"`, "local"}, steps)
 	got, _ := e.Get(st.ID)
 	require.Equal(t, 4+2+1, got.SeriesRemoved, "push, local and bucket series")
+}
+
+// Resumed closes once the jobs found at start have been attempted, failed
+// ones included; at once when there are none.
+func TestResumedAfterTheJobsFoundAtStart(t *testing.T) {
+	dir := t.TempDir()
+	e, err := New(slog.New(slog.DiscardHandler), nil, &fakeLocal{}, &fakeBucket{}, dir, Options{})
+	require.NoError(t, err)
+	select {
+	case <-e.Resumed():
+	default:
+		t.Fatal("nothing to resume, yet Resumed is open")
+	}
+	_, err = e.Submit(Request{Tenant: "acme", ClusterID: "c1"})
+	require.NoError(t, err)
+	_, err = e.Submit(Request{Tenant: "acme", ClusterID: "c2"})
+	require.NoError(t, err)
+
+	local := &fakeLocal{fail: errors.New("disk on fire")}
+	e, err = New(slog.New(slog.DiscardHandler), nil, local, &fakeBucket{}, dir, Options{})
+	require.NoError(t, err)
+	select {
+	case <-e.Resumed():
+		t.Fatal("Resumed closed before the jobs ran")
+	default:
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- e.Run(ctx) }()
+	select {
+	case <-e.Resumed(): // both attempted, both failed
+	case <-time.After(10 * time.Second):
+		t.Fatal("Resumed not closed after the jobs were attempted")
+	}
+	cancel()
+	require.NoError(t, <-done)
 }
 
 func TestHandlerScopesToTheCallersTenant(t *testing.T) {

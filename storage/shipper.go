@@ -53,8 +53,27 @@ func (db *DB) ship(ctx context.Context) error {
 	return db.shipLocked(ctx)
 }
 
+// HoldShipping makes every ship round, the one at shutdown included,
+// upload nothing until release is closed. The receiver passes
+// erasure.Eraser.Resumed: an erasure cut short by a crash may have flushed
+// the cluster's series into local blocks (tombstoned, not yet rewritten),
+// and those must not reach the bucket before the erasure has run again.
+func (db *DB) HoldShipping(release <-chan struct{}) {
+	db.shipMtx.Lock()
+	defer db.shipMtx.Unlock()
+	db.shipHold = release
+}
+
 // shipLocked runs one round over all tenants. db.shipMtx must be held.
 func (db *DB) shipLocked(ctx context.Context) error {
+	if db.shipHold != nil {
+		select {
+		case <-db.shipHold:
+		default:
+			db.logger.Debug("shipping held until the erasures found at start have run")
+			return nil
+		}
+	}
 	var (
 		errs    []error
 		pending int

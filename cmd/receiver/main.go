@@ -444,7 +444,9 @@ func run(args []string, stderr io.Writer) int {
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return bstore.Run(ctx) }, func(error) { cancel() })
 	}
-	{ // Erasure jobs (admin API), one at a time; unfinished ones resume at start.
+	{ // Erasure jobs (admin API), one at a time; unfinished ones resume at start,
+		// before any block is shipped.
+		db.HoldShipping(eraser.Resumed())
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return eraser.Run(ctx) }, func(error) { cancel() })
 	}
