@@ -1,6 +1,8 @@
 package receive
 
 import (
+	"strings"
+
 	"github.com/prometheus/prometheus/prompb"
 
 	"github.com/phonehome/phonehome/auth"
@@ -19,9 +21,6 @@ func (h *Handler) admit(ts *prompb.TimeSeries, id auth.Identity, lim *limits.Ten
 	}
 	if serr != nil {
 		return limits.Key{}, 0, serr
-	}
-	if sess.denied(h.opts.Denied, id.Tenant, clusterOf(ts.Labels)) { // before the limiter: an erased cluster leaves no trace there
-		return limits.Key{}, 0, &seriesError{reasonErased, "cluster was erased and is denied until re-admitted"}
 	}
 	ts.Labels = pol.elideLabels(ts.Labels)
 	if !pol.allows(id.Tenant, ts.Labels) {
@@ -42,22 +41,36 @@ func (h *Handler) admit(ts *prompb.TimeSeries, id auth.Identity, lim *limits.Ten
 type sessions struct {
 	clusters []string
 	s        []*limits.Session
-
-	// The last cluster checked against the deny list, and the answer.
-	denyChecked, lastDenied bool
-	lastDenyCluster         string
 }
 
-// denied reports whether cluster is erased and denied (Options.Denied),
-// asking once per run of series of the same cluster.
-func (ss *sessions) denied(isDenied func(tenant, cluster string) bool, tenant, cluster string) bool {
-	if isDenied == nil {
-		return false
+// errErased refuses a series of an erased cluster (Options.Denied).
+var errErased = &seriesError{reasonErased, "cluster was erased and is denied until re-admitted"}
+
+// denial returns the test of a request's series against the deny list
+// (Options.Denied), run before admit so that an erased cluster leaves no
+// trace in the limiter: asked once for a credential bound to a cluster,
+// per run of series of one _id for a credential bound to none; nil when
+// there is nothing to refuse. (Kept out of admit: inlined there, it slowed
+// every series by ~10 %, BenchmarkHandlerV2.)
+func (h *Handler) denial(id auth.Identity) func(*prompb.TimeSeries) bool {
+	isDenied := h.opts.Denied
+	switch {
+	case isDenied == nil:
+		return nil
+	case id.ClusterID != "":
+		if isDenied(id.Tenant, id.ClusterID) {
+			return func(*prompb.TimeSeries) bool { return true }
+		}
+		return nil
 	}
-	if !ss.denyChecked || cluster != ss.lastDenyCluster {
-		ss.denyChecked, ss.lastDenyCluster, ss.lastDenied = true, cluster, isDenied(tenant, cluster)
+	var last string
+	var lastDenied, known bool
+	return func(ts *prompb.TimeSeries) bool {
+		if c := clusterOf(ts.Labels); !known || c != last {
+			last, lastDenied, known = strings.Clone(c), isDenied(id.Tenant, c), true
+		}
+		return lastDenied
 	}
-	return ss.lastDenied
 }
 
 func (ss *sessions) get(l *limits.Limiter, tenant, cluster string) *limits.Session {

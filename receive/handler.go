@@ -355,6 +355,7 @@ func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLim
 	rejected := 0
 	pol := h.policy.Load()
 	var sess sessions
+	denied := h.denial(id)
 	var hs *hintScratch
 	if h.hintW != nil {
 		hs = hintScratchPool.Get().(*hintScratch)
@@ -367,9 +368,12 @@ func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLim
 		var serr *seriesError
 		var key limits.Key
 		var hint uint64
-		if b.invalid != nil && b.invalid[i].serr != nil {
+		switch {
+		case b.invalid != nil && b.invalid[i].serr != nil:
 			serr, n = b.invalid[i].serr, b.invalid[i].samples
-		} else {
+		case denied != nil && denied(ts):
+			serr = errErased
+		default:
 			key, hint, serr = h.admit(ts, id, lim, pol, &sess)
 		}
 		if serr != nil {
