@@ -192,4 +192,11 @@ func TestHandlerRefusesADeniedClusterBeforeTheLimiter(t *testing.T) {
 	h.ServeHTTP(rec, newRequest(encode(t, series("up")), &auth.Identity{Tenant: "acme", ClusterID: "c2"}))
 	require.Equal(t, http.StatusNoContent, rec.Code, "the tenant's one series is still free: %s", rec.Body)
 	require.Len(t, w.series, 1)
+
+	// A fleet token bound to no cluster: each series by its own _id.
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t, series("up", "_id", "erased"), series("up", "_id", "c2")), &auth.Identity{Tenant: "acme"}))
+	require.Equal(t, http.StatusBadRequest, rec.Code)
+	require.InDelta(t, 3, testutil.ToFloat64(h.metrics.rejected.WithLabelValues(reasonErased)), 0)
+	require.Len(t, w.series, 2, "c2's series written")
 }
