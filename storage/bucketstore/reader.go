@@ -1,12 +1,8 @@
 package bucketstore
 
 import (
-	"context"
-
 	"github.com/oklog/ulid/v2"
-	"github.com/prometheus/prometheus/model/labels"
 	promstorage "github.com/prometheus/prometheus/storage"
-	"github.com/prometheus/prometheus/util/annotations"
 )
 
 // Local is the receiver's own storage as Reader uses it (*storage.DB).
@@ -63,20 +59,3 @@ func (r *Reader) Querier(tenant string, mint, maxt int64) (promstorage.Querier, 
 	}
 	return promstorage.NewMergeQuerier([]promstorage.Querier{lq}, bq, promstorage.ChainedSeriesMerge), nil
 }
-
-// errQuerier fails every call with err.
-type errQuerier struct{ err error }
-
-func (q errQuerier) Select(context.Context, bool, *promstorage.SelectHints, ...*labels.Matcher) promstorage.SeriesSet {
-	return promstorage.ErrSeriesSet(q.err)
-}
-
-func (q errQuerier) LabelValues(context.Context, string, *promstorage.LabelHints, ...*labels.Matcher) ([]string, annotations.Annotations, error) {
-	return nil, nil, q.err
-}
-
-func (q errQuerier) LabelNames(context.Context, *promstorage.LabelHints, ...*labels.Matcher) ([]string, annotations.Annotations, error) {
-	return nil, nil, q.err
-}
-
-func (errQuerier) Close() error { return nil }

@@ -28,7 +28,6 @@ import (
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
-	promstorage "github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/thanos-io/objstore"
 )
@@ -78,19 +77,13 @@ type entry struct {
 	elem  *list.Element // in lru, front = most recently used
 }
 
-// download is an in-flight fetch; waiters block on done.
-type download struct {
-	done chan struct{}
-	e    *entry
-	err  error
-}
-
 // Store is the bucket's block index and block cache.
 //
 // Queriers, Sync and Run are safe for concurrent use. Run syncs until its
 // context ends. Close must be called once, after every querier is closed and
-// Run has returned; it closes the open blocks but not the bucket, which the
-// caller owns.
+// Run has returned; it cancels the downloads no query waits for any more,
+// waits for them to end, and closes the open blocks but not the bucket,
+// which the caller owns.
 type Store struct {
 	logger *slog.Logger
 	bkt    objstore.BucketReader
@@ -109,6 +102,8 @@ type Store struct {
 	lru       *list.List
 	used      int64
 	downloads map[ulid.ULID]*download
+	closed    bool           // no download starts after Close
+	running   sync.WaitGroup // download goroutines
 }
 
 // New opens the block cache in dir (created if needed). Blocks a previous run
@@ -438,190 +433,6 @@ func withoutReplaced(metas []tsdb.BlockMeta) []tsdb.BlockMeta {
 	return out
 }
 
-// Queriers returns one querier per bucket block of tenant overlapping
-// [mint, maxt], skipping the blocks in skip (copies the caller has locally).
-// Blocks are downloaded as needed; a block that cannot be fetched yields a
-// querier whose Select fails, which a merge querier that holds it as a
-// secondary turns into a warning. Every returned querier must be closed; a
-// block is not evicted while one of its queriers is open.
-func (s *Store) Queriers(tenant string, mint, maxt int64, skip []ulid.ULID) []promstorage.Querier {
-	skipSet := make(map[ulid.ULID]struct{}, len(skip))
-	for _, id := range skip {
-		skipSet[id] = struct{}{}
-	}
-	s.mu.Lock()
-	metas := s.selectLocked(tenant, mint, maxt, skipSet)
-	s.mu.Unlock()
-	if len(metas) == 0 {
-		return nil
-	}
-
-	qs := make([]promstorage.Querier, len(metas))
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 4) // bounded parallel downloads per query
-	for i, m := range metas {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			e, err := s.acquire(m.ULID)
-			if err != nil {
-				qs[i] = errQuerier{fmt.Errorf("bucket block %s: %w", m.ULID, err)}
-				return
-			}
-			q, err := tsdb.NewBlockQuerier(e.block, mint, maxt)
-			if err != nil {
-				s.release(e)
-				qs[i] = errQuerier{fmt.Errorf("bucket block %s: %w", m.ULID, err)}
-				return
-			}
-			qs[i] = &blockQuerier{Querier: q, release: func() { s.release(e) }}
-		}()
-	}
-	wg.Wait()
-	return qs
-}
-
-// acquire returns the open block id, downloading it if needed, pinned
-// until release.
-func (s *Store) acquire(id ulid.ULID) (*entry, error) {
-	s.mu.Lock()
-	if e, ok := s.cache[id]; ok {
-		e.refs++
-		s.lru.MoveToFront(e.elem)
-		s.mu.Unlock()
-		s.m.cacheHits.Inc()
-		return e, nil
-	}
-	d, inflight := s.downloads[id]
-	if !inflight {
-		d = &download{done: make(chan struct{})}
-		s.downloads[id] = d
-	}
-	s.mu.Unlock()
-
-	if inflight {
-		<-d.done
-		if d.err != nil {
-			return nil, d.err
-		}
-		s.mu.Lock()
-		if e, ok := s.cache[id]; ok {
-			e.refs++
-			s.mu.Unlock()
-			return e, nil
-		}
-		s.mu.Unlock()
-		return s.acquire(id) // evicted before we could pin it
-	}
-
-	e, err := s.fetch(id)
-	s.mu.Lock()
-	delete(s.downloads, id)
-	if err == nil {
-		e.refs = 1
-		s.addLocked(e)
-		s.evictLocked()
-	}
-	s.mu.Unlock()
-	d.e, d.err = e, err
-	close(d.done)
-	return e, err
-}
-
-// release unpins e and evicts what exceeds the budget.
-func (s *Store) release(e *entry) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e.refs--
-	if s.blocks[e.id].meta == nil && e.refs == 0 && s.cache[e.id] == e {
-		s.removeLocked(e) // deleted from the bucket or marked meanwhile
-	}
-	s.evictLocked()
-}
-
-// fetch downloads every object of block id into <dir>/<id>.tmp, renames it to
-// <dir>/<id> and opens it.
-func (s *Store) fetch(id ulid.ULID) (_ *entry, err error) {
-	start := time.Now()
-	defer func() {
-		if err != nil {
-			s.m.downloads.WithLabelValues("error").Inc()
-			return
-		}
-		s.m.downloads.WithLabelValues("success").Inc()
-		s.m.downloadSeconds.Observe(time.Since(start).Seconds())
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), s.opts.DownloadTimeout)
-	defer cancel()
-	final := filepath.Join(s.dir, id.String())
-	tmp := final + ".tmp"
-	if err := os.RemoveAll(tmp); err != nil {
-		return nil, err
-	}
-	defer func() {
-		if err != nil {
-			_ = os.RemoveAll(tmp)
-		}
-	}()
-	var objects []string
-	if err := s.bkt.Iter(ctx, id.String(), func(name string) error {
-		objects = append(objects, name)
-		return nil
-	}, objstore.WithRecursiveIter()); err != nil {
-		return nil, fmt.Errorf("list block objects: %w", err)
-	}
-	var n int64
-	for _, name := range objects {
-		rel := strings.TrimPrefix(name, id.String()+"/")
-		if rel == name || rel == "" || strings.Contains(rel, "..") {
-			continue
-		}
-		w, err := s.get(ctx, name, filepath.Join(tmp, filepath.FromSlash(rel)))
-		if err != nil {
-			return nil, err
-		}
-		n += w
-	}
-	s.m.downloadBytes.Add(float64(n))
-	if err := os.RemoveAll(final); err != nil {
-		return nil, err
-	}
-	if err := os.Rename(tmp, final); err != nil {
-		return nil, fmt.Errorf("rename downloaded block: %w", err)
-	}
-	b, err := tsdb.OpenBlock(s.logger, final, nil, nil)
-	if err != nil {
-		_ = os.RemoveAll(final)
-		return nil, fmt.Errorf("open block: %w", err)
-	}
-	return &entry{id: id, block: b, size: b.Size()}, nil
-}
-
-func (s *Store) get(ctx context.Context, name, dst string) (int64, error) {
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return 0, err
-	}
-	r, err := s.bkt.Get(ctx, name)
-	if err != nil {
-		return 0, fmt.Errorf("get %s: %w", name, err)
-	}
-	defer r.Close()
-	f, err := os.Create(dst)
-	if err != nil {
-		return 0, err
-	}
-	n, err := io.Copy(f, r)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return 0, fmt.Errorf("download %s: %w", name, err)
-	}
-	return n, nil
-}
-
 func (s *Store) addLocked(e *entry) {
 	e.elem = s.lru.PushFront(e)
 	s.cache[e.id] = e
@@ -668,6 +479,14 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.mu.Lock()
+	s.closed = true
+	for _, d := range s.downloads {
+		d.cancel()
+	}
+	s.mu.Unlock()
+	s.running.Wait() // a download ends under s.mu
+
+	s.mu.Lock()
 	defer s.mu.Unlock()
 	var errs []error
 	if s.closer != nil {
@@ -680,19 +499,6 @@ func (s *Store) Close() error {
 	s.lru.Init()
 	s.used = 0
 	return errors.Join(errs...)
-}
-
-// blockQuerier unpins its block when closed.
-type blockQuerier struct {
-	promstorage.Querier
-	once    sync.Once
-	release func()
-}
-
-func (q *blockQuerier) Close() error {
-	err := q.Querier.Close()
-	q.once.Do(q.release)
-	return err
 }
 
 type metrics struct {
@@ -731,7 +537,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "phonehome_bucketstore_cache_hits_total", Help: "Block reads served from the local cache.",
 		}),
 		downloads: f.NewCounterVec(prometheus.CounterOpts{
-			Name: "phonehome_bucketstore_downloads_total", Help: "Block downloads by result.",
+			Name: "phonehome_bucketstore_downloads_total", Help: "Block downloads by result; cancelled: no query waited for it any more.",
 		}, []string{"result"}),
 		downloadBytes: f.NewCounter(prometheus.CounterOpts{
 			Name: "phonehome_bucketstore_download_bytes_total", Help: "Bytes downloaded from the bucket.",
@@ -749,6 +555,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	for _, r := range []string{"success", "error"} {
 		m.syncs.WithLabelValues(r)
+	}
+	for _, r := range []string{"success", "error", "cancelled"} {
 		m.downloads.WithLabelValues(r)
 	}
 	return m

@@ -158,10 +158,12 @@ func TestCacheEvictsWithinBudgetAndAdoptsOnRestart(t *testing.T) {
 	for i := range 3 {
 		qs := store.Queriers(fmt.Sprintf("t%d", i), math.MinInt64, math.MaxInt64, nil)
 		require.Len(t, qs, 1)
+		require.Equal(t, 0.0, testutil.ToFloat64(store.CacheBlocksGauge()), "downloaded on first use")
+		_, _, err := qs[0].LabelNames(context.Background(), nil)
+		require.NoError(t, err)
 		// In use: kept although over budget.
 		require.Equal(t, 1.0, testutil.ToFloat64(store.CacheBlocksGauge()))
-		q := qs[0]
-		require.Len(t, readAll(t, q), 1)
+		require.Len(t, readAll(t, qs[0]), 1)
 		// Released: evicted.
 		require.Equal(t, 0.0, testutil.ToFloat64(store.CacheBlocksGauge()))
 	}
