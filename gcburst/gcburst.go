@@ -86,12 +86,10 @@ func begin(running *int) (end func()) {
 	}
 }
 
-// apply sets GOGC for the bursts running now: the bursts' while one from
-// Begin runs, or one from BeginIfQuiet while the heap is quiet; the
-// process's otherwise. mu must be held.
+// apply sets GOGC for the bursts running now: the bursts' while one runs,
+// the process's otherwise. mu must be held.
 func apply() {
-	heapBusy := watching.Load() && busy.Load()
-	want := always > 0 || quiet > 0 && !heapBusy
+	want := always > 0 || quiet > 0
 	switch {
 	case want && !lowered:
 		low := percent
@@ -160,24 +158,6 @@ func Watch(ctx context.Context, interval time.Duration) error {
 		cur, live := read()
 		busy.Store(!QuietHeap(cur-min(prev, cur), live))
 		prev = cur
-		yieldOrResume()
-	}
-}
-
-// yieldOrResume gives the process's GOGC back to the bursts from
-// BeginIfQuiet when the heap turned busy while they ran (a catch-up began
-// during a minutes-long bucket compaction), and lowers it again when the
-// heap is quiet again.
-func yieldOrResume() {
-	mu.Lock()
-	defer mu.Unlock()
-	if quiet == 0 || always > 0 {
-		return
-	}
-	was := lowered
-	apply()
-	if was && !lowered {
-		yields.Add(1)
 	}
 }
 
@@ -188,9 +168,10 @@ func QuietHeap(allocated, live uint64) bool {
 }
 
 // BeginIfQuiet is Begin unless Watch runs and found the heap busy during its
-// last interval; then GOGC stays as it is and end does nothing. A burst that
-// began on a quiet heap yields while Watch finds the heap busy, and resumes
-// when it is quiet again.
+// last interval; then GOGC stays as it is and end does nothing. The decision
+// holds for the whole burst: a burst's own garbage (~900 MB over 10 s for a
+// 1M-series head) makes every heap look busy while it runs, so the heap is
+// not watched for a catch-up once the burst has begun.
 func BeginIfQuiet() (end func()) {
 	if watching.Load() && busy.Load() {
 		skippedBusy.Add(1)

@@ -8,9 +8,8 @@ import (
 )
 
 // Counts for the metrics: bursts that lowered GOGC, found it as low already,
-// or were skipped (BeginIfQuiet on a busy heap); and quiet bursts that gave
-// GOGC back while they ran.
-var loweredBursts, unchangedBursts, skippedBusy, yields atomic.Uint64
+// or were skipped (BeginIfQuiet on a busy heap).
+var loweredBursts, unchangedBursts, skippedBusy atomic.Uint64
 
 // RegisterMetrics registers the bursts' metrics with reg: whether a block
 // write ran at the burst's GOGC is otherwise visible only as GC activity.
@@ -24,10 +23,6 @@ func RegisterMetrics(reg prometheus.Registerer) {
 			ConstLabels: prometheus.Labels{"outcome": outcome},
 		}, func() float64 { return float64(n.Load()) })
 	}
-	f.NewCounterFunc(prometheus.CounterOpts{
-		Name: "phonehome_gc_burst_yields_total",
-		Help: "Times a block write running beside writes gave GOGC back because the heap turned busy (a catch-up began); it lowers GOGC again once the heap is quiet.",
-	}, func() float64 { return float64(yields.Load()) })
 	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "phonehome_gc_burst_running",
 		Help: "1 while GOGC is lowered to --runtime.compaction-gogc for a block write.",

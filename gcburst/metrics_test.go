@@ -45,9 +45,6 @@ phonehome_gc_burst_running 1
 	if n, err := testutil.GatherAndCount(reg, "phonehome_gc_bursts_total"); err != nil || n != 3 {
 		t.Errorf("phonehome_gc_bursts_total series = %d (%v), want 3 (lowered, unchanged, skipped_busy)", n, err)
 	}
-	if n, err := testutil.GatherAndCount(reg, "phonehome_gc_burst_yields_total"); err != nil || n != 1 {
-		t.Errorf("phonehome_gc_burst_yields_total series = %d (%v), want 1", n, err)
-	}
 	stopped := strings.Replace(running, "phonehome_gc_burst_running 1\n", "phonehome_gc_burst_running 0\n", 1)
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(stopped), "phonehome_gc_burst_running"); err != nil {
 		t.Error(err)
