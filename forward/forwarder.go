@@ -505,7 +505,7 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 		f.logCapOnce(ReasonMaxBytes, "federate byte cap reached, dropping the rest of the response")
 	}
 
-	if ferr == nil {
+	if ferr == nil || len(records) > 0 { // a failed fetch still queues what it read
 		f.last.Store(&lastCycle{records: records, at: start})
 	}
 	qerr := f.enqueue(records, recordSamples)

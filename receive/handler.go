@@ -220,7 +220,10 @@ func (h *Handler) handle(r *http.Request, rt route) (written storage.Stats, prot
 	if rt.telemeter() && h.replicas != nil {
 		label := h.opts.Telemeter.ReplicaLabel
 		if rt == routeTelemeterWrite && !h.electedReplica(id, replicaOf(b.series, label), b.samples()) {
-			return storage.Stats{}, proto, nil // the other replica's copy: answered as written
+			// The other replica's copy: answered as written, counts included
+			// (Prometheus takes a 2.0 answer that wrote less than it sent
+			// for a failure).
+			return b.stats(), proto, nil
 		}
 		dropLabel(b.series, label)
 	}
@@ -243,7 +246,7 @@ func (h *Handler) handle(r *http.Request, rt route) (written storage.Stats, prot
 // electedReplica reports whether the cluster's writes from replica are
 // written, and counts what it drops.
 func (h *Handler) electedReplica(id auth.Identity, replica string, samples int) bool {
-	if replica == "" {
+	if replica == "" || id.ClusterID == "" { // no cluster to elect for (--insecure.no-auth)
 		return true
 	}
 	ok, failedOver := h.replicas.accept(id.Tenant, id.ClusterID, replica, time.Now())
@@ -356,6 +359,7 @@ func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLim
 	pol := h.policy.Load()
 	var sess sessions
 	denied := h.denial(id)
+	var dropped storage.Stats // allowlist misses on Telemeter's paths
 	var hs *hintScratch
 	if h.hintW != nil {
 		hs = hintScratchPool.Get().(*hintScratch)
@@ -369,10 +373,10 @@ func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLim
 		var key limits.Key
 		var hint uint64
 		switch {
+		case denied != nil && denied(ts): // first: an erased cluster leaves no trace on the status page
+			serr = errErased
 		case b.invalid != nil && b.invalid[i].serr != nil:
 			serr, n = b.invalid[i].serr, b.invalid[i].samples
-		case denied != nil && denied(ts):
-			serr = errErased
 		default:
 			key, hint, serr = h.admit(ts, id, lim, pol, &sess)
 		}
@@ -383,7 +387,11 @@ func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLim
 				sess.refuse(h.limiter, id, ts, serr.reason, n) // status page (track.go)
 			}
 			if rt.telemeter() && serr.reason == reasonAllowlist {
-				continue // dropped as telemeter-server drops it: counted, not refused (telemeter.go)
+				// Dropped as telemeter-server drops it: counted, not refused,
+				// and reported as written (telemeter.go).
+				dropped.Samples += len(ts.Samples)
+				dropped.Histograms += len(ts.Histograms)
+				continue
 			}
 			if len(problems) < maxErrorsInBody {
 				problems = append(problems, fmt.Sprintf("series %d: %s", i, serr.msg))
@@ -440,6 +448,8 @@ func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLim
 		problems = append(problems, fmt.Sprintf("%d exemplars not stored (exemplar storage disabled, out of order or invalid)", stats.ExemplarsRefused))
 	}
 	if len(problems) == 0 {
+		stats.Samples += dropped.Samples
+		stats.Histograms += dropped.Histograms
 		return stats, nil
 	}
 	err := fmt.Errorf("%d of %d samples rejected, the rest were written: %s: %w",

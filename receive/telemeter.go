@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/prometheus/prompb"
+
+	"github.com/phonehome/phonehome/storage"
 )
 
 // What Telemeter's two paths do differently from /api/v1/write, so that
@@ -83,6 +85,17 @@ func replicaOf(series []prompb.TimeSeries, label string) string {
 	return ""
 }
 
+// stats counts b's samples and histograms, for the answer to a request that
+// is dropped on purpose (the other replica's copy).
+func (b *batch) stats() storage.Stats {
+	var st storage.Stats
+	for i := range b.series {
+		st.Samples += len(b.series[i].Samples)
+		st.Histograms += len(b.series[i].Histograms)
+	}
+	return st
+}
+
 // dropLabel removes label from every series.
 func dropLabel(series []prompb.TimeSeries, label string) {
 	for i := range series {
@@ -101,7 +114,7 @@ func dropLabel(series []prompb.TimeSeries, label string) {
 type replicaTracker struct {
 	failover time.Duration
 	mu       sync.Mutex
-	elected  map[clusterKey]electedReplica
+	elected  map[clusterKey]*electedReplica
 	swept    time.Time
 }
 
@@ -113,7 +126,7 @@ type electedReplica struct {
 }
 
 func newReplicaTracker(failover time.Duration) *replicaTracker {
-	return &replicaTracker{failover: failover, elected: make(map[clusterKey]electedReplica)}
+	return &replicaTracker{failover: failover, elected: make(map[clusterKey]*electedReplica)}
 }
 
 // accept reports whether a request of replica for the cluster is written,
@@ -122,19 +135,19 @@ func (t *replicaTracker) accept(tenant, cluster, replica string, now time.Time) 
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.sweep(now)
-	k := clusterKey{tenant, cluster}
-	e, found := t.elected[k]
+	e, found := t.elected[clusterKey{tenant, cluster}]
 	switch {
 	case found && e.replica == replica:
 	case found && now.Sub(e.seen) <= t.failover:
 		return false, false
+	case found:
+		failedOver = true
+		e.replica = strings.Clone(replica) // the request's strings alias its body
 	default:
-		failedOver = found
-		k = clusterKey{strings.Clone(tenant), strings.Clone(cluster)} // the request's strings alias its body
-		e.replica = strings.Clone(replica)
+		e = &electedReplica{replica: strings.Clone(replica)}
+		t.elected[clusterKey{strings.Clone(tenant), strings.Clone(cluster)}] = e
 	}
 	e.seen = now
-	t.elected[k] = e
 	return true, failedOver
 }
 

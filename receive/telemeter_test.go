@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/prompb"
+	writev2 "github.com/prometheus/prometheus/prompb/io/prometheus/write/v2"
 	"github.com/stretchr/testify/require"
 
 	"github.com/phonehome/phonehome/auth"
@@ -138,4 +140,30 @@ func TestReplicaTrackerFailsOver(t *testing.T) {
 		require.Equal(t, step.failedOver, failedOver, "%+v", step)
 	}
 	require.Len(t, tr.elected, 1, "the silent clusters were swept")
+}
+
+// Remote-write 2.0 answers carry the counts written, and Prometheus takes a
+// shortfall for a failure: what Telemeter's path drops on purpose (the other
+// replica's copy, allowlist misses) is reported as written.
+func TestTelemeterWriteReportsDroppedAsWrittenInV2(t *testing.T) {
+	pol, err := NewPolicy(&Config{Allowlist: []string{"kept"}})
+	require.NoError(t, err)
+	h := NewHandler(discard(), nil, &fakeWriter{}, newLimiter(nil), Options{Policy: pol, Telemeter: TelemeterOptions{ReplicaLabel: DefaultReplicaLabel, ReplicaFailover: time.Hour}})
+	id := &auth.Identity{Tenant: "acme", ClusterID: "c1"}
+	send := func(replica string) *httptest.ResponseRecorder {
+		req := newV2()
+		for _, name := range []string{"kept", "other"} {
+			req.series(labels.FromStrings("__name__", name, "prometheus_replica", replica), func(ts *writev2.TimeSeries) {
+				ts.Samples = []writev2.Sample{{Value: 1, Timestamp: time.Now().UnixMilli()}}
+			})
+		}
+		rec := httptest.NewRecorder()
+		h.ServeTelemeterWrite(rec, newRequestV2(req.encode(t), id))
+		return rec
+	}
+	for _, replica := range []string{"prometheus-k8s-0", "prometheus-k8s-1"} { // elected, then dropped
+		rec := send(replica)
+		require.Equal(t, http.StatusNoContent, rec.Code, rec.Body.String())
+		require.Equal(t, "2", rec.Header().Get(headerSamplesWritten), "%s: both samples reported written", replica)
+	}
 }
