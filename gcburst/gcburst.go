@@ -42,10 +42,8 @@ const DefaultPercent = 10
 var (
 	mu      sync.Mutex
 	percent = DefaultPercent
-	always  int  // bursts from Begin, not ended
-	quiet   int  // bursts from BeginIfQuiet, not ended
-	lowered bool // GOGC is the bursts' (saved holds the process's)
-	saved   int
+	active  int // bursts begun and not ended; GOGC is the bursts' while > 0
+	saved   int // the process's GOGC while active > 0
 )
 
 // SetPercent sets the GOGC of later bursts; 0 or less disables them (Begin
@@ -60,46 +58,34 @@ func SetPercent(p int) {
 // which may be called more than once (later calls do nothing). While any
 // burst runs, GOGC is the lower of the process's and the burst's percent
 // (the burst's if the process's is off).
-func Begin() (end func()) { return begin(&always) }
-
-func begin(running *int) (end func()) {
+func Begin() (end func()) {
 	mu.Lock()
 	defer mu.Unlock()
 	if percent <= 0 {
 		return func() {}
 	}
-	*running++
-	apply()
-	if lowered && (saved < 0 || saved > percent) {
+	if active == 0 {
+		low := percent
+		if cur := currentGOGC(); cur >= 0 && cur < percent {
+			low = cur
+		}
+		saved = debug.SetGCPercent(low)
+	}
+	active++
+	if saved < 0 || saved > percent {
 		loweredBursts.Add(1)
 	} else {
 		unchangedBursts.Add(1) // the process's GOGC is already as low
 	}
 	var once sync.Once
-	return func() {
-		once.Do(func() {
-			mu.Lock()
-			defer mu.Unlock()
-			*running--
-			apply()
-		})
-	}
+	return func() { once.Do(finish) }
 }
 
-// apply sets GOGC for the bursts running now: the bursts' while one runs,
-// the process's otherwise. mu must be held.
-func apply() {
-	want := always > 0 || quiet > 0
-	switch {
-	case want && !lowered:
-		low := percent
-		if cur := currentGOGC(); cur >= 0 && cur < percent {
-			low = cur
-		}
-		saved, lowered = debug.SetGCPercent(low), true
-	case !want && lowered:
+func finish() {
+	mu.Lock()
+	defer mu.Unlock()
+	if active--; active == 0 {
 		debug.SetGCPercent(saved)
-		lowered = false
 	}
 }
 
@@ -177,5 +163,5 @@ func BeginIfQuiet() (end func()) {
 		skippedBusy.Add(1)
 		return func() {}
 	}
-	return begin(&quiet)
+	return Begin()
 }

@@ -29,7 +29,7 @@ func RegisterMetrics(reg prometheus.Registerer) {
 	}, func() float64 {
 		mu.Lock()
 		defer mu.Unlock()
-		if lowered {
+		if active > 0 {
 			return 1
 		}
 		return 0
