@@ -167,3 +167,18 @@ func TestTelemeterWriteReportsDroppedAsWrittenInV2(t *testing.T) {
 		require.Equal(t, "2", rec.Header().Get(headerSamplesWritten), "%s: both samples reported written", replica)
 	}
 }
+
+// telemeter.replica_label: "" keeps the label and writes every replica, as
+// the README promises.
+func TestTelemeterWriteWithoutReplicaLabel(t *testing.T) {
+	w := &fakeWriter{}
+	h := NewHandler(discard(), nil, w, newLimiter(nil), Options{Telemeter: TelemeterOptions{ReplicaFailover: time.Hour}})
+	id := &auth.Identity{Tenant: "acme", ClusterID: "c1"}
+	for _, r := range []string{"prometheus-k8s-0", "prometheus-k8s-1"} {
+		rec := httptest.NewRecorder()
+		h.ServeTelemeterWrite(rec, newRequest(encode(t, series("up", "prometheus_replica", r)), id))
+		require.Equal(t, http.StatusNoContent, rec.Code, rec.Body.String())
+	}
+	require.Len(t, w.series, 2, "both replicas written")
+	require.Contains(t, labelString(w.series[1]), "prometheus_replica=prometheus-k8s-1")
+}
