@@ -99,9 +99,21 @@ type Manager struct {
 	snap    atomic.Pointer[snapshot] // last good rule files
 	lastErr string                   // last reload error reported; only Run's goroutine (or one Reload caller) uses it
 
+	// resendDelay is how often a firing alert is sent again (Prometheus'
+	// --rules.alert.resend-delay); a field so that tests can shorten it.
+	resendDelay time.Duration
+
 	mu      sync.Mutex
-	tenants map[string]*promrules.Manager
+	tenants map[string]*tenantRules
 	wg      sync.WaitGroup
+}
+
+// tenantRules is one tenant's Prometheus rules manager and what its groups
+// run at each evaluation (the group's evaluation, then alerts resent for
+// rules that skipped it: partial.go).
+type tenantRules struct {
+	*promrules.Manager
+	iterate promrules.GroupEvalIterationFunc
 }
 
 // snapshot is a parsed-and-valid set of rule files, by file name.
@@ -155,7 +167,9 @@ func New(logger *slog.Logger, reg prometheus.Registerer, engine promql.QueryEngi
 		sources: append([]func() []string{store.Tenants}, opts.Tenants...),
 		parser:  parser.NewParser(parser.Options{}),
 		metrics: newMetrics(reg),
-		tenants: map[string]*promrules.Manager{},
+		tenants: map[string]*tenantRules{},
+
+		resendDelay: time.Minute,
 	}
 	if m.reader == nil {
 		m.reader = store
@@ -300,8 +314,8 @@ func (m *Manager) Reload() error {
 	m.metrics.reloads.WithLabelValues("success").Inc()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for tenant, mgr := range m.tenants {
-		if err := m.update(tenant, mgr); err != nil {
+	for tenant, tr := range m.tenants {
+		if err := m.update(tenant, tr); err != nil {
 			m.logger.Error("apply rule files", "tenant", tenant, "err", err)
 		}
 	}
@@ -309,9 +323,9 @@ func (m *Manager) Reload() error {
 	return nil
 }
 
-func (m *Manager) update(tenant string, mgr *promrules.Manager) error {
-	return mgr.Update(time.Duration(m.cfg.EvaluationInterval), m.snap.Load().names,
-		labels.FromStrings(TenantLabel, tenant), m.cfg.ExternalURL, nil)
+func (m *Manager) update(tenant string, tr *tenantRules) error {
+	return tr.Update(time.Duration(m.cfg.EvaluationInterval), m.snap.Load().names,
+		labels.FromStrings(TenantLabel, tenant), m.cfg.ExternalURL, tr.iterate)
 }
 
 // syncTenants starts evaluation for tenants that have appeared.
@@ -322,15 +336,15 @@ func (m *Manager) syncTenants(ctx context.Context) {
 		if _, ok := m.tenants[tenant]; ok {
 			continue
 		}
-		mgr := m.newTenantManager(ctx, tenant)
-		if err := m.update(tenant, mgr); err != nil {
+		tr := m.newTenantRules(ctx, tenant)
+		if err := m.update(tenant, tr); err != nil {
 			m.logger.Error("load rules", "tenant", tenant, "err", err)
 		}
-		m.tenants[tenant] = mgr
+		m.tenants[tenant] = tr
 		m.wg.Add(1)
 		go func() {
 			defer m.wg.Done()
-			mgr.Run()
+			tr.Run()
 		}()
 		m.logger.Info("evaluating rules", "tenant", tenant)
 	}
@@ -347,7 +361,7 @@ func (m *Manager) allTenants() []string {
 	return slices.Compact(all)
 }
 
-func (m *Manager) newTenantManager(ctx context.Context, tenant string) *promrules.Manager {
+func (m *Manager) newTenantRules(ctx context.Context, tenant string) *tenantRules {
 	queryable := promstorage.QueryableFunc(func(mint, maxt int64) (promstorage.Querier, error) {
 		return m.reader.Querier(tenant, mint, maxt)
 	})
@@ -358,7 +372,7 @@ func (m *Manager) newTenantManager(ctx context.Context, tenant string) *promrule
 	// Queries in the group context carry the tenant too, for any
 	// tenant-scoped Queryable a QueryFunc might reach.
 	ctx = auth.WithIdentity(context.WithoutCancel(ctx), auth.Identity{Tenant: tenant})
-	return promrules.NewManager(&promrules.ManagerOptions{
+	mgr := promrules.NewManager(&promrules.ManagerOptions{
 		ExternalURL:     m.externalURL(),
 		QueryFunc:       m.queryFunc(queryable),
 		NotifyFunc:      notify,
@@ -368,11 +382,12 @@ func (m *Manager) newTenantManager(ctx context.Context, tenant string) *promrule
 		Logger:          m.logger.With("tenant", tenant),
 		OutageTolerance: time.Hour,
 		ForGracePeriod:  10 * time.Minute,
-		ResendDelay:     time.Minute,
+		ResendDelay:     m.resendDelay,
 		GroupLoader:     loader{snap: &m.snap, parser: m.parser, logger: m.logger},
 		Metrics:         m.groupMet, // shared: one registration, groups of all tenants
 		Parser:          m.parser,
 	})
+	return &tenantRules{Manager: mgr, iterate: resendSkipped(notify, m.resendDelay)}
 }
 
 func (m *Manager) externalURL() *url.URL {
@@ -385,8 +400,8 @@ func (m *Manager) externalURL() *url.URL {
 
 func (m *Manager) stopAll() {
 	m.mu.Lock()
-	for _, mgr := range m.tenants {
-		mgr.Stop()
+	for _, tr := range m.tenants {
+		tr.Stop()
 	}
 	m.mu.Unlock()
 	m.wg.Wait()
@@ -396,7 +411,10 @@ func (m *Manager) stopAll() {
 func (m *Manager) tenant(name string) *promrules.Manager {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.tenants[name]
+	if tr := m.tenants[name]; tr != nil {
+		return tr.Manager
+	}
+	return nil
 }
 
 // RulesRetriever serves /api/v1/rules and /api/v1/alerts for the tenant in

@@ -14,6 +14,10 @@ import (
 	"github.com/phonehome/phonehome/query"
 )
 
+// errSkipped marks a rule evaluation skipped because its query read partial
+// data.
+var errSkipped = errors.New("evaluation skipped")
+
 // queryFunc is promrules.EngineQueryFunc, except that an answer known to
 // lack data (query.MissingData: a peer unavailable, a bucket block not
 // fetched) is an error rather than a result. A fleet query then still
@@ -28,6 +32,11 @@ import (
 // The group logs the error at Warn once per rule evaluation ("Evaluating
 // rule failed", with tenant, group and rule) and counts it in
 // prometheus_rule_evaluation_failures_total; it is not logged here again.
+//
+// Prometheus does not send a rule's alerts when its evaluation fails, and
+// Alertmanager resolves an alert that has not been sent for four evaluation
+// intervals or resend delays: resendSkipped sends them as the evaluation
+// would have.
 func (m *Manager) queryFunc(q promstorage.Queryable) promrules.QueryFunc {
 	return func(ctx context.Context, qs string, t time.Time) (promql.Vector, error) {
 		qry, err := m.engine.NewInstantQuery(ctx, q, nil, qs, t)
@@ -41,7 +50,7 @@ func (m *Manager) queryFunc(q promstorage.Queryable) promrules.QueryFunc {
 		}
 		if err := query.MissingData(res.Warnings); err != nil {
 			m.metrics.partial.Inc()
-			return nil, fmt.Errorf("evaluation skipped: %w", err)
+			return nil, fmt.Errorf("%w: %w", errSkipped, err)
 		}
 		switch v := res.Value.(type) {
 		case promql.Vector:
@@ -50,6 +59,41 @@ func (m *Manager) queryFunc(q promstorage.Queryable) promrules.QueryFunc {
 			return promql.Vector{promql.Sample{T: v.T, F: v.V, Metric: labels.EmptyLabels()}}, nil
 		default:
 			return nil, errors.New("rule result is not a vector or scalar")
+		}
+	}
+}
+
+// resendSkipped is the group's evaluation, then, for every alerting rule that
+// skipped it, what the evaluation would have sent: its firing alerts (and
+// those resolved since they were last sent), once per resend delay, valid
+// for four evaluation intervals or resend delays, as Prometheus' own
+// AlertingRule.sendAlerts does. While a peer stays unreachable for longer
+// than that, a firing fleet alert then stays firing in Alertmanager instead of
+// resolving and firing again once the data is whole. Pending alerts are not
+// sent, as by Prometheus.
+func resendSkipped(notify promrules.NotifyFunc, resendDelay time.Duration) promrules.GroupEvalIterationFunc {
+	return func(ctx context.Context, g *promrules.Group, ts time.Time) {
+		promrules.DefaultEvalIterationFunc(ctx, g, ts)
+		validFor := 4 * max(g.Interval(), resendDelay)
+		for _, r := range g.Rules() {
+			ar, ok := r.(*promrules.AlertingRule)
+			if !ok || !errors.Is(ar.LastError(), errSkipped) {
+				continue
+			}
+			var alerts []*promrules.Alert
+			ar.ForEachActiveAlert(func(a *promrules.Alert) {
+				if a.State == promrules.StatePending ||
+					!a.ResolvedAt.After(a.LastSentAt) && !a.LastSentAt.Add(resendDelay).Before(ts) {
+					return
+				}
+				a.LastSentAt, a.ValidUntil = ts, ts.Add(validFor)
+				sent := *a
+				sent.Labels = a.Labels.Copy() // the notifier modifies its alerts' labels
+				alerts = append(alerts, &sent)
+			})
+			if len(alerts) > 0 {
+				notify(ctx, ar.Query().String(), alerts...)
+			}
 		}
 	}
 }

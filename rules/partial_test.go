@@ -3,9 +3,12 @@ package rules
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -145,17 +148,23 @@ func (b *lockedBuffer) String() string {
 }
 
 // startFleetRules runs a Manager with rules over reader, evaluated every
-// 50ms for tenant acme. It returns the manager, the store and a stop func.
-func startFleetRules(t *testing.T, rules string, reader Reader, logs *lockedBuffer) (*Manager, *historyStore, func()) {
+// 50ms for tenant acme, sending alerts to the Alertmanager at amURL (if not
+// empty) with a resend delay of 200ms. It returns the manager, the store and
+// a stop func.
+func startFleetRules(t *testing.T, rules string, reader Reader, logs *lockedBuffer, amURL string) (*Manager, *historyStore, func()) {
 	t.Helper()
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "fleet.yaml"), []byte(rules), 0o600))
 	cfg := Config{Files: []string{filepath.Join(dir, "*.yaml")}, EvaluationInterval: model.Duration(50 * time.Millisecond), ReloadInterval: model.Duration(time.Hour)}
+	if amURL != "" {
+		cfg.Alertmanagers = []AlertmanagerConfig{{URL: amURL}}
+	}
 	cfg.SetDefaults()
 	store := &historyStore{}
 	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 10000, Timeout: 10 * time.Second, LookbackDelta: 5 * time.Minute})
 	m, err := New(slog.New(slog.NewTextHandler(logs, nil)), nil, engine, store, cfg, Options{Reader: reader})
 	require.NoError(t, err)
+	m.resendDelay = 200 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- m.Run(ctx) }()
@@ -196,7 +205,7 @@ func TestPartialDataSkipsEvaluation(t *testing.T) {
   - alert: FleetCompleteForAnHour
     expr: count(up) >= 2
     for: 1h
-`, reader, logs)
+`, reader, logs, "")
 
 	eventually(t, func() bool {
 		firing, pending := alertByName(m, "FleetComplete"), alertByName(m, "FleetCompleteForAnHour")
@@ -256,8 +265,86 @@ func TestPromQLAnnotationsDoNotSkipEvaluation(t *testing.T) {
   rules:
   - record: up:rate5m
     expr: sum(rate(up[5m]))
-`, reader, &lockedBuffer{})
+`, reader, &lockedBuffer{}, "")
 	eventually(t, func() bool { return len(store.written("up:rate5m")) >= 2 })
 	stop()
 	require.Zero(t, testutil.ToFloat64(m.metrics.partial))
+}
+
+// alertSink records the alerts Prometheus' notifier posts, as an
+// Alertmanager's /api/v2/alerts receives them.
+type alertSink struct {
+	mu    sync.Mutex
+	posts []sentAlert
+}
+
+type sentAlert struct {
+	Labels   map[string]string `json:"labels"`
+	EndsAt   time.Time         `json:"endsAt"`
+	received time.Time
+}
+
+func (s *alertSink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var alerts []sentAlert
+	if r.URL.Path != "/api/v2/alerts" || json.NewDecoder(r.Body).Decode(&alerts) != nil {
+		http.Error(w, "bad request", http.StatusBadRequest)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, a := range alerts {
+		a.received = time.Now()
+		s.posts = append(s.posts, a)
+	}
+}
+
+// sent returns the posts of alert name received after since.
+func (s *alertSink) sent(name string, since time.Time) []sentAlert {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []sentAlert
+	for _, a := range s.posts {
+		if a.Labels[model.AlertNameLabel] == name && a.received.After(since) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// TestPartialDataResendsFiringAlerts: a firing alert whose rule skips its
+// evaluations (a peer unreachable) is still sent once per resend delay, each
+// time valid for four resend delays, so that Alertmanager does not resolve
+// it while the data is partial. Pending alerts are not sent.
+func TestPartialDataResendsFiringAlerts(t *testing.T) {
+	sink := &alertSink{}
+	am := httptest.NewServer(sink)
+	t.Cleanup(am.Close)
+	reader := &fleetReader{local: clusterDB(t, "a"), peer: clusterDB(t, "b")}
+	m, _, stop := startFleetRules(t, `groups:
+- name: fleet
+  rules:
+  - alert: FleetComplete
+    expr: count(up) >= 2
+  - alert: FleetCompleteForAnHour
+    expr: count(up) >= 2
+    for: 1h
+`, reader, &lockedBuffer{}, am.URL)
+	start := time.Now()
+	eventually(t, func() bool { return len(sink.sent("FleetComplete", start)) > 0 })
+
+	reader.down.Store(true)
+	eventually(t, func() bool { return errors.Is(alertByName(m, "FleetComplete").LastError(), errSkipped) })
+	skipping := time.Now()
+	// A resend delay is 200ms: over 1.2s of skipped evaluations, at least
+	// three sends (the evaluations before the fix sent none).
+	time.Sleep(1200 * time.Millisecond)
+	require.True(t, errors.Is(alertByName(m, "FleetComplete").LastError(), errSkipped), "the peer came back by itself")
+	resent := sink.sent("FleetComplete", skipping)
+	require.GreaterOrEqual(t, len(resent), 3, "a firing alert was not resent while its rule skipped evaluations")
+	for _, a := range resent {
+		require.Equal(t, "acme", a.Labels[TenantLabel])
+		require.True(t, a.EndsAt.After(a.received.Add(500*time.Millisecond)), "sent valid until %v, received %v", a.EndsAt, a.received)
+	}
+	require.Empty(t, sink.sent("FleetCompleteForAnHour", start), "a pending alert was sent")
+	stop()
 }
