@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -144,6 +145,29 @@ func TestStatusPageBrowser(t *testing.T) {
 	eventuallyText(t, ctx, 30*time.Second, "#view", func(s string) bool { return strings.Contains(s, "not found") }, true)
 	leaked := evalJS[bool](t, ctx, `document.body.innerText.includes('load-0') || document.body.innerText.includes(`+"`"+hashedID+"`"+`)`)
 	require.False(t, leaked)
+
+	// A restart keeps the history: the refusals of the last hour are still
+	// counted by the next process, whose own counters start at 0.
+	recv.Stop()
+	history, err := os.ReadFile(filepath.Join(dir, "data", "status", "history.json"))
+	require.NoError(t, err)
+	require.Contains(t, string(history), `"fleet"`)
+	require.NotContains(t, string(history), "load-noisy", "the history holds totals, no cluster")
+	recv = startReceiver(t, cfg, filepath.Join(dir, "data"))
+	req, err := http.NewRequest(http.MethodGet, recv.URL()+"/api/v1/status/overview", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+readToken)
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var overviewAfter struct {
+		Data struct {
+			RefusedLastHour map[string]uint64 `json:"refused_last_hour"`
+		}
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&overviewAfter))
+	require.Positive(t, overviewAfter.Data.RefusedLastHour["series_limit"], "refusals before the restart forgotten")
 }
 
 // doT runs steps with a timeout; on failure the error carries the page's text.

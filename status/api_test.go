@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -317,4 +319,58 @@ func TestPageHeaders(t *testing.T) {
 	s.UI().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
 	require.NotContains(t, rec.Body.String(), "<script>", "no inline script")
 	require.Contains(t, rec.Body.String(), `<label for="token">`)
+}
+
+// TestHistorySurvivesRestart: the charts and the refusals of the last hour
+// carry over a restart through the history file; no rate is drawn across
+// the restart, where the counters began again at 0.
+func TestHistorySurvivesRestart(t *testing.T) {
+	s, l, clk := fixture(t)
+	file := filepath.Join(t.TempDir(), "status", "history.json")
+	s.opts.HistoryFile = file
+	clk.add(time.Minute)
+	l.Refused("acme", "c003", "rate_limit", 40)
+	s.Record()
+	require.NoError(t, s.save())
+
+	// The next process: its limiter's counters start at 0.
+	clk.add(time.Minute)
+	l2 := limits.New(nil, limits.Config{}, clk.now)
+	l2.TrackClusters([]string{"series_limit", "rate_limit"})
+	l2.Refused("acme", "c003", "rate_limit", 7)
+	s2 := New(slog.New(slog.DiscardHandler), nil, Options{Limiter: l2, Now: clk.now, HistoryFile: file})
+	s2.Record()
+	clk.add(time.Minute)
+	s2.Record()
+
+	a := get(t, s2, reader, "/api/v1/status/overview")
+	require.Equal(t, 200, a.code, a.body.Error)
+	var o struct {
+		RefusedLastHour map[string]uint64 `json:"refused_last_hour"`
+	}
+	require.NoError(t, json.Unmarshal(a.body.Data, &o))
+	require.Equal(t, map[string]uint64{"series_limit": 5, "rate_limit": 47}, o.RefusedLastHour)
+
+	a = get(t, s2, reader, "/api/v1/status/history?hours=2")
+	require.Equal(t, 200, a.code, a.body.Error)
+	var h seriesJSON
+	require.NoError(t, json.Unmarshal(a.body.Data, &h))
+	start := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC).Add(50 * time.Second) // the fixture's first point
+	require.Equal(t, []int64{start.Add(time.Minute).Unix(), start.Add(3 * time.Minute).Unix()}, h.Time,
+		"one rate before the restart, none across it, one after")
+	require.InDelta(t, 40.0/60, h.RefusedPerSecond["rate_limit"][0], 1e-9)
+	require.Zero(t, h.RefusedPerSecond["rate_limit"][1])
+	require.Equal(t, 51, h.Reporting[0])
+}
+
+// TestHistoryFileUnreadable: a damaged history file leaves the charts
+// empty; the status page still starts.
+func TestHistoryFileUnreadable(t *testing.T) {
+	_, l, clk := fixture(t)
+	file := filepath.Join(t.TempDir(), "history.json")
+	require.NoError(t, os.WriteFile(file, []byte(`{"version":1,"tenants":{"acme":[{"t":`), 0o600))
+	var logs strings.Builder
+	s := New(slog.New(slog.NewTextHandler(&logs, nil)), nil, Options{Limiter: l, Now: clk.now, HistoryFile: file})
+	require.Contains(t, logs.String(), "status page history not loaded")
+	require.Empty(t, s.history)
 }

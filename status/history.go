@@ -8,9 +8,12 @@ import (
 const historyPoints = 24 * 60
 
 // point is a tenant's totals at one time: cumulative counters (the chart
-// shows their per-minute rates) and the clusters reporting then.
+// shows their per-minute rates) and the clusters reporting then. The
+// counters start at 0 with each receiver process (run); points of earlier
+// runs come from Options.HistoryFile.
 type point struct {
 	t         time.Time
+	run       int64
 	samples   uint64
 	refused   []uint64 // by limiter reason index
 	reporting int
@@ -49,7 +52,7 @@ func (s *Status) Record() {
 	reasons := l.Reasons()
 	for _, tenant := range l.Tenants() {
 		ts, _ := l.Tenant(tenant)
-		p := point{t: now, samples: ts.Samples, refused: make([]uint64, len(reasons))}
+		p := point{t: now, run: s.run, samples: ts.Samples, refused: make([]uint64, len(reasons))}
 		for i, r := range reasons {
 			p.refused[i] = ts.Refused[r]
 		}
@@ -65,32 +68,58 @@ func (s *Status) Record() {
 	}
 }
 
-// refusedSince returns tenant's refusals by reason since t: the current
-// totals less those of the newest point at or before t, or all of them if
-// the history starts later (the counters started at 0 with the receiver).
+// refusedSince returns tenant's refusals by reason since t. Each run's
+// counters start at 0: this run's part is the current totals less those of
+// its newest point at or before t (all of them if it started after t), and
+// an earlier run's part is its last point less its newest point at or
+// before t (up to a minute before its shutdown is not in its last point).
 func (s *Status) refusedSince(tenant string, t time.Time, now map[string]uint64) map[string]uint64 {
-	out := map[string]uint64{}
-	var base []uint64
+	reasons := s.opts.Limiter.Reasons()
+	total := make([]uint64, len(reasons))
+	for i, r := range reasons {
+		total[i] = now[r]
+	}
 	s.mu.Lock()
+	var ps []point
 	if h := s.history[tenant]; h != nil {
-		for k := 1; k <= h.n; k++ {
-			if p := h.points[(h.next-k+historyPoints)%historyPoints]; !p.t.After(t) {
-				base = p.refused
-				break
-			}
-		}
+		ps = h.since(time.Time{})
 	}
 	s.mu.Unlock()
-	for i, r := range s.opts.Limiter.Reasons() {
-		n := now[r]
-		if i < len(base) {
-			n -= min(n, base[i])
+	base := map[int64][]uint64{} // per run: its newest point at or before t
+	last := map[int64][]uint64{} // per earlier run: its newest point
+	for _, p := range ps {
+		if !p.t.After(t) {
+			base[p.run] = p.refused
 		}
-		if n > 0 {
-			out[r] = n
+		if p.run != s.run {
+			last[p.run] = p.refused
+		}
+	}
+	for run, end := range last {
+		add(total, end)
+		sub(total, base[run])
+	}
+	sub(total, base[s.run])
+	out := map[string]uint64{}
+	for i, r := range reasons {
+		if total[i] > 0 {
+			out[r] = total[i]
 		}
 	}
 	return out
+}
+
+func add(a, b []uint64) {
+	for i := range min(len(a), len(b)) {
+		a[i] += b[i]
+	}
+}
+
+// sub subtracts b from a, stopping at 0.
+func sub(a, b []uint64) {
+	for i := range min(len(a), len(b)) {
+		a[i] -= min(a[i], b[i])
+	}
 }
 
 // series is the history API's answer: one column per figure.
@@ -116,7 +145,7 @@ func (s *Status) historyOf(tenant string, hours int) seriesJSON {
 	for k := 1; k < len(ps); k++ {
 		prev, p := ps[k-1], ps[k]
 		secs := p.t.Sub(prev.t).Seconds()
-		if secs <= 0 {
+		if secs <= 0 || p.run != prev.run { // the counters restarted: no rate across a restart
 			continue
 		}
 		out.Time = append(out.Time, p.t.Unix())

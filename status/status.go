@@ -6,7 +6,8 @@
 // per-cluster tracking (limits.Limiter.TrackClusters), the TSDB (one
 // cluster's series and its chart, through PromQL), and the receiver's own
 // registry (WAL, head, bucket lag). A minute-by-minute history of each
-// tenant's totals, kept in memory for a day, draws the fleet charts.
+// tenant's totals, kept for a day (in Options.HistoryFile across restarts),
+// draws the fleet charts.
 //
 // The page (GET /) is static HTML and JavaScript embedded in the binary; it
 // holds no data and asks the API with the read token the user enters, kept
@@ -62,6 +63,9 @@ type Options struct {
 	SilentIntervals int
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// HistoryFile, when set, keeps the charts' history across restarts: read
+	// at New, written every 10 minutes and when Run ends.
+	HistoryFile string
 }
 
 // Patterns are the API's routes, for a mux in front of Handler: each
@@ -80,6 +84,7 @@ type Status struct {
 	opts   Options
 	mux    *http.ServeMux
 
+	run     int64 // this process's points (its start, Unix nanoseconds)
 	mu      sync.Mutex
 	history map[string]*history // by tenant
 
@@ -98,7 +103,7 @@ func New(logger *slog.Logger, reg prometheus.Registerer, opts Options) *Status {
 		opts.Now = time.Now
 	}
 	s := &Status{
-		logger: logger, opts: opts, history: map[string]*history{},
+		logger: logger, opts: opts, history: map[string]*history{}, run: time.Now().UnixNano(),
 		requests: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_status_requests_total",
 			Help: "Status API requests by endpoint and HTTP status code.",
@@ -109,6 +114,9 @@ func New(logger *slog.Logger, reg prometheus.Registerer, opts Options) *Status {
 			Logger: logger, MaxSamples: 5_000_000, Timeout: 20 * time.Second, LookbackDelta: 5 * time.Minute,
 			EnableDelayedNameRemoval: true,
 		})
+	}
+	if err := s.load(); err != nil { // the charts start empty; never a reason not to start
+		logger.Warn("status page history not loaded, the charts start empty", "err", err)
 	}
 	s.mux = http.NewServeMux()
 	s.route("GET /api/v1/status/tenants", "tenants", s.tenants)
@@ -123,18 +131,32 @@ func New(logger *slog.Logger, reg prometheus.Registerer, opts Options) *Status {
 // no required permission: it checks read or admin itself).
 func (s *Status) Handler() http.Handler { return s.mux }
 
-// Run records each tenant's totals every minute until ctx is done.
+// Run records each tenant's totals every minute until ctx is done, and
+// writes them to the history file every 10 minutes and at the end.
 func (s *Status) Run(ctx context.Context) error {
 	s.Record()
 	t := time.NewTicker(time.Minute)
 	defer t.Stop()
+	lastSave := s.opts.Now()
 	for {
 		select {
 		case <-ctx.Done():
+			s.Record()
+			s.saveLogged()
 			return nil
 		case <-t.C:
 			s.Record()
+			if now := s.opts.Now(); now.Sub(lastSave) >= saveInterval {
+				s.saveLogged()
+				lastSave = now
+			}
 		}
+	}
+}
+
+func (s *Status) saveLogged() {
+	if err := s.save(); err != nil {
+		s.logger.Warn("status page history not saved", "file", s.opts.HistoryFile, "err", err)
 	}
 }
 

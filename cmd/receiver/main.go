@@ -292,6 +292,7 @@ func run(args []string, stderr io.Writer) int {
 	})
 	fleet := status.New(logger.With("component", "status"), reg, status.Options{
 		Limiter: limiter, Reader: reader, Engine: engine, Gatherer: reg, Tenants: db.Tenants,
+		HistoryFile: filepath.Join(*storagePath, "status", "history.json"),
 		Definition: func(tenant string) string {
 			if defs == nil { // no gathering definitions configured
 				return ""
