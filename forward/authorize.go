@@ -426,9 +426,6 @@ func (a *Authorizer) Run(ctx context.Context) error {
 // from minD to maxD with "equal jitter" (half fixed, half random). Shared by
 // every retry loop of the forwarder and the receiver's upstream mode.
 func Backoff(attempt int, minD, maxD time.Duration) time.Duration {
-	d := maxD
-	if attempt < 30 {
-		d = min(minD<<attempt, maxD)
-	}
+	d := cappedExp(attempt, minD, maxD)
 	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
 }

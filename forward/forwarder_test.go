@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -458,6 +459,26 @@ func TestBackoffCapped(t *testing.T) {
 		want := min(time.Second<<min(attempt, 10), 8*time.Second)
 		require.GreaterOrEqual(t, d, want/2, "attempt %d", attempt)
 		require.LessOrEqual(t, d, want, "attempt %d", attempt)
+	}
+}
+
+// TestBackoffLargeMinimum: with a minimum above ~17s, minD<<29 overflows;
+// the wait must stay in [d/2, d] of the capped value for every attempt.
+func TestBackoffLargeMinimum(t *testing.T) {
+	for _, c := range []struct{ minD, maxD time.Duration }{
+		{18 * time.Second, 10 * time.Minute}, {30 * time.Second, 10 * time.Minute},
+		{time.Minute, time.Hour}, {10 * time.Minute, 10 * time.Minute}, {time.Nanosecond, time.Duration(1<<63 - 1)},
+	} {
+		for _, attempt := range []int{0, 1, 5, 28, 29, 30, 31, 62, 63, 64, 1000, 1 << 30} {
+			want := c.maxD
+			if attempt < 63 && float64(c.minD)*math.Pow(2, float64(attempt)) < float64(c.maxD) {
+				want = c.minD << attempt
+			}
+			require.Equal(t, want, cappedExp(attempt, c.minD, c.maxD), "min %v, attempt %d", c.minD, attempt)
+			d := Backoff(attempt, c.minD, c.maxD)
+			require.GreaterOrEqual(t, d, want/2, "min %v, attempt %d", c.minD, attempt)
+			require.LessOrEqual(t, d, want, "min %v, attempt %d", c.minD, attempt)
+		}
 	}
 }
 

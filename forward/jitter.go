@@ -47,10 +47,12 @@ func stretch(d time.Duration, j float64) time.Duration {
 	return d + upTo(d, j)
 }
 
-// cappedExp is minD<<attempt, capped at maxD.
+// cappedExp is minD<<attempt, capped at maxD, for any attempt ≥ 0 and
+// 0 ≤ minD ≤ maxD: the shift is taken only where it stays at or below maxD
+// (minD<<29 overflows for a minimum above ~17s).
 func cappedExp(attempt int, minD, maxD time.Duration) time.Duration {
-	if attempt >= 30 {
+	if attempt >= 63 || minD > maxD>>attempt {
 		return maxD
 	}
-	return min(minD<<attempt, maxD)
+	return minD << attempt
 }
