@@ -271,6 +271,19 @@ func TestStaticTokenDoesNotRetry401(t *testing.T) {
 	require.False(t, errors.As(err, &re), "a static token's 401 keeps the existing (drop) semantics")
 }
 
+// TestInlineStaticTokenDoesNotRetry401: --to-token (StaticToken) is as
+// static as --to-token-file: a 401 is a rejection, not retried forever.
+func TestInlineStaticTokenDoesNotRetry401(t *testing.T) {
+	ar := newAuthReceiver(t)
+	s := NewHTTPSender(mustURL(t, ar.srv.URL), http.DefaultClient, HTTPSenderOptions{Credentials: StaticToken("fleet-token")})
+	err := s.SendEncoded(context.Background(), oneWrite(t))
+	var he *HTTPError
+	require.ErrorAs(t, err, &he)
+	require.Equal(t, http.StatusUnauthorized, he.Code)
+	var re RetryableError
+	require.False(t, errors.As(err, &re), "a static token's 401 is retried")
+}
+
 // fakeCredentials counts rejections.
 type fakeCredentials struct{ rejected int }
 

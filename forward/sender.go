@@ -353,7 +353,11 @@ func (s *HTTPSender) sendAs(ctx context.Context, r Record, proto string) (Writte
 	if err != nil {
 		return Written{}, err
 	}
-	_, static := s.opts.Credentials.(TokenFile)
+	var static bool // a 401/403 is a rejection: asking again yields the same token
+	switch s.opts.Credentials.(type) {
+	case TokenFile, StaticToken:
+		static = true
+	}
 	for attempt := 0; ; attempt++ {
 		tok, err := s.opts.Credentials.Token(ctx)
 		if err != nil {
