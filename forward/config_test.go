@@ -60,3 +60,18 @@ queue: {max_bytes: 1KiB}
 		require.ErrorContains(t, err, want)
 	}
 }
+
+// TestSegmentBytesAtMostAQuarter: space is freed a whole segment at a time,
+// so a segment as big as the queue would drop the whole backlog to append
+// one record; configured and automatic sizes stay at a quarter at most.
+func TestSegmentBytesAtMostAQuarter(t *testing.T) {
+	_, err := ParseFileConfig([]byte("queue: {max_bytes: 1MiB, segment_bytes: 512KiB}\n"))
+	require.ErrorContains(t, err, "queue.segment_bytes")
+	_, err = ParseFileConfig([]byte("queue: {max_bytes: 1MiB, segment_bytes: 256KiB}\n"))
+	require.NoError(t, err)
+
+	q, err := OpenQueue(t.TempDir(), discardLogger(), nil, QueueOptions{MaxBytes: 64 << 10})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	require.Equal(t, int64(16<<10), q.opts.SegmentBytes)
+}

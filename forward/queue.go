@@ -156,7 +156,9 @@ func OpenQueue(dir string, logger *slog.Logger, reg prometheus.Registerer, opts 
 		opts.MaxBytes = 256 << 20
 	}
 	if opts.SegmentBytes <= 0 {
-		opts.SegmentBytes = min(max(opts.MaxBytes/16, 64<<10), 64<<20)
+		// A quarter of MaxBytes at most: space is freed a whole segment
+		// at a time, so a segment as big as the queue would be the queue.
+		opts.SegmentBytes = min(max(opts.MaxBytes/16, 64<<10), opts.MaxBytes/4, 64<<20)
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
