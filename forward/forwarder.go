@@ -448,7 +448,7 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 		}
 		ts := writev2.TimeSeries{
 			LabelsRefs: refArena[start:len(refArena):len(refArena)],
-			Metadata:   meta.of(syms, pol.Rules, s.metaFor(e.name)),
+			Metadata:   meta.of(syms, pol.Rules, s.metaFor(e.name), e.anonymized),
 		}
 		switch {
 		case s.H != nil:
@@ -551,6 +551,7 @@ func evaluate(pol *Policy, lb *labels.Builder, syms *symbols, ls labels.Labels, 
 		return
 	}
 	e.refs = syms.internLabels(lb.Labels(), e.refs)
+	e.anonymized = pol.Rules.Anonymizes(ls)
 }
 
 // metaSymbols converts a family's metadata to its remote-write 2.0 form,
@@ -558,17 +559,23 @@ func evaluate(pol *Policy, lb *labels.Builder, syms *symbols, ls labels.Labels, 
 type metaSymbols struct {
 	last       metadata.Metadata
 	ok         bool
+	anonymized bool
 	typ        writev2.Metadata_MetricType
 	help, unit uint32 // interned
 }
 
 // of returns m with its help and unit (the raw id scrubbed) as references of
-// the current request; the zero Metadata if there is nothing to say.
-func (ms *metaSymbols) of(syms *symbols, rules *relabel.Rules, m metadata.Metadata) writev2.Metadata {
-	if !ms.ok || m != ms.last {
-		ms.last, ms.ok = m, true
+// the current request; the zero Metadata if there is nothing to say. The
+// help text of a series that had an anonymized label is left out: it is the
+// family's, and may quote a raw value that was hashed in the labels.
+func (ms *metaSymbols) of(syms *symbols, rules *relabel.Rules, m metadata.Metadata, anonymized bool) writev2.Metadata {
+	if !ms.ok || m != ms.last || anonymized != ms.anonymized {
+		ms.last, ms.ok, ms.anonymized = m, true, anonymized
 		ms.typ = writev2.FromMetadataType(m.Type)
-		ms.help = syms.intern(rules.ScrubText(m.Help))
+		ms.help = 0
+		if !anonymized {
+			ms.help = syms.intern(rules.ScrubText(m.Help))
+		}
 		ms.unit = syms.intern(rules.ScrubText(m.Unit))
 	}
 	if ms.typ == writev2.Metadata_METRIC_TYPE_UNSPECIFIED && ms.help == 0 && ms.unit == 0 {

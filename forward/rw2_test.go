@@ -351,3 +351,44 @@ func sameSeries(t *testing.T, want, got []prompb.TimeSeries) {
 	require.NoError(t, err)
 	require.Equal(t, w, g)
 }
+
+// TestHelpTextOfAnonymizedSeriesIsNotSent: a family's help text may quote a
+// value that the series' labels carry hashed; it is left out for those
+// series, and kept for series without an anonymized label.
+func TestHelpTextOfAnonymizedSeriesIsNotSent(t *testing.T) {
+	text := strings.Join([]string{
+		"# HELP kube_pod_info Pods of customer-acme-prod and others.",
+		"# TYPE kube_pod_info gauge",
+		`kube_pod_info{namespace="customer-acme-prod"} 1 1767268800000`,
+		"# HELP http_requests_total Requests served.",
+		"# TYPE http_requests_total counter",
+		`http_requests_total{code="200"} 5 1767268800000`,
+	}, "\n") + "\n"
+	al, err := allowlist.Parse([]string{`{__name__=~"kube_pod_info|http_requests_total"}`})
+	require.NoError(t, err)
+	rules, err := relabel.Parse(relabel.Config{ID: fixtureID, Salt: []byte(fixtureSalt), AnonymizeLabels: []string{"namespace"}})
+	require.NoError(t, err)
+	recv := newFakeReceiver(t)
+	h := newHarnessWith(t, fakePrometheus(t, []byte(text), false).URL, recv, t.TempDir(), Options{}, FederateOptions{},
+		HTTPSenderOptions{}, &Policy{Allow: al, Rules: rules})
+	require.NoError(t, h.f.Collect(context.Background()))
+	h.deliverAll(t)
+	require.Len(t, recv.v2, 1)
+	r := recv.v2[0]
+	require.NotContains(t, strings.Join(r.Symbols, "\n"), "customer-acme-prod")
+	b := labels.NewScratchBuilder(8)
+	for _, ts := range r.Timeseries {
+		ls, err := ts.ToLabels(&b, r.Symbols)
+		require.NoError(t, err)
+		md, err := ts.ToMetadata(r.Symbols)
+		require.NoError(t, err)
+		switch ls.Get(model.MetricNameLabel) {
+		case "kube_pod_info":
+			require.Equal(t, metadata.Metadata{Type: model.MetricTypeGauge}, md)
+		case "http_requests_total":
+			require.Equal(t, metadata.Metadata{Type: model.MetricTypeCounter, Help: "Requests served."}, md)
+		default:
+			t.Fatalf("unexpected series %s", ls)
+		}
+	}
+}

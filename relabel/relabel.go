@@ -156,6 +156,17 @@ func encode(h hash.Hash, v string) string {
 	return base64.RawURLEncoding.EncodeToString(d[:16])
 }
 
+// Anonymizes reports whether ls has a label whose value Apply replaces by
+// its hash (one of the anonymized labels, not empty).
+func (r *Rules) Anonymizes(ls labels.Labels) bool {
+	for _, n := range r.anonymize {
+		if ls.Get(n) != "" {
+			return true
+		}
+	}
+	return false
+}
+
 // ScrubText replaces the raw id in free text (metadata help and unit) with
 // its hash, so the raw id cannot leave through anything but labels either.
 func (r *Rules) ScrubText(s string) string {
