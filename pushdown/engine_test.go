@@ -289,6 +289,37 @@ func TestPushdownAnswersAsTheMergedFleet(t *testing.T) {
 	require.Zero(t, testutil.ToFloat64(pd.parts.WithLabelValues("error")))
 }
 
+// vectorLabels is an instant query's answer's label sets, in its order.
+func vectorLabels(t *testing.T, res *promql.Result) []string {
+	t.Helper()
+	require.NoError(t, res.Err)
+	var out []string
+	for _, s := range res.Value.(promql.Vector) {
+		out = append(out, s.Metric.String())
+	}
+	return out
+}
+
+// TestPushdownKeepsAbsentLabelsAndSortOrder: absent takes its answer's
+// labels from its argument's matchers, and sort's answer is an order; both
+// answer as over the merged fleet (points() ignores both).
+func TestPushdownKeepsAbsentLabelsAndSortOrder(t *testing.T) {
+	f := newFleet(t)
+	pd := f.pushdownEngine(t, nil)
+	ref := newEngine()
+	at60 := evaluation{"instant at 60m", 60, 60, 0}
+	for _, qs := range []string{
+		`absent(csv_succeeded{name="nope", version="v9"})`,
+		`absent_over_time(csv_succeeded{name="nope"}[10m])`,
+		`sort_desc(sum by (_id) (req_bucket))`,
+		`sort(sum by (_id) (req_bucket))`,
+	} {
+		want := vectorLabels(t, run(t, ref, f.queryable(), qs, at60))
+		require.NotEmpty(t, want, qs)
+		require.Equal(t, want, vectorLabels(t, run(t, pd, f.queryable(), qs, at60)), qs)
+	}
+}
+
 func TestPushdownMovedClusterIsEvaluatedMerged(t *testing.T) {
 	f := newFleet(t)
 	f.write(t, 1, 9, 0, 29) // cluster-9 moves from shard 1 to shard 2 at 30m
@@ -369,7 +400,10 @@ func TestPlan(t *testing.T) {
 		{`count(x * on (_id, name) y)`, `sum(__pushdown_0__)`},
 		{`sum(label_replace(x, "_id", "a", "", ""))`, `sum(label_replace(__pushdown_0__, "_id", "a", "", ""))`},
 		{`max_over_time(count(x)[10m:1m])`, `max_over_time(count(x)[10m:1m])`},
-		{`absent(x)`, `absent(__pushdown_0__)`},
+		{`absent(x{name="a"})`, `absent(x{name="a"})`},
+		{`absent_over_time(x{name="a"}[5m])`, `absent_over_time(x{name="a"}[5m])`},
+		{`sort_desc(sum by (_id) (x))`, `sort_desc(__pushdown_0__)`},
+		{`sort(rate(x[5m]))`, `sort(__pushdown_0__)`},
 		{`count(x > scalar(y))`, `count(__pushdown_0__ > scalar(__pushdown_1__))`},
 		{`time()`, `time()`},
 		{`count(hour())`, `count(hour())`},

@@ -78,6 +78,9 @@ func (p *planner) rewrite(e parser.Expr) parser.Expr {
 	case *parser.BinaryExpr:
 		n.LHS, n.RHS = p.rewrite(n.LHS), p.rewrite(n.RHS)
 	case *parser.Call:
+		if readsMatchers[n.Func.Name] {
+			break // its argument's matchers are its answer's labels: evaluated merged
+		}
 		for i, a := range n.Args {
 			n.Args[i] = p.rewrite(a)
 		}
@@ -164,8 +167,15 @@ func (p *planner) localCall(n *parser.Call) bool {
 // perSeries are the functions whose output series each depend on one input
 // series, or (histogram_quantile and friends over classic buckets) on
 // series that differ only in le. Others — absent, scalar, vector, info and
-// any function added later — are evaluated over the merged fleet.
+// any function added later — are evaluated over the merged fleet. So are
+// sort, sort_desc and sort_by_label(_desc): per series, but their answer is
+// an order, which a union of the shards' parts would not keep.
 var perSeries = map[string]bool{}
+
+// readsMatchers are the functions whose answer takes its labels from their
+// argument's selector: their argument is not replaced by a pushed-down part
+// (a selector without matchers), it is evaluated merged.
+var readsMatchers = map[string]bool{"absent": true, "absent_over_time": true}
 
 func init() {
 	for _, f := range []string{
@@ -177,8 +187,7 @@ func init() {
 		"hour", "idelta", "increase", "irate", "label_replace", "label_join", "last_over_time", "ln",
 		"log10", "log2", "mad_over_time", "max_over_time", "min_over_time", "minute", "month", "pi",
 		"predict_linear", "present_over_time", "quantile_over_time", "rad", "rate", "resets", "round",
-		"sgn", "sin", "sinh", "sort", "sort_desc", "sort_by_label", "sort_by_label_desc", "sqrt",
-		"stddev_over_time", "stdvar_over_time", "sum_over_time", "tan", "tanh", "time", "timestamp", "year",
+		"sgn", "sin", "sinh", "sqrt", "stddev_over_time", "stdvar_over_time", "sum_over_time", "tan", "tanh", "time", "timestamp", "year",
 	} {
 		perSeries[f] = true
 	}
