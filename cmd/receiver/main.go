@@ -274,7 +274,7 @@ func run(args []string, stderr io.Writer) int {
 			Peers:        peerSet.Shards,
 			InBucket: func(ctx context.Context, mint, maxt int64) bool {
 				id, _ := auth.FromContext(ctx)
-				return bstore != nil && len(bstore.Blocks(id.Tenant, mint, maxt)) > 0
+				return bstore != nil && (!bstore.Listed() || len(bstore.Blocks(id.Tenant, mint, maxt)) > 0)
 			},
 		})
 	}
@@ -375,7 +375,12 @@ func run(args []string, stderr io.Writer) int {
 			ready.Store(false) // unready first, so load balancers move away
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			defer cancel()
-			_ = srv.Shutdown(ctx)
+			if err := srv.Shutdown(ctx); err != nil {
+				// Requests still running after 15s (a long remote read) would
+				// hold their queriers, and with them the head's flush below.
+				logger.Warn("closing connections of requests still running", "err", err)
+				_ = srv.Close()
+			}
 		})
 	}
 	if a.tokens != nil { // Tokens file reloader: revocation without restart.

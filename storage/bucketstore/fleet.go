@@ -15,6 +15,13 @@ func (s *Store) SyncedSince(t time.Time) bool {
 	return s.syncedFrom.Load() > t.UnixNano()
 }
 
+// Listed reports whether the bucket has been listed once since the start
+// (a Sync succeeded): before, the blocks only in the bucket are unknown. A
+// nil Store has no bucket, so nothing is missing from it.
+func (s *Store) Listed() bool {
+	return s == nil || s.syncedFrom.Load() != 0
+}
+
 // Tenants returns the tenants of the blocks known from the last syncs,
 // sorted. A nil Store knows none.
 func (s *Store) Tenants() []string {

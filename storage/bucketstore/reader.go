@@ -1,8 +1,13 @@
 package bucketstore
 
 import (
+	"context"
+	"errors"
+
 	"github.com/oklog/ulid/v2"
+	"github.com/prometheus/prometheus/model/labels"
 	promstorage "github.com/prometheus/prometheus/storage"
+	"github.com/prometheus/prometheus/util/annotations"
 )
 
 // Local is the receiver's own storage as Reader uses it (*storage.DB).
@@ -42,7 +47,10 @@ func NewReader(local Local, store *Store) *Reader {
 // Querier implements query.Reader. Local data is the primary querier: its
 // errors fail the query. Bucket blocks are secondaries: a block that cannot
 // be fetched turns into a warning in the API response, with the data of the
-// other blocks still returned (Thanos' partial response).
+// other blocks still returned (Thanos' partial response). Until the bucket
+// has been listed once since the start, a warning says so: the blocks only
+// in the bucket are missing (after a restart with the bucket unreachable,
+// for as long as it stays so), and rules skip rather than count without them.
 func (r *Reader) Querier(tenant string, mint, maxt int64) (promstorage.Querier, error) {
 	lq, err := r.local.Querier(tenant, mint, maxt)
 	if err != nil {
@@ -54,8 +62,31 @@ func (r *Reader) Querier(tenant string, mint, maxt int64) (promstorage.Querier, 
 	// After opening the local querier: a block deleted locally in between
 	// is then read from the bucket rather than missed.
 	bq := r.store.Queriers(tenant, mint, maxt, r.local.LocalBlocks(tenant))
+	if !r.store.Listed() {
+		bq = append(bq, notListed{})
+	}
 	if len(bq) == 0 {
 		return lq, nil
 	}
 	return promstorage.NewMergeQuerier([]promstorage.Querier{lq}, bq, promstorage.ChainedSeriesMerge), nil
 }
+
+// errNotListed is notListed's error, a warning in a merge.
+var errNotListed = errors.New("the bucket has not been listed since the receiver started: data only in the bucket is missing")
+
+// notListed stands, as a secondary, for the bucket's blocks not known yet.
+type notListed struct{}
+
+func (notListed) Select(context.Context, bool, *promstorage.SelectHints, ...*labels.Matcher) promstorage.SeriesSet {
+	return promstorage.ErrSeriesSet(errNotListed)
+}
+
+func (notListed) LabelValues(context.Context, string, *promstorage.LabelHints, ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	return nil, nil, errNotListed
+}
+
+func (notListed) LabelNames(context.Context, *promstorage.LabelHints, ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	return nil, nil, errNotListed
+}
+
+func (notListed) Close() error { return nil }

@@ -182,3 +182,44 @@ func TestCacheEvictsWithinBudgetAndAdoptsOnRestart(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(store.CacheBlocksGauge()))
 	require.NoError(t, store.Close())
 }
+
+// TestReaderWarnsUntilTheBucketIsListed: after a restart the blocks only in
+// the bucket are unknown until a sync succeeds. Until then every read
+// carries a warning (so rules skip and remote read fails) rather than
+// answering with local data alone as if it were everything.
+func TestReaderWarnsUntilTheBucketIsListed(t *testing.T) {
+	bucketDir := t.TempDir()
+	now := recentInOneBlock(time.Minute)
+	replica(t, bucketDir, "r0", func(db *storage.DB) {
+		_, err := db.Write(context.Background(), "acme", []prompb.TimeSeries{series("a", []int64{now}, func(int64) float64 { return 1 })})
+		require.NoError(t, err)
+	})
+	bkt, err := filesystem.NewBucket(bucketDir)
+	require.NoError(t, err)
+	store, err := bucketstore.New(discard, nil, bkt, filepath.Join(t.TempDir(), "cache"), bucketstore.Options{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, store.Close()) }()
+	local, err := storage.Open(discard, nil, t.TempDir(), storage.Config{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, local.Close()) }()
+	r := bucketstore.NewReader(local, store)
+
+	require.False(t, store.Listed())
+	q, err := r.Querier("acme", math.MinInt64, math.MaxInt64)
+	require.NoError(t, err)
+	ss := q.Select(context.Background(), true, nil, labels.MustNewMatcher(labels.MatchRegexp, "__name__", ".+"))
+	require.False(t, ss.Next(), "the block is not known yet")
+	require.NoError(t, ss.Err())
+	require.Len(t, ss.Warnings(), 1)
+	require.ErrorContains(t, ss.Warnings().AsErrors()[0], "the bucket has not been listed")
+	_, ws, err := q.LabelValues(context.Background(), "_id", nil)
+	require.NoError(t, err)
+	require.Len(t, ws, 1)
+	require.NoError(t, q.Close())
+
+	require.NoError(t, store.Sync(context.Background()))
+	require.True(t, store.Listed())
+	q, err = r.Querier("acme", math.MinInt64, math.MaxInt64)
+	require.NoError(t, err)
+	require.Len(t, readAll(t, q), 1, "listed: the block is read, without a warning")
+}
