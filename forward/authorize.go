@@ -140,6 +140,9 @@ type Authorizer struct {
 	mu     sync.Mutex
 	cur    *credential
 	direct bool // auto mode found no /authorize: the fleet token is used directly
+	// notBefore is when the receiver's last Retry-After on /authorize ends:
+	// until then no exchange is attempted, by Run or by the write path.
+	notBefore time.Time
 
 	kick chan struct{} // wakes Run after Rejected
 
@@ -187,6 +190,10 @@ func (a *Authorizer) Token(ctx context.Context) (string, error) {
 		return tok, err
 	}
 	if err := a.refresh(ctx, false); err != nil {
+		var ra *retryAfterError
+		if errors.As(err, &ra) && ra.after > 0 { // the write path waits as long
+			return "", RetryableError{Err: err, RetryAfter: ra.after}
+		}
 		return "", err
 	}
 	tok, ok, err := a.current()
@@ -209,6 +216,13 @@ func (a *Authorizer) current() (string, bool, error) {
 		return c.token, true, nil
 	}
 	return "", false, nil
+}
+
+// holdOff is how long the receiver's last Retry-After still runs.
+func (a *Authorizer) holdOff() time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.notBefore.Sub(a.now())
 }
 
 // Rejected implements Credentials: the credential is dropped, so the next
@@ -241,6 +255,9 @@ func (a *Authorizer) refresh(ctx context.Context, force bool) error {
 			return nil
 		}
 	}
+	if hold := a.holdOff(); hold > 0 {
+		return &retryAfterError{err: fmt.Errorf("%w: the receiver asked to retry in %s", ErrAuthorize, hold.Round(time.Second)), after: hold}
+	}
 	return a.exchange(ctx)
 }
 
@@ -251,6 +268,10 @@ func (a *Authorizer) fleetToken(ctx context.Context) (string, error) {
 	}
 	return TokenFile(a.opts.TokenFile).Token(ctx)
 }
+
+// maxAuthorizeRetryAfter caps how long a Retry-After on /authorize is
+// honoured, as Options.MaxRetryAfter's default caps it on writes.
+const maxAuthorizeRetryAfter = 10 * time.Minute
 
 // retryAfterError carries a server's Retry-After out of exchange.
 type retryAfterError struct {
@@ -312,10 +333,13 @@ func (a *Authorizer) exchange(ctx context.Context) error {
 		case code == http.StatusTooManyRequests || code/100 == 5:
 			result = "unavailable"
 		}
-		return &retryAfterError{
-			err:   fmt.Errorf("%w: %w", ErrAuthorize, herr),
-			after: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()),
+		after := min(parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()), maxAuthorizeRetryAfter)
+		if after > 0 {
+			a.mu.Lock()
+			a.notBefore = a.now().Add(after)
+			a.mu.Unlock()
 		}
+		return &retryAfterError{err: fmt.Errorf("%w: %w", ErrAuthorize, herr), after: after}
 	}
 	// Our receiver answers {token, expires_in_seconds, tenant, ...} (and,
 	// for telemeter-client, telemeter's fields too); a stock
@@ -396,6 +420,10 @@ func (a *Authorizer) Run(ctx context.Context) error {
 			wait = c.renewAt.Sub(a.now())
 			continue
 		}
+		if hold := a.holdOff(); hold > 0 { // kicked during the receiver's Retry-After
+			wait = hold
+			continue
+		}
 		err := a.refresh(ctx, true)
 		if err == nil {
 			attempt = 0
@@ -408,7 +436,7 @@ func (a *Authorizer) Run(ctx context.Context) error {
 		wait = Backoff(attempt, a.opts.MinBackoff, a.opts.MaxBackoff)
 		var ra *retryAfterError
 		if errors.As(err, &ra) && ra.after > 0 {
-			wait = min(ra.after, a.opts.MaxBackoff)
+			wait = ra.after        // capped at maxAuthorizeRetryAfter, not max_backoff: the receiver sheds load
 			if a.opts.Jitter > 0 { // the same Retry-After went to every forwarder refused
 				wait = stretch(wait, DefaultJitter)
 			}

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -301,4 +302,39 @@ func TestForbiddenWithExchangedCredentialsKeepsData(t *testing.T) {
 	var re RetryableError
 	require.ErrorAs(t, err, &re, "a 403 with exchanged credentials keeps the batch queued: %v", err)
 	require.Equal(t, 1, creds.rejected, "and makes the authorizer probe /authorize again")
+}
+
+// TestAuthorizeRetryAfterHoldsEveryExchange: a receiver shedding load answers
+// /authorize with 429 and Retry-After; neither Run nor the write path asks
+// again before it ends, and the write path's retry waits as long.
+func TestAuthorizeRetryAfterHoldsEveryExchange(t *testing.T) {
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/authorize" {
+			hits.Add(1)
+			w.Header().Set("Retry-After", "600")
+			http.Error(w, "slow down", http.StatusTooManyRequests)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	a := NewAuthorizer(discardLogger(), nil, mustURL(t, srv.URL), http.DefaultClient, AuthorizerOptions{
+		Mode: AuthorizeAlways, TokenFile: fleetTokenFile(t), ClusterID: hashedID,
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(ctx) }()
+	s := NewHTTPSender(mustURL(t, srv.URL), http.DefaultClient, HTTPSenderOptions{Credentials: a})
+	var re RetryableError
+	for range 20 {
+		err := s.SendEncoded(ctx, oneWrite(t))
+		require.ErrorAs(t, err, &re)
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.Greater(t, re.RetryAfter, 9*time.Minute, "the write path's retry ignores the Retry-After")
+	a.Rejected("none") // kicks Run
+	<-done
+	require.Equal(t, int64(1), hits.Load(), "/authorize asked again within its Retry-After")
 }

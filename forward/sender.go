@@ -361,8 +361,11 @@ func (s *HTTPSender) sendAs(ctx context.Context, r Record, proto string) (Writte
 	for attempt := 0; ; attempt++ {
 		tok, err := s.opts.Credentials.Token(ctx)
 		if err != nil {
-			// A local fault or a failed authorize: retrying may help.
-			return Written{}, RetryableError{Err: fmt.Errorf("remote write credential: %w", err)}
+			// A local fault or a failed authorize: retrying may help, after
+			// the receiver's Retry-After on /authorize if it gave one.
+			var re RetryableError
+			errors.As(err, &re)
+			return Written{}, RetryableError{Err: fmt.Errorf("remote write credential: %w", err), RetryAfter: re.RetryAfter}
 		}
 		w, err := s.post(ctx, body, proto, tok)
 		var he *HTTPError
