@@ -52,6 +52,10 @@ import (
 
 func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
 
+// bucketListGrace bounds how long readiness waits for the first listing of
+// the bucket: an unreachable bucket must not keep ingest away for longer.
+const bucketListGrace = 30 * time.Second
+
 // defaultGOGC is the receiver's GC target. A fleet receiver is bound by
 // memory per active series more than by samples/s. Since ingestion stopped
 // producing garbage (decode_v1.go), the RSS is the live heap and GOGC barely
@@ -215,7 +219,12 @@ func run(args []string, stderr io.Writer) int {
 	reader := peerSet.NewReader(bucketstore.NewReader(db, bstore), bstore.SyncedSince)
 
 	var ready atomic.Bool
-	isReady := func() bool { return ready.Load() && db.Ready() }
+	// Ready once the bucket has been listed (or tried, for up to
+	// bucketListGrace): reads until then warn that the bucket's data is missing.
+	started := time.Now()
+	isReady := func() bool {
+		return ready.Load() && db.Ready() && (bstore.Attempted() || time.Since(started) > bucketListGrace)
+	}
 	policy, err := receive.NewPolicy(cfg)
 	if err != nil {
 		logger.Error("invalid configuration", "file", *configFile, "err", err)

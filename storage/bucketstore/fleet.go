@@ -22,6 +22,13 @@ func (s *Store) Listed() bool {
 	return s == nil || s.syncedFrom.Load() != 0
 }
 
+// Attempted reports whether a Sync has ended since the start, successful
+// or not (the receiver is ready once it has, or after a grace period). A nil
+// Store has nothing to sync.
+func (s *Store) Attempted() bool {
+	return s == nil || s.attempted.Load()
+}
+
 // Tenants returns the tenants of the blocks known from the last syncs,
 // sorted. A nil Store knows none.
 func (s *Store) Tenants() []string {

@@ -95,6 +95,8 @@ type Store struct {
 	syncMtx sync.Mutex // serialises Sync
 	// syncedFrom is when the last successful Sync started (UnixNano).
 	syncedFrom atomic.Int64
+	// attempted is set once the first Sync has ended, whatever its result.
+	attempted atomic.Bool
 
 	mu        sync.Mutex
 	blocks    map[ulid.ULID]known
@@ -180,6 +182,7 @@ func (s *Store) Sync(ctx context.Context) (err error) {
 	defer s.syncMtx.Unlock()
 	start := time.Now()
 	defer func() {
+		s.attempted.Store(true)
 		if err != nil {
 			s.m.syncs.WithLabelValues("error").Inc()
 			return
