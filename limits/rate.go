@@ -55,6 +55,21 @@ func (l *Limiter) AllowSamples(tenant, cluster string, n int) (retryAfter time.D
 	return l.samples(tenant, cluster, n, true)
 }
 
+// MaxSamplesPerRequest is the most samples one request can carry and still
+// be admitted by AllowSamples (the bursts of the buckets that apply to it;
+// cluster: the request is bound to a cluster); 0: no bound. The receiver
+// stops decoding a request past it.
+func (l TenantLimits) MaxSamplesPerRequest(cluster bool) int {
+	n := 0
+	if l.SamplesPerSecondPerCluster > 0 && cluster {
+		n = l.BurstPerCluster
+	}
+	if l.SamplesPerSecondPerTenant > 0 && (n == 0 || l.BurstPerTenant < n) {
+		n = l.BurstPerTenant
+	}
+	return n
+}
+
 // CheckExhausted refuses, as AllowSamples would, a request that cannot pass
 // whatever its size, and takes nothing. The receiver calls it before it reads
 // and decodes a body, so a cluster over its rate costs next to nothing.

@@ -40,11 +40,14 @@ type familyRequest struct {
 	meta    []prompb.MetricMetadata
 	pairs   []prompb.Label // the label pairs of the metric being converted
 
-	// maxLabels bounds d.labels while converting: one metric of many
-	// pairs and many buckets copies its pairs into every bucket's series,
-	// so the bound is checked on every series, not once per family.
-	maxLabels int
-	expanded  bool // a series was refused for maxLabels
+	// exp bounds what the series take while converting: one metric of
+	// many pairs and many buckets copies its pairs into every bucket's
+	// series, so the bound is checked on every series, not once per family.
+	exp      expansion
+	expanded bool // a series was refused for exp
+	// maxSamples, when set before decoding, refuses an upload of more
+	// series than the limits admit at once (errTooLarge).
+	maxSamples int
 
 	// restamp stores every metric at the receive time, as telemeter-server
 	// does (telemeter.go); drift counts the timestamps it replaced that were
@@ -98,7 +101,8 @@ func (d *familyRequest) poolable() bool {
 // decodeFamilies decodes raw, a sequence of varint-length-delimited
 // MetricFamily messages, into d. Samples without a timestamp get now (ms),
 // and with restamp every sample does. Malformed input is errBadRequest; an
-// upload that would expand beyond about four labels per byte is errTooLarge.
+// upload whose series would take more than expansionFactor times its size
+// in memory is errTooLarge.
 func decodeFamilies(raw []byte, d *familyRequest, now int64, restamp bool) error {
 	d.reset()
 	d.restamp = restamp
@@ -120,7 +124,7 @@ func decodeFamilies(raw []byte, d *familyRequest, now int64, restamp bool) error
 }
 
 func (d *familyRequest) decode(raw []byte, now int64) error {
-	d.maxLabels = 4*len(raw) + 1024
+	d.exp = newExpansion(len(raw), expansionFactorFamilies, d.maxSamples)
 	p := pbReader{b: raw}
 	for n := 0; !p.done(); n++ {
 		msg, err := p.bytes() // the varint length prefix, then the message
@@ -574,7 +578,7 @@ func decodeBucket(raw []byte) (upper, count float64, err error) {
 // emit appends one series: __name__=name, the metric's label pairs, and extraName=
 // extraValue when set, sorted by name, with one sample.
 func (d *familyRequest) emit(name string, m *metric, extraName, extraValue string, v float64) {
-	if d.expanded || len(d.labels)+len(d.pairs)+2 > d.maxLabels {
+	if d.expanded || d.exp.spend(labelCost*int64(len(d.pairs)+2)+sampleCost+seriesCost) != nil || d.exp.sample() != nil {
 		d.expanded = true // decode refuses the upload; what is left of it is only parsed
 		return
 	}

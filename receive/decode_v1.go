@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"unsafe"
 
 	"github.com/prometheus/prometheus/prompb"
 )
@@ -23,6 +24,10 @@ type v1Request struct {
 	labels  []prompb.Label
 	samples []prompb.Sample
 	spans   []seriesSpan
+	exp     expansion
+	// maxSamples, when set before decoding, refuses a request of more
+	// samples than the limits admit at once (errTooLarge).
+	maxSamples int
 }
 
 // seriesSpan locates one series' labels and samples in v1Request's slices;
@@ -47,6 +52,9 @@ var (
 func decodeV1(raw []byte, d *v1Request) error {
 	if err := d.decode(raw); err != nil {
 		d.reset()
+		if errors.Is(err, errTooLarge) {
+			return fmt.Errorf("protobuf decode: %w", err)
+		}
 		return fmt.Errorf("protobuf decode: %w: %w", errBadRequest, err)
 	}
 	return nil
@@ -62,6 +70,7 @@ func (d *v1Request) reset() {
 
 func (d *v1Request) decode(raw []byte) error {
 	d.reset()
+	d.exp = newExpansion(len(raw), expansionFactor, d.maxSamples)
 	p := pbReader{b: raw}
 	for !p.done() {
 		field, wire, err := p.tag()
@@ -74,13 +83,16 @@ func (d *v1Request) decode(raw []byte) error {
 			if err != nil {
 				return err
 			}
+			if err := d.exp.spend(seriesCost); err != nil {
+				return err
+			}
 			d.req.Timeseries = append(d.req.Timeseries, prompb.TimeSeries{})
 			d.spans = append(d.spans, seriesSpan{})
 			if err := d.decodeSeries(msg, &d.req.Timeseries[len(d.req.Timeseries)-1], &d.spans[len(d.spans)-1]); err != nil {
 				return err
 			}
 		case 3: // metadata
-			if d.req.Metadata, err = appendGenerated(&p, wire, "Metadata", d.req.Metadata); err != nil {
+			if d.req.Metadata, err = appendGenerated(&p, &d.exp, wire, "Metadata", d.req.Metadata); err != nil {
 				return err
 			}
 		default:
@@ -121,6 +133,9 @@ func (d *v1Request) decodeSeries(raw []byte, ts *prompb.TimeSeries, sp *seriesSp
 			if err != nil {
 				return err
 			}
+			if err := d.exp.spend(labelCost); err != nil {
+				return err
+			}
 			d.labels = append(d.labels, l)
 			sp.labels[1]++
 		case 2: // samples
@@ -132,14 +147,20 @@ func (d *v1Request) decodeSeries(raw []byte, ts *prompb.TimeSeries, sp *seriesSp
 			if err != nil {
 				return err
 			}
+			if err := d.exp.spend(sampleCost); err != nil {
+				return err
+			}
+			if err := d.exp.sample(); err != nil {
+				return err
+			}
 			d.samples = append(d.samples, s)
 			sp.samples[1]++
 		case 3: // exemplars
-			if ts.Exemplars, err = appendGenerated(&p, wire, "Exemplars", ts.Exemplars); err != nil {
+			if ts.Exemplars, err = appendGenerated(&p, &d.exp, wire, "Exemplars", ts.Exemplars); err != nil {
 				return err
 			}
 		case 4: // histograms
-			if ts.Histograms, err = appendGenerated(&p, wire, "Histograms", ts.Histograms); err != nil {
+			if ts.Histograms, err = appendGenerated(&p, &d.exp, wire, "Histograms", ts.Histograms); err != nil {
 				return err
 			}
 		default:
@@ -159,13 +180,16 @@ type generated[T any] interface {
 
 // appendGenerated reads the embedded message field name from p and decodes
 // it into a new last element of s with the generated code, for the fields
-// telemetry rarely carries.
-func appendGenerated[T any, P generated[T]](p *pbReader, wire int, name string, s []T) ([]T, error) {
+// telemetry rarely carries, charging exp for what it may become.
+func appendGenerated[T any, P generated[T]](p *pbReader, exp *expansion, wire int, name string, s []T) ([]T, error) {
 	msg, err := p.message(wire, name)
 	if err != nil {
 		return s, err
 	}
 	var zero T
+	if err := exp.spend(int64(unsafe.Sizeof(zero)) + generatedFactor*int64(len(msg))); err != nil {
+		return s, err
+	}
 	s = append(s, zero)
 	return s, P(&s[len(s)-1]).Unmarshal(msg)
 }

@@ -1,6 +1,8 @@
 package receive
 
 import (
+	"bytes"
+	"errors"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +12,7 @@ import (
 	"github.com/golang/snappy"
 	"github.com/prometheus/prometheus/prompb"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/phonehome/phonehome/auth"
 	"github.com/phonehome/phonehome/limits"
@@ -87,6 +90,9 @@ func FuzzDecodeV1MatchesGenerated(f *testing.F) {
 		var want prompb.WriteRequest
 		wantErr := want.Unmarshal(raw)
 		err := decodeV1(raw, &d)
+		if errors.Is(err, errTooLarge) { // the expansion bound, which the generated code does not have
+			return
+		}
 		if wantErr != nil {
 			require.Error(t, err, "generated code refuses it: %v", wantErr)
 			return
@@ -189,11 +195,32 @@ func scribble(b []byte) {
 func TestHugeRequestBuffersAreNotPooled(t *testing.T) {
 	var b bytesBuffer
 	require.True(t, b.poolable())
-	raw := make([]byte, 0, 2*(maxPooledSeries+1))
+	// A series of one label, __name__="up": 18 bytes (an empty series, 2
+	// bytes, is refused as an expansion).
+	series := append([]byte{0x0a, 0x10, 0x0a, 0x0e, 0x0a, 0x08}, "__name__\x12\x02up"...)
+	raw := make([]byte, 0, len(series)*(maxPooledSeries+1))
 	for range maxPooledSeries + 1 {
-		raw = append(raw, 0x0a, 0x00) // an empty series
+		raw = append(raw, series...)
 	}
 	require.NoError(t, decodeV1(raw, &b.v1))
 	require.Len(t, b.v1.req.Timeseries, maxPooledSeries+1)
 	require.False(t, b.poolable())
+}
+
+// TestDecodeRefusesExpansion: the smallest elements (an empty label or
+// sample: 2 bytes on the wire, 48–64 decoded) cannot make a request under
+// max_decoded_bytes take gigabytes; past the budget it is too large (413).
+// A request of more samples than the limits admit stops at maxSamples.
+func TestDecodeRefusesExpansion(t *testing.T) {
+	var d v1Request
+	labels := bytes.Repeat([]byte{0x0a, 0x00}, 1<<20) // a million empty labels: 2 MiB
+	raw := append(protowire.AppendVarint([]byte{0x0a}, uint64(len(labels))), labels...)
+	require.ErrorIs(t, decodeV1(raw, &d), errTooLarge)
+	require.Empty(t, d.req.Timeseries)
+
+	samples := bytes.Repeat([]byte{0x12, 0x00}, 1000)
+	raw = append(protowire.AppendVarint([]byte{0x0a}, uint64(len(samples))), samples...)
+	require.NoError(t, decodeV1(raw, &d))
+	d.maxSamples = 999
+	require.ErrorIs(t, decodeV1(raw, &d), errTooLarge)
 }

@@ -32,6 +32,9 @@ type batch struct {
 	// invalid is nil or holds, per series, why decoding refused it; such a
 	// series is an empty placeholder in series.
 	invalid []invalidSeries
+	// invalidMeta counts 2.0 metadata dropped for a help or unit over
+	// maxHelpBytes or maxUnitBytes (the series' samples are kept).
+	invalidMeta int
 }
 
 // invalidSeries is a series refused while decoding, with the samples and
@@ -174,6 +177,11 @@ func convertV2(d *v2Request, lim *limits.TenantLimits) (*batch, error) {
 		nSamples += len(req.Timeseries[i].Samples)
 	}
 	budget := labelBudgetFactor * lim.MaxDecodedBytes
+	// The prompb form costs more than the 2.0 form: a label is a 64-byte
+	// struct where it was two varints.
+	if err := d.exp.spend(labelCost*int64(nLabels) + sampleCost*int64(nSamples) + seriesCost*int64(n)); err != nil {
+		return nil, err
+	}
 	// Sized so that appending never moves them: the series point into them.
 	labelArena := slices.Grow(c.labels, nLabels)
 	sampleArena := slices.Grow(c.samples, nSamples)
@@ -221,6 +229,13 @@ func convertV2(d *v2Request, lim *limits.TenantLimits) (*batch, error) {
 		if err != nil {
 			refuse("exemplar: %v", err)
 			continue
+		}
+		if len(m.Help) > maxHelpBytes || len(m.Unit) > maxUnitBytes {
+			// As for 1.0: storage logs a series' metadata in the WAL,
+			// so one large symbol referenced by every series of a
+			// request would be written once per series.
+			m = metadata.Metadata{}
+			c.b.invalidMeta++
 		}
 		if keepsMetadata(m) {
 			// Storage keeps metadata, and the metric name it files it

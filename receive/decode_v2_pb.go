@@ -1,6 +1,7 @@
 package receive
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -25,6 +26,10 @@ type v2Request struct {
 	spans   []seriesSpan     // labels: a series' range of refs
 
 	conv v2Conversion
+	exp  expansion // decoding's and convertV2's
+	// maxSamples, when set before decoding, refuses a request of more
+	// samples than the limits admit at once (errTooLarge).
+	maxSamples int
 }
 
 // decodeV2 unmarshals a remote-write 2.0 request into d, replacing what d
@@ -40,6 +45,9 @@ type v2Request struct {
 func decodeV2(raw []byte, d *v2Request) error {
 	if err := d.decode(raw); err != nil {
 		d.reset()
+		if errors.Is(err, errTooLarge) {
+			return fmt.Errorf("protobuf decode: %w", err)
+		}
 		return fmt.Errorf("protobuf decode: %w: %w", errBadRequest, err)
 	}
 	if len(d.req.Timeseries) > 0 || len(d.req.Symbols) > 0 {
@@ -71,6 +79,7 @@ func (d *v2Request) reset() {
 
 func (d *v2Request) decode(raw []byte) error {
 	d.reset()
+	d.exp = newExpansion(len(raw), expansionFactorV2, d.maxSamples)
 	p := pbReader{b: raw}
 	for !p.done() {
 		field, wire, err := p.tag()
@@ -86,10 +95,16 @@ func (d *v2Request) decode(raw []byte) error {
 			if err != nil {
 				return err
 			}
+			if err := d.exp.spend(symbolCost); err != nil {
+				return err
+			}
 			d.req.Symbols = append(d.req.Symbols, aliasString(b))
 		case 5: // timeseries
 			msg, err := p.message(wire, "Timeseries")
 			if err != nil {
+				return err
+			}
+			if err := d.exp.spend(seriesV2Cost); err != nil {
 				return err
 			}
 			d.req.Timeseries = append(d.req.Timeseries, writev2.TimeSeries{})
@@ -129,6 +144,9 @@ func (d *v2Request) decodeSeries(raw []byte, ts *writev2.TimeSeries, sp *seriesS
 			if d.refs, err = p.appendUint32s(d.refs, wire, "LabelsRefs"); err != nil {
 				return err
 			}
+			if err := d.exp.spend(refCost * int64(len(d.refs)-n)); err != nil {
+				return err
+			}
 			sp.labels[1] += int32(len(d.refs) - n)
 		case 2: // samples
 			msg, err := p.message(wire, "Samples")
@@ -139,14 +157,20 @@ func (d *v2Request) decodeSeries(raw []byte, ts *writev2.TimeSeries, sp *seriesS
 			if err != nil {
 				return err
 			}
+			if err := d.exp.spend(sampleV2Cost); err != nil {
+				return err
+			}
+			if err := d.exp.sample(); err != nil {
+				return err
+			}
 			d.samples = append(d.samples, s)
 			sp.samples[1]++
 		case 3: // histograms
-			if ts.Histograms, err = appendGenerated(&p, wire, "Histograms", ts.Histograms); err != nil {
+			if ts.Histograms, err = appendGenerated(&p, &d.exp, wire, "Histograms", ts.Histograms); err != nil {
 				return err
 			}
 		case 4: // exemplars
-			if ts.Exemplars, err = appendGenerated(&p, wire, "Exemplars", ts.Exemplars); err != nil {
+			if ts.Exemplars, err = appendGenerated(&p, &d.exp, wire, "Exemplars", ts.Exemplars); err != nil {
 				return err
 			}
 		case 5: // metadata: merged into what an earlier occurrence set, as protobuf does

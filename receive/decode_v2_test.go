@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -361,4 +362,32 @@ func FuzzDecodeWriteRequestV2(f *testing.F) {
 			t.Fatalf("%d with %d samples written", rec.Code, written)
 		}
 	})
+}
+
+// TestV2OversizedMetadataIsDropped: as in 1.0, help over maxHelpBytes (or a
+// unit over maxUnitBytes) is dropped and counted, the samples kept. Storage
+// logs each series' metadata in the WAL: every series of a request
+// referencing one large help symbol would otherwise write it once each.
+func TestV2OversizedMetadataIsDropped(t *testing.T) {
+	req := writev2.Request{Symbols: []string{"", "__name__", "up", "_id", "c1", strings.Repeat("h", maxHelpBytes+1), "Up."}}
+	for _, help := range []uint32{5, 5, 6} {
+		req.Timeseries = append(req.Timeseries, writev2.TimeSeries{
+			LabelsRefs: []uint32{1, 2, 3, 4},
+			Samples:    []writev2.Sample{{Value: 1, Timestamp: 1}},
+			Metadata:   writev2.Metadata{Type: writev2.Metadata_METRIC_TYPE_GAUGE, HelpRef: help},
+		})
+	}
+	raw, err := req.Marshal()
+	require.NoError(t, err)
+	var d v2Request
+	require.NoError(t, decodeV2(raw, &d))
+	lim := limits.DefaultTenantLimits()
+	b, err := convertV2(&d, &lim)
+	require.NoError(t, err)
+	require.Equal(t, 2, b.invalidMeta)
+	require.Equal(t, metadata.Metadata{}, b.meta[0])
+	require.Equal(t, metadata.Metadata{Type: model.MetricTypeGauge, Help: "Up."}, b.meta[2])
+	for _, s := range b.series {
+		require.Len(t, s.Samples, 1, "the samples are kept")
+	}
 }

@@ -212,11 +212,14 @@ func (h *Handler) handle(r *http.Request, rt route) (written storage.Stats, prot
 	buf := bufPool.Get().(*bytesBuffer)
 	defer h.release(buf)
 	lim := h.limiter.For(id.Tenant)
-	b, err := h.decode(r, proto, buf, &lim)
+	b, err := h.decode(r, proto, buf, &lim, lim.MaxSamplesPerRequest(id.ClusterID != ""))
 	if err != nil {
 		return storage.Stats{}, proto, err
 	}
 	h.metrics.requestsByProto.WithLabelValues(proto).Inc()
+	if b.invalidMeta > 0 {
+		h.metrics.rejected.WithLabelValues(reasonInvalidMetadata).Add(float64(b.invalidMeta))
+	}
 	if rt.telemeter() && h.replicas != nil {
 		label := h.opts.Telemeter.ReplicaLabel
 		if rt == routeTelemeterWrite && !h.electedReplica(id, replicaOf(b.series, label), b.samples()) {
@@ -260,7 +263,8 @@ func (h *Handler) electedReplica(id auth.Identity, replica string, samples int) 
 }
 
 // decode reads r's body into buf and decodes it as proto, within lim's sizes.
-func (h *Handler) decode(r *http.Request, proto string, buf *bytesBuffer, lim *limits.TenantLimits) (*batch, error) {
+// Decoding stops past maxSamples (0: none), more than the limits admit.
+func (h *Handler) decode(r *http.Request, proto string, buf *bytesBuffer, lim *limits.TenantLimits, maxSamples int) (*batch, error) {
 	var (
 		raw  []byte
 		sent int64
@@ -284,17 +288,20 @@ func (h *Handler) decode(r *http.Request, proto string, buf *bytesBuffer, lim *l
 	switch proto {
 	case protoFamilies:
 		now := time.Now().UnixMilli()
+		buf.fam.maxSamples = maxSamples
 		if err := decodeFamilies(raw, &buf.fam, now, !keepUploadTimestamps(r)); err != nil {
 			return nil, err
 		}
 		h.countRestamped(&buf.fam)
 		return &batch{series: buf.fam.series, familyMeta: buf.fam.meta}, nil
 	case protoV2:
+		buf.v2.maxSamples = maxSamples
 		if err := decodeV2(raw, &buf.v2); err != nil {
 			return nil, err
 		}
 		return convertV2(&buf.v2, lim)
 	default:
+		buf.v1.maxSamples = maxSamples
 		if err := decodeV1(raw, &buf.v1); err != nil {
 			return nil, err
 		}

@@ -413,3 +413,30 @@ func fixtureFamilies() ([]byte, error) {
 	}
 	return out.Bytes(), nil
 }
+
+// TestUploadBucketsCannotExpandWithoutBound: each empty bucket of a classic
+// histogram (2 bytes) becomes a series with every label of its metric; a
+// small upload of many of them is too large (413), not gigabytes of heap. An
+// upload of more series than the limits admit at once stops at maxSamples.
+func TestUploadBucketsCannotExpandWithoutBound(t *testing.T) {
+	histogram := func(buckets int) *dto.MetricFamily {
+		m := &dto.Metric{Histogram: &dto.Histogram{Bucket: make([]*dto.Bucket, buckets)}, TimestampMs: proto.Int64(1)}
+		for i := range m.Histogram.Bucket {
+			m.Histogram.Bucket[i] = &dto.Bucket{}
+		}
+		for _, n := range []string{"a", "b", "c", "d", "e", "f"} {
+			m.Label = append(m.Label, &dto.LabelPair{Name: proto.String(n), Value: proto.String(strings.Repeat(n, 30))})
+		}
+		return &dto.MetricFamily{Name: proto.String("h"), Type: dto.MetricType_HISTOGRAM.Enum(), Metric: []*dto.Metric{m}}
+	}
+	var d familyRequest
+	raw := delimited(t, histogram(500_000)) // ~1 MB
+	require.ErrorIs(t, decodeFamilies(raw, &d, 1, false), errTooLarge)
+	require.Empty(t, d.series)
+
+	raw = delimited(t, histogram(100))
+	require.NoError(t, decodeFamilies(raw, &d, 1, false))
+	require.Len(t, d.series, 100+3) // buckets, +Inf, _sum, _count
+	d.maxSamples = 100
+	require.ErrorIs(t, decodeFamilies(raw, &d, 1, false), errTooLarge)
+}

@@ -1,0 +1,80 @@
+package receive
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/prometheus/prometheus/prompb"
+	writev2 "github.com/prometheus/prometheus/prompb/io/prometheus/write/v2"
+)
+
+// expansion bounds the memory a request's decoded structures take, as a
+// multiple of its decoded size. max_decoded_bytes bounds the bytes, not what
+// they become: an empty label or sample is 2 bytes on the wire and 48–64
+// decoded, and an upload's histogram bucket (2 bytes) becomes a series with
+// every label of its metric. Without the bound a 184 KiB upload grew the
+// heap by 4.7 GiB (a review's test).
+//
+// It also stops a request at more samples than the limits could ever admit
+// (maxSamples: the burst), which they would refuse after decoding.
+type expansion struct {
+	left       int64
+	samples    int
+	maxSamples int // 0: none
+}
+
+const (
+	// expansionFactor: 1.0 telemetry expands 3–4× (labels of ~20 bytes on
+	// the wire become 64-byte structs); a series of one 1-byte label and one
+	// sample about 13×.
+	expansionFactor = 16
+	// expansionFactorV2: a 2.0 series is a few varints referencing shared
+	// symbols, ~45 bytes for eight labels and a sample, and becomes the
+	// same ~1 KB of structs as in 1.0 (~24×).
+	expansionFactorV2 = 48
+	// expansionFactorFamilies: an upload's classic histogram bucket (~12
+	// bytes) becomes a series of all its metric's labels (~50×).
+	expansionFactorFamilies = 64
+	// expansionSlack lets a small request of tiny series through.
+	expansionSlack = 1 << 20
+	// generatedFactor is charged per byte of the rare messages the generated
+	// code decodes (histograms, exemplars, metadata): a 1-byte packed bucket
+	// becomes 8 bytes, a 2-byte span a 40-byte struct.
+	generatedFactor = 24
+)
+
+// Decoded sizes charged per element.
+const (
+	labelCost    = int64(unsafe.Sizeof(prompb.Label{}))
+	sampleCost   = int64(unsafe.Sizeof(prompb.Sample{}))
+	seriesCost   = int64(unsafe.Sizeof(prompb.TimeSeries{}) + unsafe.Sizeof(seriesSpan{}))
+	sampleV2Cost = int64(unsafe.Sizeof(writev2.Sample{}))
+	seriesV2Cost = int64(unsafe.Sizeof(writev2.TimeSeries{}) + unsafe.Sizeof(seriesSpan{}))
+	symbolCost   = int64(unsafe.Sizeof(""))
+	refCost      = int64(unsafe.Sizeof(uint32(0)))
+)
+
+var (
+	errExpands   = fmt.Errorf("decoded, the request would take too many times its size in memory: %w", errTooLarge)
+	errOverBurst = fmt.Errorf("more samples than the burst limit admits in one request: %w", errTooLarge)
+)
+
+func newExpansion(decoded int, factor int64, maxSamples int) expansion {
+	return expansion{left: factor*int64(decoded) + expansionSlack, maxSamples: maxSamples}
+}
+
+// sample counts one sample; errOverBurst past maxSamples.
+func (e *expansion) sample() error {
+	if e.samples++; e.maxSamples > 0 && e.samples > e.maxSamples {
+		return errOverBurst
+	}
+	return nil
+}
+
+// spend takes n bytes of the budget; errExpands once it is spent.
+func (e *expansion) spend(n int64) error {
+	if e.left -= n; e.left < 0 {
+		return errExpands
+	}
+	return nil
+}
