@@ -29,6 +29,7 @@ import (
 	"github.com/prometheus/common/version"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql"
+	"golang.org/x/net/netutil"
 
 	"github.com/phonehome/phonehome/auth"
 	"github.com/phonehome/phonehome/erasure"
@@ -84,6 +85,8 @@ func run(args []string, stderr io.Writer) int {
 		checkOnly   = fs.Bool("check-config", false, "Validate the configuration (and the files it names), print ok and exit.")
 		noAuth      = fs.Bool("insecure.no-auth", false, "INSECURE: accept every request without credentials, as tenant \""+defaultTenant+"\". For local trials only.")
 		showVersion = fs.Bool("version", false, "Print the version and exit.")
+		maxConns    = fs.Int("web.max-connections", 512, "Maximum simultaneous connections, as Prometheus' flag: more wait to be accepted. Bounds the requests being decoded at once across all clusters (the per-cluster limit is limits.max_inflight_requests_per_cluster); 0 = unlimited.")
+		readTimeout = fs.Duration("web.read-timeout", 5*time.Minute, "Maximum duration to read a request, body included, as Prometheus' flag: a client that trickles its body does not hold a connection and its buffer longer.")
 		enablePprof = fs.Bool("web.enable-pprof", false, "Serve net/http/pprof under /debug/pprof/ (unauthenticated: for benchmarks and debugging on trusted networks only).")
 		gcPercent   = fs.Int("runtime.gogc", defaultGOGC, "GOGC for the process (100 is Go's default; see bench/results/README.md, \"GC settings\"). An explicit GOGC environment variable overrides the default, not an explicit flag.")
 		memLimit    = fs.Int64("runtime.memory-limit-bytes", 0, "Soft memory limit for the Go runtime (GOMEMLIMIT) in bytes; 0 keeps the GOMEMLIMIT environment variable or no limit.")
@@ -163,6 +166,9 @@ func run(args []string, stderr io.Writer) int {
 		return 1
 	}
 	defer ln.Close()
+	if *maxConns > 0 {
+		ln = netutil.LimitListener(ln, *maxConns)
+	}
 
 	db, err := storage.Open(logger.With("component", "storage"), reg, *storagePath, cfg.Storage)
 	if err != nil {
@@ -362,7 +368,7 @@ func run(args []string, stderr io.Writer) int {
 	// keeps working.
 	mux.HandleFunc("GET /healthz", healthy)
 	mux.HandleFunc("GET /healthz/ready", readyz)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: *readTimeout, IdleTimeout: 2 * time.Minute}
 
 	var g oklogrun.Group
 	// A second SIGINT/SIGTERM (Ctrl-C pressed twice, or a supervisor signalling
