@@ -59,7 +59,15 @@ type Options struct {
 	// nor shows on the status page. Nil denies nothing (storage still
 	// refuses such series, later).
 	Denied func(tenant, cluster string) bool
+	// MaxInflight bounds the write requests read, decoded and written at
+	// once across every tenant and cluster (limits.max_inflight_requests_per_cluster
+	// bounds one cluster's); more are answered 503 with Retry-After before
+	// their body is read. It bounds the memory of decoding. 0 = unlimited.
+	MaxInflight int
 }
+
+// errOverloaded refuses a write while Options.MaxInflight are served.
+var errOverloaded = fmt.Errorf("%w: too many write requests in flight, retry later", storage.ErrNotReady)
 
 // hintedWriter is implemented by a storage.Writer that takes a hint per
 // series (*storage.DB: the series' head reference) from the caller, and
@@ -90,15 +98,16 @@ type metadataWriter interface {
 // Handler serves POST /api/v1/write. It expects auth.Middleware in front of
 // it: the tenant and bound cluster id come only from the request context.
 type Handler struct {
-	logger  *slog.Logger
-	writer  storage.Writer
-	metaW   metadataWriter       // nil: metadata is dropped
-	hintW   hintedWriter         // nil: the writer keeps its own series cache
-	famW    familyMetadataWriter // nil: 1.0 metadata is dropped
-	limiter *limits.Limiter
-	policy  atomic.Pointer[Policy]
-	opts    Options
-	metrics *metrics
+	logger   *slog.Logger
+	writer   storage.Writer
+	metaW    metadataWriter       // nil: metadata is dropped
+	hintW    hintedWriter         // nil: the writer keeps its own series cache
+	famW     familyMetadataWriter // nil: 1.0 metadata is dropped
+	limiter  *limits.Limiter
+	policy   atomic.Pointer[Policy]
+	opts     Options
+	metrics  *metrics
+	inflight atomic.Int64 // write requests being served, for Options.MaxInflight
 	// replicas elects one Prometheus replica per cluster on Telemeter's
 	// remote-write path; nil without a replica label.
 	replicas *replicaTracker
@@ -204,6 +213,16 @@ func (h *Handler) handle(r *http.Request, rt route) (written storage.Stats, prot
 	if retry, err := h.limiter.CheckExhausted(id.Tenant, id.ClusterID); err != nil {
 		return storage.Stats{}, proto, &rateLimitedError{retryAfter: retry, err: err} // before reading the body: cheap
 	}
+	if limit := int64(h.opts.MaxInflight); limit > 0 {
+		if h.inflight.Add(1) > limit {
+			h.inflight.Add(-1)
+			h.metrics.overloaded.Inc()
+			return storage.Stats{}, proto, errOverloaded
+		}
+		defer h.inflight.Add(-1)
+	}
+	h.metrics.inflight.Inc()
+	defer h.metrics.inflight.Dec()
 	inflight, err := h.limiter.StartRequest(id.Tenant, id.ClusterID) // also before the body: one cluster cannot hold every handler
 	if err != nil {
 		return storage.Stats{}, proto, &rateLimitedError{retryAfter: limits.InFlightRetryAfter, err: err}

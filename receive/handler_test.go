@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/alecthomas/units"
 	"github.com/golang/snappy"
@@ -335,4 +336,60 @@ func TestHandlerKeepsV1MetadataInsideTheAllowlist(t *testing.T) {
 	require.Equal(t, http.StatusNoContent, rec.Code, "a metadata-only request writes no samples and succeeds")
 	require.Len(t, w.meta, 1)
 	require.Equal(t, "csv_succeeded", w.meta[0].MetricFamilyName)
+}
+
+// blockingWriter holds every write until released.
+type blockingWriter struct {
+	fakeWriter
+	entered, release chan struct{}
+}
+
+func (b *blockingWriter) Write(ctx context.Context, tenant string, series []prompb.TimeSeries) (storage.Stats, error) {
+	b.entered <- struct{}{}
+	<-b.release
+	return b.fakeWriter.Write(ctx, tenant, series)
+}
+
+// within receives from c, or fails the test after 10s.
+func within[T any](t *testing.T, c <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-c:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatal("timed out")
+		panic("unreachable")
+	}
+}
+
+// TestHandlerMaxInflight: past Options.MaxInflight requests being served,
+// across clusters, a write is refused with 503 and Retry-After before its
+// body is read; once one ends, writes are served again.
+func TestHandlerMaxInflight(t *testing.T) {
+	w := &blockingWriter{entered: make(chan struct{}, 4), release: make(chan struct{}, 4)}
+	h := NewHandler(discard(), nil, w, newLimiter(nil), Options{MaxInflight: 2})
+	serve := func(c string) int {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, newRequest(encode(t, series("up", "_id", c)), &auth.Identity{Tenant: "a", ClusterID: c}))
+		return rec.Code
+	}
+	codes := make(chan int, 2)
+	for _, c := range []string{"c1", "c2"} {
+		go func() { codes <- serve(c) }()
+		within(t, w.entered)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t, series("up", "_id", "c3")), &auth.Identity{Tenant: "a", ClusterID: "c3"}))
+	require.Equal(t, http.StatusServiceUnavailable, rec.Code, rec.Body.String())
+	require.NotEmpty(t, rec.Header().Get("Retry-After"))
+	require.Equal(t, 1.0, testutil.ToFloat64(h.metrics.overloaded))
+	require.Equal(t, 2.0, testutil.ToFloat64(h.metrics.inflight))
+
+	for range 3 { // the two held writes, and c3's below
+		w.release <- struct{}{}
+	}
+	require.Equal(t, http.StatusNoContent, within(t, codes))
+	require.Equal(t, http.StatusNoContent, within(t, codes))
+	require.Equal(t, http.StatusNoContent, serve("c3"))
+	require.Zero(t, testutil.ToFloat64(h.metrics.inflight))
 }

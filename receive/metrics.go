@@ -17,6 +17,8 @@ type metrics struct {
 	seriesAccepted  prometheus.Counter
 	unsortedSeries  prometheus.Counter
 	unauthenticated prometheus.Counter
+	inflight        prometheus.Gauge
+	overloaded      prometheus.Counter
 	// Telemeter's paths (telemeter.go)
 	replicaDropped   prometheus.Counter
 	replicaFailovers prometheus.Counter
@@ -72,6 +74,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		unauthenticated: f.NewCounter(prometheus.CounterOpts{
 			Name: "phonehome_receive_unauthenticated_requests_total",
 			Help: "Requests refused for a missing or invalid credential.",
+		}),
+		inflight: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_receive_inflight_requests",
+			Help: "Write requests being read, decoded and written now, all tenants and clusters.",
+		}),
+		overloaded: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_receive_overloaded_requests_total",
+			Help: "Write requests refused (503, Retry-After) before their body was read because --receive.max-inflight-requests were being served.",
 		}),
 		replicaDropped: f.NewCounter(prometheus.CounterOpts{
 			Name: "phonehome_receive_telemeter_replica_dropped_samples_total",

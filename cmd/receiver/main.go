@@ -85,7 +85,8 @@ func run(args []string, stderr io.Writer) int {
 		checkOnly   = fs.Bool("check-config", false, "Validate the configuration (and the files it names), print ok and exit.")
 		noAuth      = fs.Bool("insecure.no-auth", false, "INSECURE: accept every request without credentials, as tenant \""+defaultTenant+"\". For local trials only.")
 		showVersion = fs.Bool("version", false, "Print the version and exit.")
-		maxConns    = fs.Int("web.max-connections", 512, "Maximum simultaneous connections, as Prometheus' flag: more wait to be accepted. Bounds the requests being decoded at once across all clusters (the per-cluster limit is limits.max_inflight_requests_per_cluster); 0 = unlimited.")
+		maxConns    = fs.Int("web.max-connections", 0, "Maximum simultaneous connections, as Prometheus' flag (whose default is 512): more wait to be accepted. Every forwarder and Prometheus of the fleet may keep one open, so size it above the fleet's clients; 0 = unlimited.")
+		maxInflight = fs.Int("receive.max-inflight-requests", 1024, "Write requests read, decoded and written at once across all tenants and clusters (one cluster's: limits.max_inflight_requests_per_cluster); more are answered 503 with Retry-After before their body is read, which bounds the memory of decoding. 0 = unlimited.")
 		readTimeout = fs.Duration("web.read-timeout", 5*time.Minute, "Maximum duration to read a request, body included, as Prometheus' flag: a client that trickles its body does not hold a connection and its buffer longer.")
 		enablePprof = fs.Bool("web.enable-pprof", false, "Serve net/http/pprof under /debug/pprof/ (unauthenticated: for benchmarks and debugging on trusted networks only).")
 		gcPercent   = fs.Int("runtime.gogc", defaultGOGC, "GOGC for the process (100 is Go's default; see bench/results/README.md, \"GC settings\"). An explicit GOGC environment variable overrides the default, not an explicit flag.")
@@ -256,6 +257,7 @@ func run(args []string, stderr io.Writer) int {
 		AcceptedMessages:   cfg.RemoteWrite.AcceptedProtobufMessages,
 		Telemeter:          cfg.Telemeter.Options(),
 		Denied:             db.Denied,
+		MaxInflight:        *maxInflight,
 	})
 	// The gathering definitions (per tenant), served and enforced with the
 	// config's policy; each one's previous version is kept under the
