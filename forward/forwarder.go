@@ -620,12 +620,25 @@ func (f *Forwarder) enqueue(records [][]byte, samples []int) error {
 // sendLoop delivers queued records oldest first until ctx ends, or until the
 // queue is empty once draining is closed.
 func (f *Forwarder) sendLoop(ctx context.Context, draining <-chan struct{}) {
+	failures := 0
 	for ctx.Err() == nil {
 		p, pos, _, ok, err := f.q.Peek()
-		if err != nil {
-			f.logger.Error("read queue", "err", err)
+		if errors.Is(err, ErrQueueClosed) {
 			return
 		}
+		if err != nil {
+			// Dropping an unreadable record, the queue could not write its
+			// cursor (a full disk): try again rather than stop delivering
+			// for good while the process looks healthy.
+			d := f.backoff(failures)
+			f.logger.Error("read queue, retrying", "err", err, "retry_in", d.String())
+			failures++
+			if f.opts.sleep(ctx, d) != nil {
+				return
+			}
+			continue
+		}
+		failures = 0
 		if !ok {
 			select {
 			case <-f.q.Notify():

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -613,4 +614,36 @@ func eventually(t *testing.T, cond func() bool, what string) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 	}
+}
+
+// TestSendLoopSurvivesQueueErrors: dropping an unreadable record, the queue
+// may fail to write its cursor (a full disk); the send loop retries after a
+// backoff instead of ending delivery for good while the process looks
+// healthy.
+func TestSendLoopSurvivesQueueErrors(t *testing.T) {
+	recv := newFakeReceiver(t)
+	dir := t.TempDir()
+	var h *harness
+	h = newHarness(t, "http://127.0.0.1:1", recv, dir, Options{sleep: func(ctx context.Context, d time.Duration) error {
+		h.mu.Lock()
+		h.sleep = append(h.sleep, d)
+		h.mu.Unlock()
+		return os.RemoveAll(filepath.Join(dir, cursorFile)) // the disk has room again
+	}}, FederateOptions{})
+	rec := encodePayload(1, oneWrite(t))
+	require.NoError(t, h.q.Append(rec, rec, rec))
+
+	// Corrupt the first record on disk, and make the cursor unwritable.
+	segs, err := filepath.Glob(filepath.Join(dir, "*"+segmentSuffix))
+	require.NoError(t, err)
+	b, err := os.ReadFile(segs[0])
+	require.NoError(t, err)
+	b[recordHeaderSize+1] ^= 0xff
+	require.NoError(t, os.WriteFile(segs[0], b, 0o640))
+	require.NoError(t, os.RemoveAll(filepath.Join(dir, cursorFile)))
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, cursorFile, "in-the-way"), 0o750))
+
+	h.deliverAll(t)
+	require.Len(t, h.sleep, 1, "one retry after the queue error")
+	require.Len(t, recv.reqs, 2, "the two readable records are delivered")
 }
