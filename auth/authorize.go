@@ -162,10 +162,32 @@ func (h *AuthorizeHandler) fail(w http.ResponseWriter, result string, code int, 
 type Webhook struct {
 	URL    string
 	Client *http.Client
+	// sem bounds the lookups in flight (NewWebhook); nil: unbounded.
+	sem chan struct{}
+}
+
+// WebhookMaxInflight is how many lookups NewWebhook's Webhook runs at once.
+// Each unknown credential on Telemeter's write path costs one (only positive
+// answers are cached), so a flood of made-up bearers would otherwise hold
+// as many receiver goroutines and upstream requests, up to its timeout each.
+const WebhookMaxInflight = 64
+
+// NewWebhook returns a Webhook running at most WebhookMaxInflight lookups at
+// once; more fail at once with ErrUpstream (503, retry later).
+func NewWebhook(url string, client *http.Client) Webhook {
+	return Webhook{URL: url, Client: client, sem: make(chan struct{}, WebhookMaxInflight)}
 }
 
 // AuthorizeFleet implements FleetAuthorizer.
 func (wh Webhook) AuthorizeFleet(ctx context.Context, token, clusterID string) (string, error) {
+	if wh.sem != nil {
+		select {
+		case wh.sem <- struct{}{}:
+			defer func() { <-wh.sem }()
+		default:
+			return "", fmt.Errorf("webhook: %d lookups in flight: %w", cap(wh.sem), ErrUpstream)
+		}
+	}
 	body, _ := json.Marshal(map[string]string{"token": token, "cluster_id": clusterID})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, wh.URL, bytes.NewReader(body))
 	if err != nil {

@@ -44,7 +44,7 @@ func setupAuth(logger *slog.Logger, reg prometheus.Registerer, cfg receive.AuthC
 	}
 	var fleet auth.FleetAuthorizer = tokens
 	if wh := cfg.AuthorizeWebhook; wh != nil {
-		fleet = auth.Webhook{URL: wh.URL, Client: &http.Client{Timeout: time.Duration(wh.Timeout)}}
+		fleet = auth.NewWebhook(wh.URL, &http.Client{Timeout: time.Duration(wh.Timeout)})
 	}
 	s := authSetup{
 		authn: tokens, tokens: tokens,
