@@ -196,10 +196,8 @@ func (c *FileConfig) Validate() error {
 	if c.Queue.MaxBytes < 64*units.KiB {
 		errs = append(errs, errors.New("queue.max_bytes: must be at least 64KiB"))
 	}
-	if c.Queue.SegmentBytes < 0 || (c.Queue.SegmentBytes > 0 && c.Queue.SegmentBytes > c.Queue.MaxBytes/4) {
-		// Space is freed a whole segment at a time: a full queue with a
-		// segment as big as itself drops everything to append one record.
-		errs = append(errs, errors.New("queue.segment_bytes: must be between 0 (auto) and a quarter of queue.max_bytes"))
+	if c.Queue.SegmentBytes < 0 || (c.Queue.SegmentBytes > 0 && c.Queue.SegmentBytes > c.Queue.MaxBytes) {
+		errs = append(errs, errors.New("queue.segment_bytes: must be between 0 (auto) and queue.max_bytes"))
 	}
 	if a := c.Authorize; a.RenewAt <= 0 || a.RenewAt >= 1 {
 		errs = append(errs, fmt.Errorf("authorize.renew_at: %v, want a fraction in (0, 1)", a.RenewAt))

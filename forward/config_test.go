@@ -65,13 +65,15 @@ queue: {max_bytes: 1KiB}
 // so a segment as big as the queue would drop the whole backlog to append
 // one record; configured and automatic sizes stay at a quarter at most.
 func TestSegmentBytesAtMostAQuarter(t *testing.T) {
-	_, err := ParseFileConfig([]byte("queue: {max_bytes: 1MiB, segment_bytes: 512KiB}\n"))
+	_, err := ParseFileConfig([]byte("queue: {max_bytes: 1MiB, segment_bytes: 2MiB}\n"))
 	require.ErrorContains(t, err, "queue.segment_bytes")
-	_, err = ParseFileConfig([]byte("queue: {max_bytes: 1MiB, segment_bytes: 256KiB}\n"))
-	require.NoError(t, err)
+	_, err = ParseFileConfig([]byte("queue: {max_bytes: 1MiB, segment_bytes: 1MiB}\n"))
+	require.NoError(t, err, "valid before: an upgrade must not stop a forwarder from starting")
 
-	q, err := OpenQueue(t.TempDir(), discardLogger(), nil, QueueOptions{MaxBytes: 64 << 10})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = q.Close() })
-	require.Equal(t, int64(16<<10), q.opts.SegmentBytes)
+	for _, o := range []QueueOptions{{MaxBytes: 64 << 10}, {MaxBytes: 64 << 10, SegmentBytes: 64 << 10}} {
+		q, err := OpenQueue(t.TempDir(), discardLogger(), nil, o)
+		require.NoError(t, err)
+		require.Equal(t, int64(16<<10), q.opts.SegmentBytes, "%+v", o)
+		require.NoError(t, q.Close())
+	}
 }

@@ -550,8 +550,11 @@ func evaluate(pol *Policy, lb *labels.Builder, syms *symbols, ls labels.Labels, 
 		e.drop = ReasonRelabel
 		return
 	}
-	e.refs = syms.internLabels(lb.Labels(), e.refs)
-	e.anonymized = pol.Rules.Anonymizes(ls)
+	out := lb.Labels()
+	e.refs = syms.internLabels(out, e.refs)
+	// On the output: relabel_configs may create an anonymized label (hashed
+	// after them) or drop one.
+	e.anonymized = pol.Rules.Anonymizes(out)
 }
 
 // metaSymbols converts a family's metadata to its remote-write 2.0 form,

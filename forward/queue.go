@@ -155,10 +155,14 @@ func OpenQueue(dir string, logger *slog.Logger, reg prometheus.Registerer, opts 
 	if opts.MaxBytes <= 0 {
 		opts.MaxBytes = 256 << 20
 	}
+	// A quarter of MaxBytes at most: space is freed a whole segment at a
+	// time, so with a segment as big as the queue a full queue would drop
+	// its whole backlog to append one record.
 	if opts.SegmentBytes <= 0 {
-		// A quarter of MaxBytes at most: space is freed a whole segment
-		// at a time, so a segment as big as the queue would be the queue.
 		opts.SegmentBytes = min(max(opts.MaxBytes/16, 64<<10), opts.MaxBytes/4, 64<<20)
+	} else if opts.SegmentBytes > opts.MaxBytes/4 {
+		logger.Warn("queue.segment_bytes above a quarter of queue.max_bytes, using a quarter", "segment_bytes", opts.SegmentBytes, "max_bytes", opts.MaxBytes)
+		opts.SegmentBytes = opts.MaxBytes / 4
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now

@@ -360,13 +360,24 @@ func TestHelpTextOfAnonymizedSeriesIsNotSent(t *testing.T) {
 		"# HELP kube_pod_info Pods of customer-acme-prod and others.",
 		"# TYPE kube_pod_info gauge",
 		`kube_pod_info{namespace="customer-acme-prod"} 1 1767268800000`,
+		"# HELP node_boot_time_seconds Boot time of customer-db.",
+		"# TYPE node_boot_time_seconds gauge",
+		`node_boot_time_seconds{instance="customer-db:9100"} 1 1767268800000`,
 		"# HELP http_requests_total Requests served.",
 		"# TYPE http_requests_total counter",
 		`http_requests_total{code="200"} 5 1767268800000`,
 	}, "\n") + "\n"
-	al, err := allowlist.Parse([]string{`{__name__=~"kube_pod_info|http_requests_total"}`})
+	al, err := allowlist.Parse([]string{`{__name__=~"kube_pod_info|node_boot_time_seconds|http_requests_total"}`})
 	require.NoError(t, err)
-	rules, err := relabel.Parse(relabel.Config{ID: fixtureID, Salt: []byte(fixtureSalt), AnonymizeLabels: []string{"namespace"}})
+	// host is made by relabeling, then anonymized.
+	rules, err := relabel.Parse(relabel.Config{ID: fixtureID, Salt: []byte(fixtureSalt), AnonymizeLabels: []string{"namespace", "host"},
+		RelabelConfigs: parseRelabelConfigs(t, `
+- source_labels: [instance]
+  regex: '(.+):\d+'
+  target_label: host
+- action: labeldrop
+  regex: instance
+`)})
 	require.NoError(t, err)
 	recv := newFakeReceiver(t)
 	h := newHarnessWith(t, fakePrometheus(t, []byte(text), false).URL, recv, t.TempDir(), Options{}, FederateOptions{},
@@ -376,6 +387,7 @@ func TestHelpTextOfAnonymizedSeriesIsNotSent(t *testing.T) {
 	require.Len(t, recv.v2, 1)
 	r := recv.v2[0]
 	require.NotContains(t, strings.Join(r.Symbols, "\n"), "customer-acme-prod")
+	require.NotContains(t, strings.Join(r.Symbols, "\n"), "customer-db")
 	b := labels.NewScratchBuilder(8)
 	for _, ts := range r.Timeseries {
 		ls, err := ts.ToLabels(&b, r.Symbols)
@@ -383,7 +395,7 @@ func TestHelpTextOfAnonymizedSeriesIsNotSent(t *testing.T) {
 		md, err := ts.ToMetadata(r.Symbols)
 		require.NoError(t, err)
 		switch ls.Get(model.MetricNameLabel) {
-		case "kube_pod_info":
+		case "kube_pod_info", "node_boot_time_seconds":
 			require.Equal(t, metadata.Metadata{Type: model.MetricTypeGauge}, md)
 		case "http_requests_total":
 			require.Equal(t, metadata.Metadata{Type: model.MetricTypeCounter, Help: "Requests served."}, md)

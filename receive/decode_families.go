@@ -101,8 +101,8 @@ func (d *familyRequest) poolable() bool {
 // decodeFamilies decodes raw, a sequence of varint-length-delimited
 // MetricFamily messages, into d. Samples without a timestamp get now (ms),
 // and with restamp every sample does. Malformed input is errBadRequest; an
-// upload whose series would take more than expansionFactor times its size
-// in memory is errTooLarge.
+// upload whose series would take more than expansionFactorFamilies times
+// its size in memory, or more samples than maxSamples, is errTooLarge.
 func decodeFamilies(raw []byte, d *familyRequest, now int64, restamp bool) error {
 	d.reset()
 	d.restamp = restamp

@@ -3,6 +3,7 @@ package receive
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/golang/snappy"
+	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/prompb"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -91,6 +93,8 @@ func FuzzDecodeV1MatchesGenerated(f *testing.F) {
 		wantErr := want.Unmarshal(raw)
 		err := decodeV1(raw, &d)
 		if errors.Is(err, errTooLarge) { // the expansion bound, which the generated code does not have
+			// It cannot be reached below a few KiB (the budget has 1 MiB of slack).
+			require.Greater(t, len(raw), 16<<10, "a small request refused as too large: %v", err)
 			return
 		}
 		if wantErr != nil {
@@ -223,4 +227,27 @@ func TestDecodeRefusesExpansion(t *testing.T) {
 	require.NoError(t, decodeV1(raw, &d))
 	d.maxSamples = 999
 	require.ErrorIs(t, decodeV1(raw, &d), errTooLarge)
+}
+
+// TestDecodeAcceptsNativeHistograms: what a Prometheus with native
+// histograms sends in 1.0 (2000 per request, 160 buckets each: its default
+// max_samples_per_send and bucket limit) stays inside the expansion bound.
+func TestDecodeAcceptsNativeHistograms(t *testing.T) {
+	h := &histogram.Histogram{Schema: 3, Count: 1000, Sum: 123.4, ZeroThreshold: 1e-128,
+		PositiveSpans: []histogram.Span{{Offset: -80, Length: 160}}, PositiveBuckets: make([]int64, 160)}
+	for i := range h.PositiveBuckets {
+		h.PositiveBuckets[i] = int64(i%7) - 3
+	}
+	req := prompb.WriteRequest{}
+	for i := range 2000 {
+		req.Timeseries = append(req.Timeseries, prompb.TimeSeries{
+			Labels:     []prompb.Label{{Name: "__name__", Value: "rpc_seconds"}, {Name: "instance", Value: fmt.Sprintf("10.0.%d.%d:9090", i/250, i%250)}, {Name: "job", Value: "api"}},
+			Histograms: []prompb.Histogram{prompb.FromIntHistogram(1767268800000, h)},
+		})
+	}
+	raw, err := req.Marshal()
+	require.NoError(t, err)
+	var d v1Request
+	require.NoError(t, decodeV1(raw, &d))
+	require.Len(t, d.req.Timeseries, 2000)
 }

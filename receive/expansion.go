@@ -24,10 +24,10 @@ type expansion struct {
 }
 
 const (
-	// expansionFactor: 1.0 telemetry expands 3–4× (labels of ~20 bytes on
-	// the wire become 64-byte structs); a series of one 1-byte label and one
-	// sample about 13×.
-	expansionFactor = 16
+	// expansionFactor: 1.0 telemetry expands 2–9× (labels of ~20 bytes on
+	// the wire become 64-byte structs), native histograms ~10×; a series of
+	// one 1-byte label and one sample about 13×.
+	expansionFactor = 24
 	// expansionFactorV2: a 2.0 series is a few varints referencing shared
 	// symbols, ~45 bytes for eight labels and a sample, and becomes the
 	// same ~1 KB of structs as in 1.0 (~24×).
@@ -37,10 +37,12 @@ const (
 	expansionFactorFamilies = 64
 	// expansionSlack lets a small request of tiny series through.
 	expansionSlack = 1 << 20
-	// generatedFactor is charged per byte of the rare messages the generated
+	// generatedFactor is charged per byte of the messages the generated
 	// code decodes (histograms, exemplars, metadata): a 1-byte packed bucket
-	// becomes 8 bytes, a 2-byte span a 40-byte struct.
-	generatedFactor = 24
+	// delta becomes 8 bytes (a histogram's bulk), a 2-byte span a 40-byte
+	// struct (a span-only histogram is undercharged ~3×, so 1.0's bound is
+	// ~40× in that worst case, as 2.0's).
+	generatedFactor = 12
 )
 
 // Decoded sizes charged per element.

@@ -231,7 +231,14 @@ func (h *Handler) handle(r *http.Request, rt route) (written storage.Stats, prot
 	buf := bufPool.Get().(*bytesBuffer)
 	defer h.release(buf)
 	lim := h.limiter.For(id.Tenant)
-	b, err := h.decode(r, proto, buf, &lim, lim.MaxSamplesPerRequest(id.ClusterID != ""))
+	maxSamples := lim.MaxSamplesPerRequest(id.ClusterID != "")
+	b, err := h.decode(r, proto, buf, &lim, maxSamples)
+	if errors.Is(err, errOverBurst) {
+		// Decoding stopped at the first sample past the burst: refused as
+		// AllowSamples refuses it (413, the limit named, counted, on the
+		// status page).
+		err = h.allowSamples(id, maxSamples+1)
+	}
 	if err != nil {
 		return storage.Stats{}, proto, err
 	}
@@ -253,16 +260,26 @@ func (h *Handler) handle(r *http.Request, rt route) (written storage.Stats, prot
 	if len(b.familyMeta) > 0 {
 		n++ // a metadata-only request is not free either
 	}
-	if retry, err := h.limiter.AllowSamples(id.Tenant, id.ClusterID, n); err != nil {
-		h.metrics.rejected.WithLabelValues(reasonRateLimit).Add(float64(n))
-		h.limiter.Refused(id.Tenant, id.ClusterID, reasonRateLimit, n) // status page
-		return storage.Stats{}, proto, &rateLimitedError{retryAfter: retry, err: err}
+	if err := h.allowSamples(id, n); err != nil {
+		return storage.Stats{}, proto, err
 	}
 	if err := h.writeFamilyMetadata(id.Tenant, b.familyMeta); err != nil {
 		return storage.Stats{}, proto, err
 	}
 	written, err = h.write(r, id, &lim, b, proto, rt)
 	return written, proto, err
+}
+
+// allowSamples takes n samples from the cluster's and tenant's rate limits,
+// or counts the refusal (metrics, status page) and returns it.
+func (h *Handler) allowSamples(id auth.Identity, n int) error {
+	retry, err := h.limiter.AllowSamples(id.Tenant, id.ClusterID, n)
+	if err == nil {
+		return nil
+	}
+	h.metrics.rejected.WithLabelValues(reasonRateLimit).Add(float64(n))
+	h.limiter.Refused(id.Tenant, id.ClusterID, reasonRateLimit, n) // status page
+	return &rateLimitedError{retryAfter: retry, err: err}
 }
 
 // electedReplica reports whether the cluster's writes from replica are

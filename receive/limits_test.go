@@ -93,6 +93,28 @@ func TestRateLimitAnswers429WithRetryAfter(t *testing.T) {
 	require.Equal(t, http.StatusNoContent, rec.Code, "another cluster has its own bucket")
 }
 
+// TestOverBurstStoppedWhileDecodingIsCounted: a request of more samples
+// than the burst admits is stopped while decoding (it could never pass),
+// and refused as AllowSamples refuses it: 413 naming the limit, counted in
+// the limiter's and the handler's metrics and on the status page.
+func TestOverBurstStoppedWhileDecodingIsCounted(t *testing.T) {
+	w := &fakeWriter{}
+	lim := newLimiter(func(s *limits.Spec) {
+		s.SamplesPerSecondPerCluster = ptr(1.0)
+		s.BurstPerCluster = ptr(5)
+	})
+	lim.TrackClusters(Reasons())
+	h := NewHandler(discard(), nil, w, lim, Options{})
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t, manySeries("c1", 0, 8)...), &auth.Identity{Tenant: "acme", ClusterID: "c1"}))
+	require.Equal(t, http.StatusRequestEntityTooLarge, rec.Code, rec.Body.String())
+	require.Contains(t, rec.Body.String(), "burst_per_cluster limit of 5")
+	require.Equal(t, 6.0, testutil.ToFloat64(h.metrics.rejected.WithLabelValues(reasonRateLimit)), "the samples up to the first past the burst")
+	ts, _ := lim.Tenant("acme")
+	require.Equal(t, uint64(6), ts.Refused[reasonRateLimit], "on the status page")
+	require.Empty(t, w.series)
+}
+
 func TestServerSideAllowlistAndElision(t *testing.T) {
 	w := &fakeWriter{}
 	pol, err := NewPolicy(&Config{Allowlist: []string{`csv_succeeded`, `{__name__="alerts",alertstate="firing"}`}, ElideLabels: []string{"pod"}})

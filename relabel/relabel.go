@@ -156,8 +156,9 @@ func encode(h hash.Hash, v string) string {
 	return base64.RawURLEncoding.EncodeToString(d[:16])
 }
 
-// Anonymizes reports whether ls has a label whose value Apply replaces by
-// its hash (one of the anonymized labels, not empty).
+// Anonymizes reports whether ls has one of the anonymized labels, not
+// empty: given Apply's output, whether Apply replaced a raw value by its
+// hash (a label relabel_configs created included).
 func (r *Rules) Anonymizes(ls labels.Labels) bool {
 	for _, n := range r.anonymize {
 		if ls.Get(n) != "" {
