@@ -59,6 +59,11 @@ type Options struct {
 	InBucket func(ctx context.Context, mint, maxt int64) bool
 	// LookbackDelta is the engine's lookback (5m when zero).
 	LookbackDelta time.Duration
+	// Timeout bounds a pushed-down query as a whole: its parts on every
+	// shard, any merged fallback and the outer query share it, as one query
+	// of the inner engine has its timeout. Zero: only the inner engine's
+	// timeout per evaluation.
+	Timeout time.Duration
 }
 
 // Engine is a promql.QueryEngine that pushes query parts down to the
@@ -179,6 +184,9 @@ func (q *query) newInner(ctx context.Context, data promstorage.Queryable, expr s
 
 func (q *query) Exec(ctx context.Context) *promql.Result {
 	ctx, cancel := context.WithCancel(ctx)
+	if t := q.e.opts.Timeout; t > 0 {
+		ctx, cancel = context.WithTimeout(ctx, t)
+	}
 	defer cancel()
 	q.mu.Lock()
 	q.cancel = cancel
@@ -191,6 +199,9 @@ func (q *query) Exec(ctx context.Context) *promql.Result {
 	} else {
 		q.e.queries.WithLabelValues("pushed").Inc()
 		parts, pws, err := q.evalParts(ctx)
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return &promql.Result{Err: promql.ErrQueryTimeout("pushed-down parts")} // as the inner engine reports it
+		}
 		if err != nil {
 			return &promql.Result{Err: err}
 		}

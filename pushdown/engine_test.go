@@ -320,6 +320,33 @@ func TestPushdownKeepsAbsentLabelsAndSortOrder(t *testing.T) {
 	}
 }
 
+// hangingShard answers only when its context ends, with an error that is
+// not ErrUnavailable (so the part falls back to the merged evaluation).
+type hangingShard struct{}
+
+func (hangingShard) Name() string { return "peer hanging" }
+
+func (hangingShard) Eval(ctx context.Context, _ Request) (*Result, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestPushdownTimeoutBoundsTheWholeQuery: the parts on every shard, the
+// merged fallback and the outer query share one timeout; a query with a
+// hanging peer times out once, as the inner engine reports a timeout.
+func TestPushdownTimeoutBoundsTheWholeQuery(t *testing.T) {
+	f := newFleet(t)
+	pd := New(slog.New(slog.DiscardHandler), nil, newEngine(), Options{
+		ClusterLabel: "_id", Local: f.shards[0], Peers: func() []Shard { return []Shard{hangingShard{}} },
+		Timeout: 300 * time.Millisecond,
+	})
+	start := time.Now()
+	res := run(t, pd, f.queryable(), `count by (name) (csv_succeeded)`, evaluation{"instant at 60m", 60, 60, 0})
+	var timeout promql.ErrQueryTimeout
+	require.ErrorAs(t, res.Err, &timeout)
+	require.Less(t, time.Since(start), 5*time.Second)
+}
+
 func TestPushdownMovedClusterIsEvaluatedMerged(t *testing.T) {
 	f := newFleet(t)
 	f.write(t, 1, 9, 0, 29) // cluster-9 moves from shard 1 to shard 2 at 30m

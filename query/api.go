@@ -71,12 +71,15 @@ func NewEngine(logger *slog.Logger, reg prometheus.Registerer, opts Options) *pr
 	})
 }
 
+// DefaultTimeout bounds one query unless Options.Timeout says otherwise.
+const DefaultTimeout = 2 * time.Minute
+
 func (o *Options) setDefaults() {
 	if o.LookbackDelta == 0 {
 		o.LookbackDelta = 5 * time.Minute
 	}
 	if o.Timeout == 0 {
-		o.Timeout = 2 * time.Minute
+		o.Timeout = DefaultTimeout
 	}
 	if o.MaxSamples == 0 {
 		o.MaxSamples = 50_000_000

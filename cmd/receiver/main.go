@@ -287,6 +287,7 @@ func run(args []string, stderr io.Writer) int {
 	if peerSet.Enabled() && cfg.Peers.PushdownEnabled() {
 		fleetEngine = pushdown.New(logger.With("component", "pushdown"), reg, engine, pushdown.Options{
 			ClusterLabel: relabel.IDLabel,
+			Timeout:      query.DefaultTimeout,
 			Local:        query.NewQueryable(db),
 			Peers:        peerSet.Shards,
 			InBucket: func(ctx context.Context, mint, maxt int64) bool {
