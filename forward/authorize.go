@@ -420,10 +420,6 @@ func (a *Authorizer) Run(ctx context.Context) error {
 			wait = c.renewAt.Sub(a.now())
 			continue
 		}
-		if hold := a.holdOff(); hold > 0 { // kicked during the receiver's Retry-After
-			wait = hold
-			continue
-		}
 		err := a.refresh(ctx, true)
 		if err == nil {
 			attempt = 0

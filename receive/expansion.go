@@ -57,7 +57,7 @@ const (
 )
 
 var (
-	errExpands   = fmt.Errorf("decoded, the request would take too many times its size in memory: %w", errTooLarge)
+	errExpands   = fmt.Errorf("decoded, the request would take too many times its size in memory; send fewer series or samples per request: %w", errTooLarge)
 	errOverBurst = fmt.Errorf("more samples than the burst limit admits in one request: %w", errTooLarge)
 )
 

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/prompb"
@@ -107,7 +108,7 @@ type Handler struct {
 	policy   atomic.Pointer[Policy]
 	opts     Options
 	metrics  *metrics
-	inflight atomic.Int64 // write requests being served, for Options.MaxInflight
+	inflight atomic.Int64 // write requests being served (Options.MaxInflight, the inflight gauge)
 	// replicas elects one Prometheus replica per cluster on Telemeter's
 	// remote-write path; nil without a replica label.
 	replicas *replicaTracker
@@ -120,6 +121,10 @@ type Handler struct {
 // and stores them in w. reg may be nil.
 func NewHandler(logger *slog.Logger, reg prometheus.Registerer, w storage.Writer, lim *limits.Limiter, opts Options) *Handler {
 	h := &Handler{logger: logger, writer: w, limiter: lim, opts: opts, metrics: newMetrics(reg), release: putBuffer}
+	h.metrics.inflight = promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "phonehome_receive_inflight_requests",
+		Help: "Write requests being read, decoded and written now, all tenants and clusters.",
+	}, func() float64 { return float64(h.inflight.Load()) })
 	h.metaW, _ = w.(metadataWriter)
 	h.famW, _ = w.(familyMetadataWriter)
 	h.hintW, _ = w.(hintedWriter)
@@ -213,16 +218,12 @@ func (h *Handler) handle(r *http.Request, rt route) (written storage.Stats, prot
 	if retry, err := h.limiter.CheckExhausted(id.Tenant, id.ClusterID); err != nil {
 		return storage.Stats{}, proto, &rateLimitedError{retryAfter: retry, err: err} // before reading the body: cheap
 	}
-	if limit := int64(h.opts.MaxInflight); limit > 0 {
-		if h.inflight.Add(1) > limit {
-			h.inflight.Add(-1)
-			h.metrics.overloaded.Inc()
-			return storage.Stats{}, proto, errOverloaded
-		}
-		defer h.inflight.Add(-1)
+	serving := h.inflight.Add(1)
+	defer h.inflight.Add(-1)
+	if limit := int64(h.opts.MaxInflight); limit > 0 && serving > limit {
+		h.metrics.overloaded.Inc()
+		return storage.Stats{}, proto, errOverloaded
 	}
-	h.metrics.inflight.Inc()
-	defer h.metrics.inflight.Dec()
 	inflight, err := h.limiter.StartRequest(id.Tenant, id.ClusterID) // also before the body: one cluster cannot hold every handler
 	if err != nil {
 		return storage.Stats{}, proto, &rateLimitedError{retryAfter: limits.InFlightRetryAfter, err: err}

@@ -17,7 +17,7 @@ type metrics struct {
 	seriesAccepted  prometheus.Counter
 	unsortedSeries  prometheus.Counter
 	unauthenticated prometheus.Counter
-	inflight        prometheus.Gauge
+	inflight        prometheus.GaugeFunc // of Handler.inflight, registered by NewHandler
 	overloaded      prometheus.Counter
 	// Telemeter's paths (telemeter.go)
 	replicaDropped   prometheus.Counter
@@ -74,10 +74,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		unauthenticated: f.NewCounter(prometheus.CounterOpts{
 			Name: "phonehome_receive_unauthenticated_requests_total",
 			Help: "Requests refused for a missing or invalid credential.",
-		}),
-		inflight: f.NewGauge(prometheus.GaugeOpts{
-			Name: "phonehome_receive_inflight_requests",
-			Help: "Write requests being read, decoded and written now, all tenants and clusters.",
 		}),
 		overloaded: f.NewCounter(prometheus.CounterOpts{
 			Name: "phonehome_receive_overloaded_requests_total",
