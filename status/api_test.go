@@ -374,3 +374,22 @@ func TestHistoryFileUnreadable(t *testing.T) {
 	require.Contains(t, logs.String(), "status page history not loaded")
 	require.Empty(t, s.history)
 }
+
+// TestHistoryWrittenEveryTenMinutes: a crash loses at most saveInterval of
+// the charts (README): the minute ticks write the file once it has passed.
+func TestHistoryWrittenEveryTenMinutes(t *testing.T) {
+	s, _, clk := fixture(t)
+	s.opts.HistoryFile = filepath.Join(t.TempDir(), "history.json")
+	last := clk.now()
+	for range 9 {
+		clk.add(time.Minute)
+		last = s.tick(last)
+	}
+	_, err := os.Stat(s.opts.HistoryFile)
+	require.ErrorIs(t, err, os.ErrNotExist, "written before 10 minutes")
+	clk.add(time.Minute)
+	require.Equal(t, clk.now(), s.tick(last))
+	b, err := os.ReadFile(s.opts.HistoryFile)
+	require.NoError(t, err)
+	require.Contains(t, string(b), `"acme"`)
+}

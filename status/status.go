@@ -145,13 +145,21 @@ func (s *Status) Run(ctx context.Context) error {
 			s.saveLogged()
 			return nil
 		case <-t.C:
-			s.Record()
-			if now := s.opts.Now(); now.Sub(lastSave) >= saveInterval {
-				s.saveLogged()
-				lastSave = now
-			}
+			lastSave = s.tick(lastSave)
 		}
 	}
+}
+
+// tick records a point, and writes the history if saveInterval has passed
+// since lastSave; it returns when the history was last written.
+func (s *Status) tick(lastSave time.Time) time.Time {
+	s.Record()
+	now := s.opts.Now()
+	if now.Sub(lastSave) < saveInterval {
+		return lastSave
+	}
+	s.saveLogged()
+	return now
 }
 
 func (s *Status) saveLogged() {
