@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -26,22 +27,8 @@ func TestReceiverInflightLimitAndReadTimeout(t *testing.T) {
 	recv := startReceiver(t, cfg, filepath.Join(dir, "data"), "--receive.max-inflight-requests=1", "--web.read-timeout=2s")
 
 	// A write whose body never completes: its handler waits in the body.
-	pr, pw := io.Pipe()
+	pw, slowDone := trickle(t, recv.URL(), -1)
 	defer pw.Close()
-	slow, err := http.NewRequest(http.MethodPost, recv.URL()+"/api/v1/write", pr)
-	require.NoError(t, err)
-	slow.Header.Set("Content-Type", "application/x-protobuf")
-	slow.Header.Set("Content-Encoding", "snappy")
-	slow.Header.Set("Authorization", "Bearer t1")
-	slowDone := make(chan error, 1)
-	go func() {
-		resp, err := http.DefaultClient.Do(slow)
-		if err == nil {
-			resp.Body.Close()
-		}
-		slowDone <- err
-	}()
-	_, _ = pw.Write([]byte{0xff}) // the body has begun
 	eventually(t, 10*time.Second, func() error {
 		if v := metricValue(scrapeMetrics(t, recv.URL()), "phonehome_receive_inflight_requests", nil); v != 1 {
 			return fmt.Errorf("in flight: %v", v)
@@ -55,7 +42,7 @@ func TestReceiverInflightLimitAndReadTimeout(t *testing.T) {
 	code, body, err := postWrite(http.DefaultClient, recv.URL(), "t1", write, nil)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusServiceUnavailable, code, body)
-	require.Equal(t, 1.0, metricValue(scrapeMetrics(t, recv.URL()), "phonehome_receive_overloaded_requests_total", nil))
+	require.Equal(t, 1.0, metricValue(scrapeMetrics(t, recv.URL()), "phonehome_receive_overloaded_requests_total", map[string]string{"limit": "requests"}))
 
 	// The read timeout ends the trickled request; then writes pass.
 	select {
@@ -71,6 +58,82 @@ func TestReceiverInflightLimitAndReadTimeout(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestReceiverInflightBytesLimit: with --receive.max-inflight-bytes, a
+// write whose declared body is being read holds its size, and another write
+// that would pass the limit meanwhile gets 503 with Retry-After; once the
+// first ends, writes pass again and nothing stays reserved.
+func TestReceiverInflightBytesLimit(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "tokens.yaml"), []byte("tokens:\n- token: t1\n  tenant: acme\n"), 0o600))
+	cfg := filepath.Join(dir, "receiver.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte("auth:\n  tokens_file: tokens.yaml\n"), 0o600))
+	recv := startReceiver(t, cfg, filepath.Join(dir, "data"), "--receive.max-inflight-bytes=65536")
+
+	pw, slowDone := trickle(t, recv.URL(), 1<<20) // declares 1 MiB: reserved before it is read, alone
+	eventually(t, 10*time.Second, func() error {
+		if v := metricValue(scrapeMetrics(t, recv.URL()), "phonehome_receive_inflight_bytes", nil); v < 1<<20 {
+			return fmt.Errorf("reserved: %v", v)
+		}
+		return nil
+	})
+	write := encodeWrite(t, &prompb.WriteRequest{Timeseries: []prompb.TimeSeries{{
+		Labels: labelsOf("__name__", "up", "_id", "c1"), Samples: []prompb.Sample{{Timestamp: time.Now().UnixMilli(), Value: 1}},
+	}}})
+	req, err := http.NewRequest(http.MethodPost, recv.URL()+"/api/v1/write", bytes.NewReader(write))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/x-protobuf")
+	req.Header.Set("Content-Encoding", "snappy")
+	req.Header.Set("Authorization", "Bearer t1")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, string(body))
+	require.NotEmpty(t, resp.Header.Get("Retry-After"))
+	require.Contains(t, string(body), "hold too much memory")
+	require.Equal(t, 1.0, metricValue(scrapeMetrics(t, recv.URL()), "phonehome_receive_overloaded_requests_total", map[string]string{"limit": "bytes"}))
+
+	pw.CloseWithError(io.ErrUnexpectedEOF) // the first write ends short
+	select {
+	case err := <-slowDone:
+		t.Logf("the trickled request ended: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the trickled request did not end")
+	}
+	eventually(t, 10*time.Second, func() error {
+		code, body, err := postWrite(http.DefaultClient, recv.URL(), "t1", write, nil)
+		if err != nil || code != http.StatusNoContent {
+			return fmt.Errorf("%d %s: %w", code, body, err)
+		}
+		return nil
+	})
+	require.Zero(t, metricValue(scrapeMetrics(t, recv.URL()), "phonehome_receive_inflight_bytes", nil))
+}
+
+// trickle starts a write as t1 whose body never completes (a first byte,
+// then nothing) and returns its pipe and the end of its request.
+// contentLength < 0 sends no Content-Length.
+func trickle(t *testing.T, url string, contentLength int64) (*io.PipeWriter, <-chan error) {
+	t.Helper()
+	pr, pw := io.Pipe()
+	req, err := http.NewRequest(http.MethodPost, url+"/api/v1/write", pr)
+	require.NoError(t, err)
+	req.ContentLength = contentLength
+	req.Header.Set("Content-Type", "application/x-protobuf")
+	req.Header.Set("Content-Encoding", "snappy")
+	req.Header.Set("Authorization", "Bearer t1")
+	done := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	_, _ = pw.Write([]byte{0xff}) // the body has begun
+	return pw, done
 }
 
 // TestReceiverReadyDespiteAHangingBucket: a bucket that accepts connections

@@ -41,6 +41,7 @@ type bytesBuffer struct {
 	v2      v2Request
 	fam     familyRequest
 	stream  *snappy.Reader // framed snappy of uploads; nil until the first
+	res     reservation    // the request's share of Options.MaxInflightBytes
 }
 
 // negotiate checks the Content-Type and Content-Encoding of a remote-write
@@ -77,7 +78,7 @@ func negotiate(h http.Header, accepted []string) (string, error) {
 // readBody reads at most maxBody bytes of a snappy body into buf and returns
 // the snappy-decoded bytes in dst. Sizes are checked before any allocation
 // that depends on them.
-func readBody(r *http.Request, maxBody, maxDecoded int64, buf *bytes.Buffer, dst []byte) ([]byte, error) {
+func readBody(r *http.Request, maxBody, maxDecoded int64, buf *bytes.Buffer, dst []byte, res *reservation) ([]byte, error) {
 	if r.ContentLength > maxBody {
 		return nil, fmt.Errorf("body of %d bytes exceeds the limit of %d bytes: %w", r.ContentLength, maxBody, errTooLarge)
 	}
@@ -88,7 +89,7 @@ func readBody(r *http.Request, maxBody, maxDecoded int64, buf *bytes.Buffer, dst
 	if int64(buf.Len()) > maxBody {
 		return nil, fmt.Errorf("body exceeds the limit of %d bytes: %w", maxBody, errTooLarge)
 	}
-	return decodeBlock(buf.Bytes(), maxDecoded, dst)
+	return decodeBlock(buf.Bytes(), maxDecoded, dst, res)
 }
 
 // Bounds on what a pooled buffer keeps: a rare huge request (up to the

@@ -48,6 +48,9 @@ type familyRequest struct {
 	// maxSamples, when set before decoding, refuses an upload of more
 	// series than the limits admit at once (errTooLarge).
 	maxSamples int
+	// res, when set before decoding, reserves the memory decoding takes
+	// (Options.MaxInflightBytes); nil reserves nothing.
+	res *reservation
 
 	// restamp stores every metric at the receive time, as telemeter-server
 	// does (telemeter.go); drift counts the timestamps it replaced that were
@@ -124,7 +127,7 @@ func decodeFamilies(raw []byte, d *familyRequest, now int64, restamp bool) error
 }
 
 func (d *familyRequest) decode(raw []byte, now int64) error {
-	d.exp = newExpansion(len(raw), expansionFactorFamilies, d.maxSamples)
+	d.exp = newExpansion(len(raw), expansionFactorFamilies, d.maxSamples, d.res)
 	p := pbReader{b: raw}
 	for n := 0; !p.done(); n++ {
 		msg, err := p.bytes() // the varint length prefix, then the message

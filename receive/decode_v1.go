@@ -28,6 +28,9 @@ type v1Request struct {
 	// maxSamples, when set before decoding, refuses a request of more
 	// samples than the limits admit at once (errTooLarge).
 	maxSamples int
+	// res, when set before decoding, reserves the memory decoding takes
+	// (Options.MaxInflightBytes); nil reserves nothing.
+	res *reservation
 }
 
 // seriesSpan locates one series' labels and samples in v1Request's slices;
@@ -70,7 +73,7 @@ func (d *v1Request) reset() {
 
 func (d *v1Request) decode(raw []byte) error {
 	d.reset()
-	d.exp = newExpansion(len(raw), expansionFactor, d.maxSamples)
+	d.exp = newExpansion(len(raw), expansionFactor, d.maxSamples, d.res)
 	p := pbReader{b: raw}
 	for !p.done() {
 		field, wire, err := p.tag()

@@ -37,7 +37,7 @@ func BenchmarkHandlerV2(b *testing.B) {
 				h := NewHandler(discard(), nil, discardWriter{}, newLimiter(func(s *limits.Spec) {
 					s.SamplesPerSecondPerCluster, s.SamplesPerSecondPerTenant = &inf, &inf
 					s.BurstPerCluster, s.BurstPerTenant = &big, &big
-				}), Options{Denied: func(string, string) bool { return false }}) // as the receiver wires it (storage.DB.Denied)
+				}), Options{Denied: func(string, string) bool { return false }, MaxInflightBytes: 1 << 30}) // as the receiver wires it (storage.DB.Denied, the flag's default)
 				id := &auth.Identity{Tenant: "t", ClusterID: "c"}
 				b.SetBytes(int64(len(body)))
 				b.ReportAllocs()

@@ -30,6 +30,9 @@ type v2Request struct {
 	// maxSamples, when set before decoding, refuses a request of more
 	// samples than the limits admit at once (errTooLarge).
 	maxSamples int
+	// res, when set before decoding, reserves the memory decoding takes
+	// (Options.MaxInflightBytes); nil reserves nothing.
+	res *reservation
 }
 
 // decodeV2 unmarshals a remote-write 2.0 request into d, replacing what d
@@ -79,7 +82,7 @@ func (d *v2Request) reset() {
 
 func (d *v2Request) decode(raw []byte) error {
 	d.reset()
-	d.exp = newExpansion(len(raw), expansionFactorV2, d.maxSamples)
+	d.exp = newExpansion(len(raw), expansionFactorV2, d.maxSamples, d.res)
 	p := pbReader{b: raw}
 	for !p.done() {
 		field, wire, err := p.tag()

@@ -17,10 +17,16 @@ import (
 //
 // It also stops a request at more samples than the limits could ever admit
 // (maxSamples: the burst), which they would refuse after decoding.
+//
+// And it reserves what the structures take from the request's share of
+// Options.MaxInflightBytes (res) as they grow.
 type expansion struct {
 	left       int64
+	budget     int64 // left's start
+	floor      int64 // below it, res must cover more
 	samples    int
 	maxSamples int // 0: none
+	res        *reservation
 }
 
 const (
@@ -61,8 +67,20 @@ var (
 	errOverBurst = fmt.Errorf("more samples than the burst limit admits in one request: %w", errTooLarge)
 )
 
-func newExpansion(decoded int, factor int64, maxSamples int) expansion {
-	return expansion{left: factor*int64(decoded) + expansionSlack, maxSamples: maxSamples}
+// newExpansion starts the budget of decoding decoded bytes. res may be nil.
+func newExpansion(decoded int, factor int64, maxSamples int, res *reservation) expansion {
+	budget := factor*int64(decoded) + expansionSlack
+	e := expansion{left: budget, budget: budget, maxSamples: maxSamples, res: res}
+	e.setFloor()
+	return e
+}
+
+// setFloor sets the left at which what was spent passes what res holds.
+func (e *expansion) setFloor() {
+	e.floor = 0
+	if e.res.limited() {
+		e.floor = max(0, e.budget+e.res.buffered-e.res.held)
+	}
 }
 
 // sample counts one sample; errOverBurst past maxSamples.
@@ -73,10 +91,22 @@ func (e *expansion) sample() error {
 	return nil
 }
 
-// spend takes n bytes of the budget; errExpands once it is spent.
+// spend takes n bytes of the budget; errExpands once it is spent, or
+// errOverloadedBytes when the reservation cannot grow.
 func (e *expansion) spend(n int64) error {
-	if e.left -= n; e.left < 0 {
+	if e.left -= n; e.left < e.floor {
+		return e.overdrawn()
+	}
+	return nil
+}
+
+func (e *expansion) overdrawn() error {
+	if e.left < 0 {
 		return errExpands
 	}
+	if err := e.res.cover(e.res.buffered + e.budget - e.left); err != nil {
+		return err
+	}
+	e.setFloor()
 	return nil
 }

@@ -63,8 +63,13 @@ type Options struct {
 	// MaxInflight bounds the write requests read, decoded and written at
 	// once across every tenant and cluster (limits.max_inflight_requests_per_cluster
 	// bounds one cluster's); more are answered 503 with Retry-After before
-	// their body is read. It bounds the memory of decoding. 0 = unlimited.
+	// their body is read. 0 = unlimited.
 	MaxInflight int
+	// MaxInflightBytes bounds the memory the write requests in flight hold
+	// at once (bodies, decoded bytes and structures, as they are read and
+	// decoded); a request that would pass it while others hold memory is
+	// answered 503 with Retry-After. 0 = unlimited.
+	MaxInflightBytes int64
 }
 
 // errOverloaded refuses a write while Options.MaxInflight are served.
@@ -108,7 +113,8 @@ type Handler struct {
 	policy   atomic.Pointer[Policy]
 	opts     Options
 	metrics  *metrics
-	inflight atomic.Int64 // write requests being served (Options.MaxInflight, the inflight gauge)
+	inflight atomic.Int64   // write requests being served (Options.MaxInflight, the inflight gauge)
+	bytes    *inflightBytes // nil: Options.MaxInflightBytes is 0
 	// replicas elects one Prometheus replica per cluster on Telemeter's
 	// remote-write path; nil without a replica label.
 	replicas *replicaTracker
@@ -125,6 +131,16 @@ func NewHandler(logger *slog.Logger, reg prometheus.Registerer, w storage.Writer
 		Name: "phonehome_receive_inflight_requests",
 		Help: "Write requests being read, decoded and written now, all tenants and clusters.",
 	}, func() float64 { return float64(h.inflight.Load()) })
+	for _, l := range []string{limitRequests, limitBytes} {
+		h.metrics.overloaded.WithLabelValues(l) // exported at 0
+	}
+	if opts.MaxInflightBytes > 0 {
+		h.bytes = &inflightBytes{max: opts.MaxInflightBytes}
+		promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "phonehome_receive_inflight_bytes",
+			Help: "Memory reserved by the write requests in flight (bodies, decoded bytes and structures), of --receive.max-inflight-bytes.",
+		}, func() float64 { return float64(h.bytes.used.Load()) })
+	}
 	h.metaW, _ = w.(metadataWriter)
 	h.famW, _ = w.(familyMetadataWriter)
 	h.hintW, _ = w.(hintedWriter)
@@ -221,7 +237,7 @@ func (h *Handler) handle(r *http.Request, rt route) (written storage.Stats, prot
 	serving := h.inflight.Add(1)
 	defer h.inflight.Add(-1)
 	if limit := int64(h.opts.MaxInflight); limit > 0 && serving > limit {
-		h.metrics.overloaded.Inc()
+		h.metrics.overloaded.WithLabelValues(limitRequests).Inc()
 		return storage.Stats{}, proto, errOverloaded
 	}
 	inflight, err := h.limiter.StartRequest(id.Tenant, id.ClusterID) // also before the body: one cluster cannot hold every handler
@@ -231,9 +247,14 @@ func (h *Handler) handle(r *http.Request, rt route) (written storage.Stats, prot
 	defer inflight.Done()
 	buf := bufPool.Get().(*bytesBuffer)
 	defer h.release(buf)
+	buf.res = reservation{pool: h.bytes}
+	defer buf.res.release() // before the buffer is released: runs first
 	lim := h.limiter.For(id.Tenant)
 	maxSamples := lim.MaxSamplesPerRequest(id.ClusterID != "")
 	b, err := h.decode(r, proto, buf, &lim, maxSamples)
+	if errors.Is(err, errOverloadedBytes) {
+		h.metrics.overloaded.WithLabelValues(limitBytes).Inc()
+	}
 	if errors.Is(err, errOverBurst) {
 		// Decoding stopped at the first sample past the burst: refused as
 		// AllowSamples refuses it (413, the limit named, counted, on the
@@ -307,10 +328,15 @@ func (h *Handler) decode(r *http.Request, proto string, buf *bytesBuffer, lim *l
 		sent int64
 		err  error
 	)
+	if r.ContentLength > 0 && r.ContentLength <= lim.MaxBodyBytes {
+		if err := buf.res.cover(r.ContentLength); err != nil { // before it is read
+			return nil, err
+		}
+	}
 	if proto == protoFamilies {
 		raw, sent, err = readUpload(r, lim.MaxBodyBytes, lim.MaxDecodedBytes, buf, buf.decoded)
 	} else {
-		raw, err = readBody(r, lim.MaxBodyBytes, lim.MaxDecodedBytes, &buf.body, buf.decoded)
+		raw, err = readBody(r, lim.MaxBodyBytes, lim.MaxDecodedBytes, &buf.body, buf.decoded, &buf.res)
 		sent = int64(buf.body.Len())
 	}
 	if raw != nil {
@@ -326,6 +352,7 @@ func (h *Handler) decode(r *http.Request, proto string, buf *bytesBuffer, lim *l
 	case protoFamilies:
 		now := time.Now().UnixMilli()
 		buf.fam.maxSamples = maxSamples
+		buf.fam.res = &buf.res
 		if err := decodeFamilies(raw, &buf.fam, now, !keepUploadTimestamps(r)); err != nil {
 			return nil, err
 		}
@@ -333,12 +360,14 @@ func (h *Handler) decode(r *http.Request, proto string, buf *bytesBuffer, lim *l
 		return &batch{series: buf.fam.series, familyMeta: buf.fam.meta}, nil
 	case protoV2:
 		buf.v2.maxSamples = maxSamples
+		buf.v2.res = &buf.res
 		if err := decodeV2(raw, &buf.v2); err != nil {
 			return nil, err
 		}
 		return convertV2(&buf.v2, lim)
 	default:
 		buf.v1.maxSamples = maxSamples
+		buf.v1.res = &buf.res
 		if err := decodeV1(raw, &buf.v1); err != nil {
 			return nil, err
 		}

@@ -382,7 +382,7 @@ func TestHandlerMaxInflight(t *testing.T) {
 	h.ServeHTTP(rec, newRequest(encode(t, series("up", "_id", "c3")), &auth.Identity{Tenant: "a", ClusterID: "c3"}))
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code, rec.Body.String())
 	require.NotEmpty(t, rec.Header().Get("Retry-After"))
-	require.Equal(t, 1.0, testutil.ToFloat64(h.metrics.overloaded))
+	require.Equal(t, 1.0, testutil.ToFloat64(h.metrics.overloaded.WithLabelValues(limitRequests)))
 	require.Equal(t, 2.0, testutil.ToFloat64(h.metrics.inflight))
 
 	for range 3 { // the two held writes, and c3's below

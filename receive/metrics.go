@@ -17,8 +17,8 @@ type metrics struct {
 	seriesAccepted  prometheus.Counter
 	unsortedSeries  prometheus.Counter
 	unauthenticated prometheus.Counter
-	inflight        prometheus.GaugeFunc // of Handler.inflight, registered by NewHandler
-	overloaded      prometheus.Counter
+	inflight        prometheus.GaugeFunc   // of Handler.inflight, registered by NewHandler
+	overloaded      *prometheus.CounterVec // by limit
 	// Telemeter's paths (telemeter.go)
 	replicaDropped   prometheus.Counter
 	replicaFailovers prometheus.Counter
@@ -75,10 +75,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "phonehome_receive_unauthenticated_requests_total",
 			Help: "Requests refused for a missing or invalid credential.",
 		}),
-		overloaded: f.NewCounter(prometheus.CounterOpts{
+		overloaded: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_receive_overloaded_requests_total",
-			Help: "Write requests refused (503, Retry-After) before their body was read because --receive.max-inflight-requests were being served.",
-		}),
+			Help: "Write requests refused (503, Retry-After) because the receiver was serving --receive.max-inflight-requests (limit=\"requests\", before the body is read) or the requests in flight held --receive.max-inflight-bytes (limit=\"bytes\").",
+		}, []string{"limit"}),
 		replicaDropped: f.NewCounter(prometheus.CounterOpts{
 			Name: "phonehome_receive_telemeter_replica_dropped_samples_total",
 			Help: "Samples on Telemeter's remote-write path from a Prometheus replica other than the one elected for its cluster: answered as written, not stored (the elected replica's copy is).",

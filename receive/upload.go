@@ -73,6 +73,8 @@ func readUpload(r *http.Request, maxBody, maxDecoded int64, buf *bytesBuffer, ds
 			err = fmt.Errorf("body exceeds the limit of %d bytes: %w", min(maxBody, maxDecoded), errTooLarge)
 		} else if err != nil {
 			err = fmt.Errorf("read body: %w: %w", errBadRequest, err)
+		} else {
+			err = buf.res.buffer(int64(len(out))) // read before reserved: its size was unknown
 		}
 		return out, 0, err
 	}
@@ -107,7 +109,7 @@ func readStream(body *io.LimitedReader, maxBody, maxDecoded int64, buf *bytesBuf
 		if int64(buf.body.Len()) > maxBody {
 			return nil, sent(nil)
 		}
-		return decodeBlock(buf.body.Bytes(), maxDecoded, dst)
+		return decodeBlock(buf.body.Bytes(), maxDecoded, dst, &buf.res)
 	}
 	if buf.stream == nil {
 		buf.stream = snappy.NewReader(nil)
@@ -121,18 +123,25 @@ func readStream(body *io.LimitedReader, maxBody, maxDecoded int64, buf *bytesBuf
 	case err != nil:
 		return nil, sent(fmt.Errorf("snappy stream: %w: %w", errBadRequest, err))
 	}
+	if err := buf.res.buffer(int64(len(out))); err != nil { // decoded before reserved: its size was unknown
+		return nil, err
+	}
 	return out, nil
 }
 
 // decodeBlock decodes a snappy block (remote-write's format) into dst,
 // checking its declared size before allocating anything for it.
-func decodeBlock(b []byte, maxDecoded int64, dst []byte) ([]byte, error) {
+// The body and its decoded bytes are reserved (res, may be nil) first.
+func decodeBlock(b []byte, maxDecoded int64, dst []byte, res *reservation) ([]byte, error) {
 	n, err := snappy.DecodedLen(b)
 	if err != nil {
 		return nil, fmt.Errorf("snappy header: %w: %w", errBadRequest, err)
 	}
 	if int64(n) > maxDecoded {
 		return nil, fmt.Errorf("decoded size of %d bytes exceeds the limit of %d bytes: %w", n, maxDecoded, errTooLarge)
+	}
+	if err := res.buffer(int64(len(b) + n)); err != nil {
+		return nil, err
 	}
 	if cap(dst) < n {
 		dst = make([]byte, n)

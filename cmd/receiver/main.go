@@ -76,23 +76,24 @@ func run(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("receiver", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		configFile  = fs.String("config.file", "", "Path to the YAML configuration file. Empty means all defaults.")
-		listenAddr  = fs.String("web.listen-address", ":9291", "Address to listen on for the API, ingest and telemetry.")
-		webConfig   = fs.String("web.config.file", "", "Prometheus exporter-toolkit web config: TLS, client certificates (mTLS), TLS versions and cipher suites; certificates are re-read on change. Empty: plain HTTP. Bearer-token authentication applies on top.")
-		storagePath = fs.String("storage.path", "data", "Directory for the per-tenant TSDBs and, by default, the filesystem bucket.")
-		logLevel    = fs.String("log.level", "info", "Log level: debug, info, warn or error.")
-		logFormat   = fs.String("log.format", "json", "Log format: json or logfmt.")
-		checkOnly   = fs.Bool("check-config", false, "Validate the configuration (and the files it names), print ok and exit.")
-		noAuth      = fs.Bool("insecure.no-auth", false, "INSECURE: accept every request without credentials, as tenant \""+defaultTenant+"\". For local trials only.")
-		showVersion = fs.Bool("version", false, "Print the version and exit.")
-		maxConns    = fs.Int("web.max-connections", 0, "Maximum simultaneous connections, as Prometheus' flag (whose default is 512): more wait to be accepted. Every forwarder and Prometheus of the fleet may keep one open, so size it above the fleet's clients; 0 = unlimited.")
-		maxInflight = fs.Int("receive.max-inflight-requests", 1024, "Write requests read, decoded and written at once across all tenants and clusters (one cluster's: limits.max_inflight_requests_per_cluster); more are answered 503 with Retry-After before their body is read, which bounds the memory of decoding. 0 = unlimited.")
-		readTimeout = fs.Duration("web.read-timeout", 5*time.Minute, "Maximum duration to read a request, body included, as Prometheus' flag: a client that trickles its body does not hold a connection and its buffer longer.")
-		enablePprof = fs.Bool("web.enable-pprof", false, "Serve net/http/pprof under /debug/pprof/ (unauthenticated: for benchmarks and debugging on trusted networks only).")
-		gcPercent   = fs.Int("runtime.gogc", defaultGOGC, "GOGC for the process (100 is Go's default; see bench/results/README.md, \"GC settings\"). An explicit GOGC environment variable overrides the default, not an explicit flag.")
-		memLimit    = fs.Int64("runtime.memory-limit-bytes", 0, "Soft memory limit for the Go runtime (GOMEMLIMIT) in bytes; 0 keeps the GOMEMLIMIT environment variable or no limit.")
-		burstGC     = fs.Int("runtime.compaction-gogc", gcburst.DefaultPercent, "GOGC while a block is written (the head flush at shutdown and at an erasure; the head cut every block range, erasure rewrites and bucket compactions only while the heap is quiet, not during a catch-up): the garbage of a head cut, ~900 B per head series, would otherwise grow the heap to the --runtime.gogc goal, ~1.7x the live heap, which the pod's memory limit must cover (docs/operations.md). Lower is a lower peak for more GC work while the block is written; 0 leaves --runtime.gogc in force.")
-		releaseFree = fs.Duration("runtime.release-free-heap-interval", 10*time.Second, "How often to check whether a burst (series creation, head compaction) left free heap that the Go runtime keeps mapped, and return it to the OS when it exceeds 5% of the live heap (at least 8MiB) and less than 5% of the heap was allocated since the last check (docs/operations.md); 0 leaves it to the runtime.")
+		configFile       = fs.String("config.file", "", "Path to the YAML configuration file. Empty means all defaults.")
+		listenAddr       = fs.String("web.listen-address", ":9291", "Address to listen on for the API, ingest and telemetry.")
+		webConfig        = fs.String("web.config.file", "", "Prometheus exporter-toolkit web config: TLS, client certificates (mTLS), TLS versions and cipher suites; certificates are re-read on change. Empty: plain HTTP. Bearer-token authentication applies on top.")
+		storagePath      = fs.String("storage.path", "data", "Directory for the per-tenant TSDBs and, by default, the filesystem bucket.")
+		logLevel         = fs.String("log.level", "info", "Log level: debug, info, warn or error.")
+		logFormat        = fs.String("log.format", "json", "Log format: json or logfmt.")
+		checkOnly        = fs.Bool("check-config", false, "Validate the configuration (and the files it names), print ok and exit.")
+		noAuth           = fs.Bool("insecure.no-auth", false, "INSECURE: accept every request without credentials, as tenant \""+defaultTenant+"\". For local trials only.")
+		showVersion      = fs.Bool("version", false, "Print the version and exit.")
+		maxConns         = fs.Int("web.max-connections", 0, "Maximum simultaneous connections, as Prometheus' flag (whose default is 512): more wait to be accepted. Every forwarder and Prometheus of the fleet may keep one open, so size it above the fleet's clients; 0 = unlimited.")
+		maxInflight      = fs.Int("receive.max-inflight-requests", 1024, "Write requests read, decoded and written at once across all tenants and clusters (one cluster's: limits.max_inflight_requests_per_cluster); more are answered 503 with Retry-After before their body is read, which bounds the memory of decoding. 0 = unlimited.")
+		maxInflightBytes = fs.Int64("receive.max-inflight-bytes", 1<<30, "Memory the write requests in flight may hold at once across all tenants and clusters, in bytes: bodies, decoded bytes and decoded structures, reserved as they are read and decoded (an ordinary write holds a few MB, a crafted one up to ~2 GiB). A write that would pass it while others hold memory is answered 503 with Retry-After; one alone is always served. Size it to what the pod's memory limit leaves above the head (docs/operations.md). 0 = unlimited.")
+		readTimeout      = fs.Duration("web.read-timeout", 5*time.Minute, "Maximum duration to read a request, body included, as Prometheus' flag: a client that trickles its body does not hold a connection and its buffer longer.")
+		enablePprof      = fs.Bool("web.enable-pprof", false, "Serve net/http/pprof under /debug/pprof/ (unauthenticated: for benchmarks and debugging on trusted networks only).")
+		gcPercent        = fs.Int("runtime.gogc", defaultGOGC, "GOGC for the process (100 is Go's default; see bench/results/README.md, \"GC settings\"). An explicit GOGC environment variable overrides the default, not an explicit flag.")
+		memLimit         = fs.Int64("runtime.memory-limit-bytes", 0, "Soft memory limit for the Go runtime (GOMEMLIMIT) in bytes; 0 keeps the GOMEMLIMIT environment variable or no limit.")
+		burstGC          = fs.Int("runtime.compaction-gogc", gcburst.DefaultPercent, "GOGC while a block is written (the head flush at shutdown and at an erasure; the head cut every block range, erasure rewrites and bucket compactions only while the heap is quiet, not during a catch-up): the garbage of a head cut, ~900 B per head series, would otherwise grow the heap to the --runtime.gogc goal, ~1.7x the live heap, which the pod's memory limit must cover (docs/operations.md). Lower is a lower peak for more GC work while the block is written; 0 leaves --runtime.gogc in force.")
+		releaseFree      = fs.Duration("runtime.release-free-heap-interval", 10*time.Second, "How often to check whether a burst (series creation, head compaction) left free heap that the Go runtime keeps mapped, and return it to the OS when it exceeds 5% of the live heap (at least 8MiB) and less than 5% of the heap was allocated since the last check (docs/operations.md); 0 leaves it to the runtime.")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -258,6 +259,7 @@ func run(args []string, stderr io.Writer) int {
 		Telemeter:          cfg.Telemeter.Options(),
 		Denied:             db.Denied,
 		MaxInflight:        *maxInflight,
+		MaxInflightBytes:   *maxInflightBytes,
 	})
 	// The gathering definitions (per tenant), served and enforced with the
 	// config's policy; each one's previous version is kept under the

@@ -1,0 +1,114 @@
+package receive
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/phonehome/phonehome/auth"
+)
+
+// TestHandlerMaxInflightBytes: a write that would take the memory held by
+// the requests in flight past Options.MaxInflightBytes is refused with 503
+// and Retry-After, counted under limit="bytes"; once the holder is
+// answered, the same write is served, and nothing stays reserved.
+func TestHandlerMaxInflightBytes(t *testing.T) {
+	w := &blockingWriter{entered: make(chan struct{}, 2), release: make(chan struct{}, 2)}
+	reg := prometheus.NewRegistry()
+	h := NewHandler(discard(), reg, w, newLimiter(nil), Options{MaxInflightBytes: 1 << 20})
+	serve := func(c string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, newRequest(encode(t, manySeries(c, 0, 2000)...), &auth.Identity{Tenant: "a", ClusterID: c}))
+		return rec
+	}
+	codes := make(chan int, 1)
+	go func() { codes <- serve("c1").Code }()
+	within(t, w.entered)
+	held := h.bytes.used.Load()
+	require.Greater(t, held, int64(512<<10), "a held 2000-series request reserves its decoded structures")
+	require.Equal(t, float64(held), gathered(t, reg, "phonehome_receive_inflight_bytes"))
+
+	rec := serve("c2")
+	require.Equal(t, http.StatusServiceUnavailable, rec.Code, rec.Body.String())
+	require.Contains(t, rec.Body.String(), "hold too much memory")
+	require.NotEmpty(t, rec.Header().Get("Retry-After"))
+	require.Equal(t, 1.0, testutil.ToFloat64(h.metrics.overloaded.WithLabelValues(limitBytes)))
+	require.Zero(t, testutil.ToFloat64(h.metrics.overloaded.WithLabelValues(limitRequests)))
+	require.Equal(t, held, h.bytes.used.Load(), "a refused request returns what it reserved")
+
+	w.release <- struct{}{}
+	require.Equal(t, http.StatusNoContent, within(t, codes))
+	w.release <- struct{}{}
+	require.Equal(t, http.StatusNoContent, serve("c2").Code)
+	require.Zero(t, h.bytes.used.Load())
+}
+
+// TestHandlerMaxInflightBytesAlone: a request larger than the whole budget
+// is served when no other request holds memory, so a budget set below one
+// request's size delays it instead of refusing it forever.
+func TestHandlerMaxInflightBytesAlone(t *testing.T) {
+	w := &fakeWriter{}
+	h := NewHandler(discard(), nil, w, newLimiter(nil), Options{MaxInflightBytes: 64 << 10})
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t, manySeries("c1", 0, 2000)...), &auth.Identity{Tenant: "a", ClusterID: "c1"}))
+	require.Equal(t, http.StatusNoContent, rec.Code, rec.Body.String())
+	require.Equal(t, 2000, w.samples())
+	require.Zero(t, h.bytes.used.Load())
+}
+
+// TestExpansionReservesAsItSpends: the expansion budget asks the
+// reservation for more only when what it spent passes what it holds, and
+// its own bound still applies with a reservation.
+func TestExpansionReservesAsItSpends(t *testing.T) {
+	pool := &inflightBytes{max: 1 << 30}
+	res := &reservation{pool: pool}
+	require.NoError(t, res.buffer(1000))
+	e := newExpansion(1000, 24, 0, res)
+	require.Equal(t, int64(reserveStep), pool.used.Load())
+	for range 1000 {
+		require.NoError(t, e.spend(64))
+	}
+	spent := int64(1000 + 64*1000)
+	require.GreaterOrEqual(t, res.held, spent)
+	require.Less(t, res.held, spent+spent/4+reserveStep, "grows by steps, not by the worst case")
+	require.ErrorIs(t, e.spend(24*1000+expansionSlack), errExpands)
+	res.release()
+	require.Zero(t, pool.used.Load())
+
+	// Without a pool nothing is reserved, and the bound is unchanged.
+	e = newExpansion(1000, 24, 0, &reservation{})
+	require.NoError(t, e.spend(24*1000+expansionSlack))
+	require.ErrorIs(t, e.spend(1), errExpands)
+}
+
+// TestInflightBytesTake: past max, a request is refused only while others
+// hold memory.
+func TestInflightBytesTake(t *testing.T) {
+	b := &inflightBytes{max: 100}
+	require.True(t, b.take(150, 0), "alone")
+	require.False(t, b.take(10, 0), "another one holds 150")
+	require.True(t, b.take(10, 150), "the holder itself may grow")
+	b.used.Add(-160)
+	require.True(t, b.take(60, 0))
+	require.True(t, b.take(40, 0))
+	require.False(t, b.take(1, 0))
+	require.Equal(t, int64(100), b.used.Load())
+}
+
+// gathered is the value of reg's unlabelled gauge name.
+func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("%s not registered", name)
+	return 0
+}
