@@ -329,9 +329,12 @@ func (h *Handler) decode(r *http.Request, proto string, buf *bytesBuffer, lim *l
 		err  error
 	)
 	if r.ContentLength > 0 && r.ContentLength <= lim.MaxBodyBytes {
-		if err := buf.res.cover(r.ContentLength); err != nil { // before it is read
+		if err := buf.res.cover(r.ContentLength); err != nil { // declared: reserved before it is read
 			return nil, err
 		}
+	}
+	if buf.res.limited() {
+		r.Body = reservingBody(r.Body, &buf.res)
 	}
 	if proto == protoFamilies {
 		raw, sent, err = readUpload(r, lim.MaxBodyBytes, lim.MaxDecodedBytes, buf, buf.decoded)
@@ -341,6 +344,9 @@ func (h *Handler) decode(r *http.Request, proto string, buf *bytesBuffer, lim *l
 	}
 	if raw != nil {
 		buf.decoded = raw[:0]
+	}
+	if errors.Is(err, errOverloadedBytes) {
+		return nil, errOverloadedBytes // refused while the body was read, not the body's fault
 	}
 	if err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package receive
 
 import (
 	"fmt"
+	"io"
 	"sync/atomic"
 
 	"github.com/phonehome/phonehome/storage"
@@ -87,4 +88,29 @@ func (r *reservation) release() {
 		r.pool.used.Add(-r.held)
 	}
 	*r = reservation{}
+}
+
+// reservingReader reserves the bytes read through it as they are read: a
+// body of no declared length, a stream of no declared decoded size.
+type reservingReader struct {
+	r   io.Reader
+	res *reservation
+}
+
+func (rr reservingReader) Read(p []byte) (int, error) {
+	n, err := rr.r.Read(p)
+	if n > 0 {
+		if rerr := rr.res.buffer(int64(n)); rerr != nil {
+			return n, rerr
+		}
+	}
+	return n, err
+}
+
+// reservingBody wraps a request body in a reservingReader.
+func reservingBody(body io.ReadCloser, res *reservation) io.ReadCloser {
+	return struct {
+		io.Reader
+		io.Closer
+	}{reservingReader{body, res}, body}
 }

@@ -1,6 +1,7 @@
 package receive
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -111,4 +112,37 @@ func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("%s not registered", name)
 	return 0
+}
+
+// TestHandlerMaxInflightBytesUndeclaredBody: a body without Content-Length
+// is reserved as it is read, and refused mid-read with 503 (not as a bad
+// body) while another write holds the budget.
+func TestHandlerMaxInflightBytesUndeclaredBody(t *testing.T) {
+	w := &blockingWriter{entered: make(chan struct{}, 2), release: make(chan struct{}, 2)}
+	h := NewHandler(discard(), nil, w, newLimiter(nil), Options{MaxInflightBytes: reserveStep})
+	codes := make(chan int, 1)
+	go func() {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, newRequest(encode(t, series("up", "_id", "c1")), &auth.Identity{Tenant: "a", ClusterID: "c1"}))
+		codes <- rec.Code
+	}()
+	within(t, w.entered)
+	require.GreaterOrEqual(t, h.bytes.used.Load(), int64(reserveStep))
+
+	// A body that never ends: only a refusal while reading answers it.
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	go func() { _, _ = pw.Write(make([]byte, 4096)) }()
+	req := newRequest(nil, &auth.Identity{Tenant: "a", ClusterID: "c2"})
+	req.Body, req.ContentLength = pr, -1
+	rec := httptest.NewRecorder()
+	answered := make(chan struct{})
+	go func() { h.ServeHTTP(rec, req); close(answered) }()
+	within(t, answered)
+	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	require.Equal(t, errOverloadedBytes.Error()+"\n", rec.Body.String())
+
+	w.release <- struct{}{}
+	require.Equal(t, http.StatusNoContent, within(t, codes))
+	require.Zero(t, h.bytes.used.Load())
 }

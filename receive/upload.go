@@ -73,8 +73,6 @@ func readUpload(r *http.Request, maxBody, maxDecoded int64, buf *bytesBuffer, ds
 			err = fmt.Errorf("body exceeds the limit of %d bytes: %w", min(maxBody, maxDecoded), errTooLarge)
 		} else if err != nil {
 			err = fmt.Errorf("read body: %w: %w", errBadRequest, err)
-		} else {
-			err = buf.res.buffer(int64(len(out))) // read before reserved: its size was unknown
 		}
 		return out, 0, err
 	}
@@ -116,15 +114,12 @@ func readStream(body *io.LimitedReader, maxBody, maxDecoded int64, buf *bytesBuf
 	}
 	buf.stream.Reset(io.MultiReader(bytes.NewReader(head), body))
 	defer buf.stream.Reset(nil) // do not keep the request body
-	out, err := readAtMost(buf.stream, dst[:0], maxDecoded)
+	out, err := readAtMost(reservingReader{buf.stream, &buf.res}, dst[:0], maxDecoded)
 	switch {
 	case errors.Is(err, errTooLarge):
 		return nil, sent(fmt.Errorf("decoded size exceeds the limit of %d bytes: %w", maxDecoded, errTooLarge))
 	case err != nil:
 		return nil, sent(fmt.Errorf("snappy stream: %w: %w", errBadRequest, err))
-	}
-	if err := buf.res.buffer(int64(len(out))); err != nil { // decoded before reserved: its size was unknown
-		return nil, err
 	}
 	return out, nil
 }
@@ -140,7 +135,7 @@ func decodeBlock(b []byte, maxDecoded int64, dst []byte, res *reservation) ([]by
 	if int64(n) > maxDecoded {
 		return nil, fmt.Errorf("decoded size of %d bytes exceeds the limit of %d bytes: %w", n, maxDecoded, errTooLarge)
 	}
-	if err := res.buffer(int64(len(b) + n)); err != nil {
+	if err := res.buffer(int64(n)); err != nil { // b was reserved as it was read
 		return nil, err
 	}
 	if cap(dst) < n {
