@@ -46,7 +46,11 @@ const TelemeterContentType = "application/vnd.google.protobuf; proto=io.promethe
 // the time it receives them (as telemeter-server does). Ours are exact, and
 // a backlog delivered after an outage must keep its times. A stock
 // telemeter-server ignores the header.
-const HeaderTimestamps = "X-Phonehome-Timestamps"
+// The receiver reads both from here: one definition of the protocol.
+const (
+	HeaderTimestamps = "X-Phonehome-Timestamps"
+	TimestampsSource = "source"
+)
 
 // TelemeterAuthorizeURL is the authorize URL of the telemeter flow: toAuth
 // (telemeter-client's --to-auth) if set, else <base>/authorize, with the
@@ -180,7 +184,7 @@ func (s *TelemeterSender) post(ctx context.Context, body []byte, token string) e
 	}
 	req.Header.Set("Content-Type", TelemeterContentType)
 	req.Header.Set("Content-Encoding", "snappy")
-	req.Header.Set(HeaderTimestamps, "source")
+	req.Header.Set(HeaderTimestamps, TimestampsSource)
 	if s.opts.UserAgent != "" {
 		req.Header.Set("User-Agent", s.opts.UserAgent)
 	}

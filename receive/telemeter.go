@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/prometheus/prompb"
 
+	"github.com/phonehome/phonehome/forward"
 	"github.com/phonehome/phonehome/storage"
 )
 
@@ -28,7 +29,7 @@ import (
 //     only the one elected per cluster is written (replicaTracker).
 //   - Uploads are stored at the time they are received, as telemeter-server
 //     stores them, so a cluster whose clock is off still reports "now"
-//     (unless the sender asks to keep its timestamps, headerTimestamps).
+//     (unless the sender asks to keep its timestamps, keepUploadTimestamps).
 
 // route is the endpoint a write came through.
 type route int
@@ -41,17 +42,12 @@ const (
 
 func (r route) telemeter() bool { return r != routeRemoteWrite }
 
-// headerTimestamps on an upload with the value timestampsSource keeps the
-// samples' own timestamps. The forwarder sends it (forward.HeaderTimestamps):
-// its timestamps are exact, and a backlog it delivers after an outage must
-// not collapse onto the time of delivery.
-const (
-	headerTimestamps = "X-Phonehome-Timestamps"
-	timestampsSource = "source"
-)
-
+// keepUploadTimestamps: forward.HeaderTimestamps on an upload with the
+// value forward.TimestampsSource keeps the samples' own timestamps. The
+// forwarder sends it: its timestamps are exact, and a backlog it delivers
+// after an outage must not collapse onto the time of delivery.
 func keepUploadTimestamps(r *http.Request) bool {
-	return r.Header.Get(headerTimestamps) == timestampsSource
+	return r.Header.Get(forward.HeaderTimestamps) == forward.TimestampsSource
 }
 
 // Defaults of TelemeterOptions.

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/forward"
 )
 
 // An upload is stored at the time it is received, whatever the cluster's
@@ -39,7 +40,7 @@ func TestServeUploadStoresAtReceiveTime(t *testing.T) {
 
 	w.series = nil
 	kept := uploadRequest(framed(t, delimited(t, gauge("queued", 4, behind+1), gauge("queued", 5, behind+2))), id)
-	kept.Header.Set(headerTimestamps, timestampsSource)
+	kept.Header.Set(forward.HeaderTimestamps, forward.TimestampsSource)
 	rec = httptest.NewRecorder()
 	h.ServeUpload(rec, kept)
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
