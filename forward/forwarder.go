@@ -225,6 +225,42 @@ type Forwarder struct {
 	loggedCap sync.Map                  // reason -> struct{}: caps are logged once per process
 	scratch   scratch                   // reused by Collect, which must not run concurrently
 	last      atomic.Pointer[lastCycle] // for LastCycleHandler
+	inflight  inflightRecord            // the record deliver is sending
+}
+
+// inflightRecord is the queue record being delivered. A full queue may
+// evict it meanwhile; its samples are then counted once, when delivery
+// ends: sent if the send succeeded after all, dropped if it did not.
+type inflightRecord struct {
+	mu      sync.Mutex
+	pos     Position
+	set     bool
+	evicted bool
+}
+
+func (r *inflightRecord) start(pos Position) {
+	r.mu.Lock()
+	r.pos, r.set, r.evicted = pos, true, false
+	r.mu.Unlock()
+}
+
+// evict reports whether pos is the record in flight, marking it evicted.
+func (r *inflightRecord) evict(pos Position) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.set && r.pos == pos {
+		r.evicted = true
+		return true
+	}
+	return false
+}
+
+// end reports whether the record was evicted while in flight.
+func (r *inflightRecord) end() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.set = false
+	return r.evicted
 }
 
 // scratch holds Collect's buffers across cycles.
@@ -263,13 +299,21 @@ func (f *Forwarder) SetPolicy(p Policy) error {
 	return nil
 }
 
-// countQueueDrop records the samples of a queue record evicted to make room.
-func (f *Forwarder) countQueueDrop(payload []byte) {
+// countQueueDrop records the samples of a queue record evicted to make
+// room; the record being delivered is counted when its delivery ends.
+func (f *Forwarder) countQueueDrop(payload []byte, pos Position) {
+	if f.inflight.evict(pos) {
+		return
+	}
 	r, err := decodePayload(payload)
 	if err != nil {
 		return
 	}
-	f.m.dropped.WithLabelValues(ReasonQueueFull).Add(float64(r.Samples))
+	f.countEvicted(r.Samples)
+}
+
+func (f *Forwarder) countEvicted(samples int) {
+	f.m.dropped.WithLabelValues(ReasonQueueFull).Add(float64(samples))
 	f.logCapOnce(ReasonQueueFull, "queue full, dropping oldest data")
 }
 
@@ -601,12 +645,17 @@ func (f *Forwarder) enqueue(records [][]byte, samples []int) error {
 		return nil
 	}
 	if !errors.Is(err, ErrRecordTooLarge) {
-		f.m.dropped.WithLabelValues(ReasonQueueError).Add(float64(total))
-		return fmt.Errorf("queue %d samples: %w", total, err)
+		queued := 0 // the records queued before the error will be delivered
+		for _, n := range samples[:appended(err, len(records))] {
+			queued += n
+		}
+		f.m.queued.Add(float64(queued))
+		f.m.dropped.WithLabelValues(ReasonQueueError).Add(float64(total - queued))
+		return fmt.Errorf("queue %d samples: %w", total-queued, err)
 	}
 	// The cycle as a whole does not fit: store what fits, record by record.
 	for i, r := range records {
-		if err := f.q.Append(r); err != nil {
+		if err := f.q.Append(r); err != nil && appended(err, 1) == 0 {
 			reason := ReasonQueueError
 			if errors.Is(err, ErrRecordTooLarge) {
 				reason = ReasonRecordTooLarge
@@ -671,6 +720,13 @@ func (f *Forwarder) deliver(ctx context.Context, payload []byte, pos Position) {
 		return
 	}
 	n := rec.Samples
+	f.inflight.start(pos)
+	counted := false // as sent or dropped
+	defer func() {
+		if f.inflight.end() && !counted { // evicted, and never delivered
+			f.countEvicted(n)
+		}
+	}()
 	for attempt := 0; ; attempt++ {
 		start := time.Now()
 		w, err := f.send(ctx, rec)
@@ -686,6 +742,7 @@ func (f *Forwarder) deliver(ctx context.Context, payload []byte, pos Position) {
 				f.logger.Warn("receiver acknowledged fewer samples than sent", "sent", n, "written", sent)
 			}
 			f.m.sent.Add(float64(sent))
+			counted = true
 			f.ack(pos)
 			if attempt > 0 {
 				f.logger.Info("remote write recovered", "attempts", attempt+1)
@@ -703,6 +760,7 @@ func (f *Forwarder) deliver(ctx context.Context, payload []byte, pos Position) {
 				reason = ReasonInvalid
 			}
 			f.m.dropped.WithLabelValues(reason).Add(float64(n))
+			counted = true
 			f.logger.Warn("remote write rejected, dropping request", "samples", n, "err", err)
 			f.ack(pos)
 			return

@@ -100,8 +100,9 @@ type QueueOptions struct {
 	// (default MaxBytes/16, between 64 KiB and 64 MiB).
 	SegmentBytes int64
 	// OnDrop is called, with the queue locked, for every record dropped to make
-	// room (oldest first). The payload must not be retained. Optional.
-	OnDrop func(payload []byte)
+	// room (oldest first), with its position (Peek's). The payload must not be
+	// retained. Optional.
+	OnDrop func(payload []byte, pos Position)
 	// Now returns the current time (default time.Now).
 	Now func() time.Time
 }
@@ -376,14 +377,57 @@ func (q *Queue) Append(payloads ...[]byte) error {
 			return err
 		}
 	}
+	n, err := q.write(payloads)
+	if n > 0 {
+		q.updateGauges()
+		select {
+		case q.notify <- struct{}{}:
+		default:
+		}
+	}
+	if err != nil && n > 0 {
+		return &PartialAppendError{Appended: n, Err: err}
+	}
+	return err
+}
+
+// PartialAppendError: Append failed after it queued the first Appended
+// payloads, which will be delivered (not fsynced if the sync failed).
+type PartialAppendError struct {
+	Appended int
+	Err      error
+}
+
+func (e *PartialAppendError) Error() string {
+	return fmt.Sprintf("%v (after %d records were queued)", e.Err, e.Appended)
+}
+
+func (e *PartialAppendError) Unwrap() error { return e.Err }
+
+// appended is how many of Append's payloads were queued when it returned err.
+func appended(err error, payloads int) int {
+	var pe *PartialAppendError
+	switch {
+	case err == nil:
+		return payloads
+	case errors.As(err, &pe):
+		return pe.Appended
+	default:
+		return 0
+	}
+}
+
+// write writes and fsyncs payloads as records; it returns how many it
+// queued, also on error.
+func (q *Queue) write(payloads [][]byte) (int, error) {
 	now := q.opts.Now()
 	var buf []byte
 	dirty := map[*segment]bool{}
-	for _, p := range payloads {
+	for i, p := range payloads {
 		h := q.segs[len(q.segs)-1]
 		if h.size > 0 && h.size+int64(recordHeaderSize+len(p)) > q.opts.SegmentBytes {
 			if err := q.newHead(h.seq + 1); err != nil {
-				return err
+				return i, errors.Join(err, q.sync(dirty))
 			}
 			h = q.segs[len(q.segs)-1]
 		}
@@ -392,22 +436,21 @@ func (q *Queue) Append(payloads ...[]byte) error {
 			// Leave the file consistent with what we know: cut the torn write.
 			_ = h.f.Truncate(h.size)
 			_, _ = h.f.Seek(h.size, io.SeekStart)
-			return fmt.Errorf("append record: %w", err)
+			return i, errors.Join(fmt.Errorf("append record: %w", err), q.sync(dirty))
 		}
 		q.records = append(q.records, recordRef{seq: h.seq, off: h.size, size: int64(len(buf)), t: now})
 		h.size += int64(len(buf))
 		q.total += int64(len(buf))
 		dirty[h] = true
 	}
+	return len(payloads), q.sync(dirty)
+}
+
+func (q *Queue) sync(dirty map[*segment]bool) error {
 	for s := range dirty {
 		if err := s.f.Sync(); err != nil {
 			return fmt.Errorf("sync segment: %w", err)
 		}
-	}
-	q.updateGauges()
-	select {
-	case q.notify <- struct{}{}:
-	default:
 	}
 	return nil
 }
@@ -417,7 +460,7 @@ func (q *Queue) dropOldest() {
 	r := q.records[0]
 	if q.opts.OnDrop != nil {
 		if p, err := q.readLocked(r); err == nil {
-			q.opts.OnDrop(p)
+			q.opts.OnDrop(p, Position{seq: r.seq, off: r.off})
 		}
 	}
 	q.records = q.records[1:]
@@ -553,7 +596,7 @@ func (q *Queue) updateGauges() {
 	q.m.records.Set(float64(len(q.records)))
 }
 
-func (q *Queue) setOnDropIfUnset(fn func([]byte)) {
+func (q *Queue) setOnDropIfUnset(fn func([]byte, Position)) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.opts.OnDrop == nil {

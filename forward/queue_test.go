@@ -97,7 +97,7 @@ func TestQueueDropsOldestWhenFull(t *testing.T) {
 	recSize := int64(recordHeaderSize + len("a-000"))
 	q := openTestQueue(t, dir, QueueOptions{
 		MaxBytes: 10 * recSize, SegmentBytes: 2 * recSize,
-		OnDrop: func(p []byte) { dropped = append(dropped, string(p)) },
+		OnDrop: func(p []byte, _ Position) { dropped = append(dropped, string(p)) },
 	})
 	in := payloads("a", 25)
 	for _, p := range in {

@@ -1,0 +1,98 @@
+package forward
+
+import (
+	"context"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/prometheus/prompb"
+	"github.com/stretchr/testify/require"
+)
+
+// gatedSender holds each record until the test answers it.
+type gatedSender struct {
+	entered chan struct{}
+	answer  chan error
+}
+
+func (s *gatedSender) Send(context.Context, *prompb.WriteRequest) error {
+	return errors.New("records only")
+}
+
+func (s *gatedSender) SendRecord(context.Context, Record) (Written, error) {
+	s.entered <- struct{}{}
+	return Written{}, <-s.answer
+}
+
+// evictingQueue is a queue in which a second 40 KiB record evicts the first.
+func evictingQueue(t *testing.T) (*Queue, []byte) {
+	q := openTestQueue(t, t.TempDir(), QueueOptions{MaxBytes: 64 << 10})
+	body := make([]byte, 40<<10)
+	require.NoError(t, q.Append(encodePayloadV2(10, body)))
+	return q, body
+}
+
+// TestRecordEvictedWhileSentIsCountedOnce: a full queue evicts the record
+// being sent, and the send then succeeds: its samples were delivered, so
+// they count as sent and not also as dropped.
+func TestRecordEvictedWhileSentIsCountedOnce(t *testing.T) {
+	q, body := evictingQueue(t)
+	s := &gatedSender{entered: make(chan struct{}, 1), answer: make(chan error, 1)}
+	f := New(discardLogger(), nil, nil, Policy{}, q, s, Options{})
+	p, pos, _, ok, err := q.Peek()
+	require.NoError(t, err)
+	require.True(t, ok)
+	done := make(chan struct{})
+	go func() { f.deliver(context.Background(), p, pos); close(done) }()
+	<-s.entered
+	require.NoError(t, q.Append(encodePayloadV2(5, body)))
+	require.False(t, q.Pending(pos), "the record in flight was evicted")
+	s.answer <- nil
+	<-done
+	require.Equal(t, 10.0, testutil.ToFloat64(f.m.sent))
+	require.Zero(t, testutil.ToFloat64(f.m.dropped.WithLabelValues(ReasonQueueFull)))
+
+	// A record evicted while it is not in flight is dropped at once.
+	require.NoError(t, q.Append(encodePayloadV2(7, body)))
+	require.Equal(t, 5.0, testutil.ToFloat64(f.m.dropped.WithLabelValues(ReasonQueueFull)))
+}
+
+// TestRecordEvictedWhileRetriedIsDroppedOnce: evicted between two attempts,
+// the record is given up and counted dropped once, when delivery ends.
+func TestRecordEvictedWhileRetriedIsDroppedOnce(t *testing.T) {
+	q, body := evictingQueue(t)
+	s := &gatedSender{entered: make(chan struct{}, 1), answer: make(chan error, 1)}
+	sleep := func(context.Context, time.Duration) error {
+		return q.Append(encodePayloadV2(5, body)) // the outage goes on; the queue fills
+	}
+	f := New(discardLogger(), nil, nil, Policy{}, q, s, Options{sleep: sleep})
+	p, pos, _, _, err := q.Peek()
+	require.NoError(t, err)
+	s.answer <- RetryableError{Err: errors.New("503")}
+	f.deliver(context.Background(), p, pos)
+	<-s.entered
+	require.Equal(t, 10.0, testutil.ToFloat64(f.m.dropped.WithLabelValues(ReasonQueueFull)))
+	require.Zero(t, testutil.ToFloat64(f.m.sent))
+}
+
+// TestPartialAppendCountsWhatWasQueued: a cycle whose second record cannot
+// be stored (the next segment cannot be created) still queues the first,
+// which will be delivered: it counts as queued, only the rest as dropped.
+func TestPartialAppendCountsWhatWasQueued(t *testing.T) {
+	q := openTestQueue(t, t.TempDir(), QueueOptions{MaxBytes: 1 << 20, SegmentBytes: 64 << 10})
+	f := New(discardLogger(), nil, nil, Policy{}, q, &gatedSender{}, Options{})
+	require.NoError(t, os.Mkdir(q.segPath(q.segs[len(q.segs)-1].seq+1), 0o750)) // the next segment's path is taken
+	body := make([]byte, 40<<10)
+	err := f.enqueue([][]byte{encodePayloadV2(10, body), encodePayloadV2(5, body)}, []int{10, 5})
+	require.Error(t, err)
+	var pe *PartialAppendError
+	require.ErrorAs(t, err, &pe)
+	require.Equal(t, 1, pe.Appended)
+	require.Equal(t, 10.0, testutil.ToFloat64(f.m.queued))
+	require.Equal(t, 5.0, testutil.ToFloat64(f.m.dropped.WithLabelValues(ReasonQueueError)))
+	records, _ := q.Len()
+	require.Equal(t, 1, records)
+}
