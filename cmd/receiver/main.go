@@ -306,7 +306,7 @@ func run(args []string, stderr io.Writer) int {
 	api := query.NewHandler(logger.With("component", "query"), fleetEngine, reader, query.Options{
 		Ready: isReady, Version: version.Version,
 		Rules: ruler.RulesRetriever, Alertmanagers: ruler.AlertmanagerRetriever,
-		Metadata: db,
+		Metadata: query.LocalMetadata(db),
 	})
 	fleet := status.New(logger.With("component", "status"), reg, status.Options{
 		Limiter: limiter, Reader: reader, Engine: engine, Gatherer: reg, Tenants: db.Tenants,
