@@ -7,7 +7,8 @@
 // labels are one series with the union of their samples, one per timestamp
 // (promstorage.ChainedSeriesMerge). A peer that fails is a warning in the
 // response, never a failed query (Prometheus' partial response for remote
-// storage), and is counted.
+// storage), and is counted. Metric metadata, which blocks do not carry, is
+// read from each peer's own and merged too (Metadata, MetadataHandler).
 //
 // A peer reports, with each answer, its horizon: the time before which all
 // it holds and can still accept is in the bucket. Queries that end before it

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/route"
 	"github.com/prometheus/prometheus/config"
+	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/rules"
 	"github.com/prometheus/prometheus/scrape"
@@ -39,7 +40,8 @@ type Options struct {
 	Rules func(context.Context) v1.RulesRetriever
 	// Alertmanagers returns where alerts are sent; nil means nowhere.
 	Alertmanagers func(context.Context) v1.AlertmanagerRetriever
-	// Metadata serves /metadata per tenant; nil serves none.
+	// Metadata serves /metadata (LocalMetadata, or the fleet's from
+	// peers); nil serves none.
 	Metadata MetadataReader
 }
 
@@ -107,14 +109,10 @@ func NewHandler(logger *slog.Logger, engine promql.QueryEngine, r Reader, opts O
 	if opts.Alertmanagers != nil {
 		amsFor = opts.Alertmanagers
 	}
-	targetsFor := func(context.Context) v1.TargetRetriever { return noTargets{} }
-	if opts.Metadata != nil {
-		targetsFor = metadataTargets(opts.Metadata)
-	}
 	api := v1.NewAPI(
 		engine, tenantQueryable{r}, nil, nil,
 		func(context.Context) v1.ScrapePoolsRetriever { return noTargets{} },
-		targetsFor,
+		func(context.Context) v1.TargetRetriever { return noTargets{} },
 		amsFor,
 		func() config.Config { return config.Config{} },
 		nil, v1.GlobalURLOptions{}, ready, nil, "",
@@ -137,6 +135,12 @@ func NewHandler(logger *slog.Logger, engine promql.QueryEngine, r Reader, opts O
 	for _, p := range Paths {
 		mux.Handle("/api/v1"+p, router)
 	}
+	// Ours, not Prometheus' (which reads scrape targets and has no warnings).
+	md := opts.Metadata
+	if md == nil {
+		md = LocalMetadata(noMetadata{})
+	}
+	mux.Handle("GET /api/v1/metadata", NewMetadataHandler(md, opts.Ready))
 	return mux
 }
 
@@ -145,7 +149,8 @@ func cwd() string {
 	return d
 }
 
-// noTargets: the receiver scrapes nothing, so target endpoints are empty.
+// noTargets: the receiver scrapes nothing, so target endpoints are empty
+// (and Prometheus' /metadata, which reads targets, would be too).
 type noTargets struct{}
 
 func (noTargets) ScrapePools() []string                                 { return nil }
@@ -153,6 +158,12 @@ func (noTargets) TargetsActive() map[string][]*scrape.Target            { return
 func (noTargets) TargetsDropped() map[string][]*scrape.Target           { return nil }
 func (noTargets) TargetsDroppedCounts() map[string]int                  { return nil }
 func (noTargets) ScrapePoolConfig(string) (*config.ScrapeConfig, error) { return nil, nil }
+
+type noMetadata struct{}
+
+func (noMetadata) Metadata(string, string, int) (map[string][]metadata.Metadata, error) {
+	return map[string][]metadata.Metadata{}, nil
+}
 
 type noAlertmanagers struct{}
 

@@ -1,7 +1,9 @@
 package query
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -11,12 +13,13 @@ import (
 
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/metadata"
+	"github.com/prometheus/prometheus/util/annotations"
 	"github.com/stretchr/testify/require"
 
 	"github.com/phonehome/phonehome/auth"
 )
 
-// fakeMetadata is a MetadataReader over fixed per-tenant metadata.
+// fakeMetadata is a MetadataIndex over fixed per-tenant metadata.
 type fakeMetadata map[string]map[string][]metadata.Metadata
 
 func (f fakeMetadata) Metadata(tenant, _ string, _ int) (map[string][]metadata.Metadata, error) {
@@ -38,7 +41,7 @@ func TestMetadataEndpoint(t *testing.T) {
 		},
 		"globex": {"secret_total": {{Type: model.MetricTypeCounter, Help: "Secret."}}},
 	}
-	h := NewHandler(discardLogger(), NewEngine(discardLogger(), nil, Options{}), tenantDBs{}, Options{Metadata: md})
+	h := NewHandler(discardLogger(), NewEngine(discardLogger(), nil, Options{}), tenantDBs{}, Options{Metadata: LocalMetadata(md)})
 	get := func(tenant string, form url.Values) (int, string) {
 		r := httptest.NewRequest(http.MethodGet, "/api/v1/metadata?"+form.Encode(), nil)
 		r = r.WithContext(auth.WithIdentity(r.Context(), auth.Identity{Tenant: tenant}))
@@ -88,4 +91,87 @@ func decodeData(t *testing.T, body string) map[string]any {
 	var v map[string]any
 	require.NoError(t, json.Unmarshal([]byte(body), &v))
 	return v["data"].(map[string]any)
+}
+
+func TestMergeMetadata(t *testing.T) {
+	var (
+		c1 = metadata.Metadata{Type: model.MetricTypeCounter, Help: "Requests."}
+		c2 = metadata.Metadata{Type: model.MetricTypeCounter, Help: "Requests served."}
+		g  = metadata.Metadata{Type: model.MetricTypeGauge, Help: "Up.", Unit: ""}
+		h  = metadata.Metadata{Type: model.MetricTypeHistogram, Help: "Latency.", Unit: "seconds"}
+	)
+	a := map[string][]metadata.Metadata{"requests_total": {c1}, "up": {g}}
+	b := map[string][]metadata.Metadata{"requests_total": {c1, c2}, "latency_seconds": {h}}
+	all := MetadataQuery{Limit: -1, LimitPerMetric: -1}
+	for _, tc := range []struct {
+		name string
+		q    MetadataQuery
+		want map[string][]metadata.Metadata
+	}{
+		{"union, each metadata once, first answer first", all, map[string][]metadata.Metadata{
+			"requests_total": {c1, c2}, "up": {g}, "latency_seconds": {h},
+		}},
+		{"one metric", MetadataQuery{Metric: "requests_total", Limit: -1}, map[string][]metadata.Metadata{"requests_total": {c1, c2}}},
+		{"an unknown metric", MetadataQuery{Metric: "nope", Limit: -1}, map[string][]metadata.Metadata{}},
+		{"limit_per_metric", MetadataQuery{Limit: -1, LimitPerMetric: 1}, map[string][]metadata.Metadata{
+			"requests_total": {c1}, "up": {g}, "latency_seconds": {h},
+		}},
+		{"limit keeps the first families by name", MetadataQuery{Limit: 2}, map[string][]metadata.Metadata{
+			"latency_seconds": {h}, "requests_total": {c1, c2},
+		}},
+		{"limit 0 is none, as in Prometheus", MetadataQuery{Limit: 0}, map[string][]metadata.Metadata{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, MergeMetadata(tc.q, a, b))
+		})
+	}
+
+	// A limit applied by every replica, then to their merge, is the limit
+	// over the union: what makes asking each peer for q exact.
+	for limit := range 4 {
+		q := MetadataQuery{Limit: limit}
+		require.Equal(t, MergeMetadata(q, a, b), MergeMetadata(q, MergeMetadata(q, a), MergeMetadata(q, b)), "limit %d", limit)
+	}
+	require.Empty(t, MergeMetadata(all), "no answers")
+}
+
+// partialMetadata answers with fixed data and a warning, or fails.
+type partialMetadata struct {
+	data map[string][]metadata.Metadata
+	warn string
+	err  error
+}
+
+func (p partialMetadata) Metadata(_ context.Context, _ string, q MetadataQuery) (map[string][]metadata.Metadata, annotations.Annotations, error) {
+	var ws annotations.Annotations
+	if p.warn != "" {
+		ws.Add(errors.New(p.warn))
+	}
+	return MergeMetadata(q, p.data), ws, p.err
+}
+
+func TestMetadataHandlerWarnsAndFails(t *testing.T) {
+	get := func(r MetadataReader, id *auth.Identity) (int, string) {
+		req := httptest.NewRequest(http.MethodGet, "/api/v1/metadata", nil)
+		if id != nil {
+			req = req.WithContext(auth.WithIdentity(req.Context(), *id))
+		}
+		rec := httptest.NewRecorder()
+		NewMetadataHandler(r, nil).ServeHTTP(rec, req)
+		require.Equal(t, "application/json", rec.Header().Get("Content-Type"))
+		return rec.Code, rec.Body.String()
+	}
+	acme := &auth.Identity{Tenant: "acme"}
+	up := map[string][]metadata.Metadata{"up": {{Type: model.MetricTypeGauge, Help: "Up."}}}
+
+	code, body := get(partialMetadata{data: up, warn: "peer p1 unavailable, its metadata is missing"}, acme)
+	require.Equal(t, http.StatusOK, code)
+	require.JSONEq(t, `{"status":"success","data":{"up":[{"type":"gauge","help":"Up.","unit":""}]},"warnings":["peer p1 unavailable, its metadata is missing"]}`, body)
+
+	code, body = get(partialMetadata{err: errors.New("storage not ready")}, acme)
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.JSONEq(t, `{"status":"error","errorType":"unavailable","error":"storage not ready"}`, body)
+
+	code, _ = get(partialMetadata{data: up}, nil)
+	require.Equal(t, http.StatusInternalServerError, code, "no tenant is a wiring bug, never everyone's metadata")
 }

@@ -305,10 +305,11 @@ func run(args []string, stderr io.Writer) int {
 		logger.Error("invalid configuration", "file", *configFile, "err", err)
 		return 2
 	}
+	localMeta := query.LocalMetadata(db)
 	api := query.NewHandler(logger.With("component", "query"), fleetEngine, reader, query.Options{
 		Ready: isReady, Version: version.Version,
 		Rules: ruler.RulesRetriever, Alertmanagers: ruler.AlertmanagerRetriever,
-		Metadata: db,
+		Metadata: peerSet.Metadata(localMeta), // this receiver's and its peers'
 	})
 	fleet := status.New(logger.With("component", "status"), reg, status.Options{
 		Limiter: limiter, Reader: reader, Engine: engine, Gatherer: reg, Tenants: db.Tenants,
@@ -336,6 +337,8 @@ func run(args []string, stderr io.Writer) int {
 	}
 	mux.Handle("POST /api/v1/read", auth.Middleware(peerSet.Authenticator(a.authn), auth.PermRead, nil,
 		peerSet.Handler(logger.With("component", "remote_read"), reg, reader, db, db.PeerHorizon, query.ReadOptions{Ready: isReady})))
+	mux.Handle("GET "+peers.MetadataPath, auth.Middleware(peerSet.Authenticator(a.authn), auth.PermRead, nil,
+		peerSet.MetadataHandler(api, localMeta, isReady)))
 	mux.Handle("POST "+pushdown.Path, auth.Middleware(peerSet.Authenticator(a.authn), auth.PermRead, nil,
 		peerSet.WithInstance(pushdown.NewHandler(logger.With("component", "pushdown"), engine, query.NewQueryable(db), relabel.IDLabel, isReady))))
 	if a.authorize != nil {
