@@ -357,7 +357,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Reads of a peer's local data by result: success, error (the query answered without that peer, with a warning), skipped (the range is in the bucket).",
 		}, []string{"result"}),
 		duration: f.NewHistogram(prometheus.HistogramOpts{
-			Name: "phonehome_peers_read_duration_seconds", Help: "Time until a peer's remote-read answer started.",
+			Name: "phonehome_peers_read_duration_seconds", Help: "Time until a peer's answer started (remote read, pushdown, metadata).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 9),
 		}),
 	}
