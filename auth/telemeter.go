@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -79,14 +78,8 @@ type TelemeterOptions struct {
 type TelemeterBearer struct {
 	fleet   FleetAuthorizer
 	opts    TelemeterOptions
-	mu      sync.Mutex
-	cache   map[[sha256.Size]byte]telemeterEntry
+	allowed *expiringCache[string] // tenants of (token, cluster id) digests
 	lookups *prometheus.CounterVec
-}
-
-type telemeterEntry struct {
-	tenant  string
-	expires time.Time
 }
 
 // NewTelemeterBearer returns the authenticator of Telemeter's remote-write
@@ -102,7 +95,7 @@ func NewTelemeterBearer(reg prometheus.Registerer, fleet FleetAuthorizer, opts T
 		opts.now = time.Now
 	}
 	t := &TelemeterBearer{
-		fleet: fleet, opts: opts, cache: map[[sha256.Size]byte]telemeterEntry{},
+		fleet: fleet, opts: opts, allowed: &expiringCache[string]{max: opts.CacheSize},
 		lookups: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_auth_telemeter_token_checks_total",
 			Help: "Telemeter remote-write credentials checked, by result (cached: a positive answer reused).",
@@ -145,12 +138,9 @@ func (t *TelemeterBearer) Authenticate(r *http.Request) (Identity, error) {
 func (t *TelemeterBearer) authorize(ctx context.Context, token, clusterID string) (string, error) {
 	key := sha256.Sum256([]byte(token + "\x00" + clusterID))
 	now := t.opts.now()
-	t.mu.Lock()
-	e, ok := t.cache[key]
-	t.mu.Unlock()
-	if ok && now.Before(e.expires) {
+	if tenant, _, ok := t.allowed.get(key, now); ok {
 		t.lookups.WithLabelValues("cached").Inc()
-		return e.tenant, nil
+		return tenant, nil
 	}
 	tenant, err := t.fleet.AuthorizeFleet(ctx, token, clusterID)
 	switch {
@@ -163,27 +153,6 @@ func (t *TelemeterBearer) authorize(ctx context.Context, token, clusterID string
 		return "", err
 	}
 	t.lookups.WithLabelValues("authorized").Inc()
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if len(t.cache) >= t.opts.CacheSize {
-		t.evict(now)
-	}
-	t.cache[key] = telemeterEntry{tenant: tenant, expires: now.Add(t.opts.CacheTTL)}
+	t.allowed.put(key, tenant, now.Add(t.opts.CacheTTL), now)
 	return tenant, nil
-}
-
-// evict makes room: expired entries first, else an arbitrary tenth (Go's
-// map order is random), so a full cache costs one sweep per many inserts.
-func (t *TelemeterBearer) evict(now time.Time) {
-	for k, e := range t.cache {
-		if !now.Before(e.expires) {
-			delete(t.cache, k)
-		}
-	}
-	for k := range t.cache {
-		if len(t.cache) < t.opts.CacheSize*9/10 {
-			return
-		}
-		delete(t.cache, k)
-	}
 }
