@@ -167,9 +167,10 @@ type Webhook struct {
 }
 
 // WebhookMaxInflight is how many lookups NewWebhook's Webhook runs at once.
-// Each unknown credential on Telemeter's write path costs one (only positive
-// answers are cached), so a flood of made-up bearers would otherwise hold
-// as many receiver goroutines and upstream requests, up to its timeout each.
+// Each credential never seen before costs one (at /authorize, and on
+// Telemeter's write path, where answers are cached), so a flood of made-up
+// bearers would otherwise hold as many receiver goroutines and upstream
+// requests, up to its timeout each.
 const WebhookMaxInflight = 64
 
 // NewWebhook returns a Webhook running at most WebhookMaxInflight lookups at
