@@ -2,7 +2,6 @@ package auth
 
 import (
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -144,7 +143,7 @@ func (c Chain) Authenticate(r *http.Request) (Identity, error) {
 		return c.Issuer.Verify(token)
 	}
 	if c.Static == nil {
-		return Identity{}, errors.New("no static tokens configured: " + ErrUnauthorized.Error())
+		return Identity{}, fmt.Errorf("no static tokens configured: %w", ErrUnauthorized)
 	}
 	return c.Static.Authenticate(r)
 }

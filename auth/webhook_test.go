@@ -46,6 +46,10 @@ func TestWebhookAnswers(t *testing.T) {
 		_, err := wh.AuthorizeFleet(context.Background(), token, "c1")
 		require.ErrorIs(t, err, want, token)
 	}
+
+	tenant, err = Webhook{URL: srv.URL}.AuthorizeFleet(context.Background(), "good", "c1")
+	require.NoError(t, err, "a Webhook without a Client uses http.DefaultClient")
+	require.Equal(t, "acme", tenant)
 }
 
 // TestWebhookBoundsLookupsInFlight: past WebhookMaxInflight lookups waiting
