@@ -26,6 +26,8 @@ require (
 	go.yaml.in/yaml/v3 v3.0.6
 	// x/net: netutil.LimitListener for --web.max-connections, as Prometheus uses it.
 	golang.org/x/net v0.61.0
+	// x/sync: singleflight, one fleet-authorizer lookup per Telemeter bearer at a time (auth/).
+	golang.org/x/sync v0.24.0
 	golang.org/x/time v0.16.0
 	gonum.org/v1/plot v0.17.0
 	// protobuf-go: client_model's MetricFamily (Telemeter's upload), encoding/protodelim and
@@ -188,7 +190,6 @@ require (
 	golang.org/x/exp v0.0.0-20261014143641-f0251eb4aa3e // indirect
 	golang.org/x/image v0.30.0 // indirect
 	golang.org/x/oauth2 v0.37.0 // indirect
-	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 	google.golang.org/api v0.305.0 // indirect

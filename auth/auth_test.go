@@ -132,4 +132,11 @@ func FuzzAuthorizationHeader(f *testing.F) {
 	})
 }
 
+// TestChainWithoutStaticTokens: a static token sent to a Chain that has
+// none is refused as unauthorized, like any unknown token.
+func TestChainWithoutStaticTokens(t *testing.T) {
+	_, err := Chain{}.Authenticate(bearerReq("static"))
+	require.ErrorIs(t, err, ErrUnauthorized)
+}
+
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

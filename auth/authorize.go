@@ -161,15 +161,16 @@ func (h *AuthorizeHandler) fail(w http.ResponseWriter, result string, code int, 
 // 200 with {"tenant": ...}; 401 and 403 refuse; anything else is ErrUpstream.
 type Webhook struct {
 	URL    string
-	Client *http.Client
+	Client *http.Client // nil: http.DefaultClient
 	// sem bounds the lookups in flight (NewWebhook); nil: unbounded.
 	sem chan struct{}
 }
 
 // WebhookMaxInflight is how many lookups NewWebhook's Webhook runs at once.
-// Each unknown credential on Telemeter's write path costs one (only positive
-// answers are cached), so a flood of made-up bearers would otherwise hold
-// as many receiver goroutines and upstream requests, up to its timeout each.
+// Each credential never seen before costs one (at /authorize, and on
+// Telemeter's write path, where answers are cached), so a flood of made-up
+// bearers would otherwise hold as many receiver goroutines and upstream
+// requests, up to its timeout each.
 const WebhookMaxInflight = 64
 
 // NewWebhook returns a Webhook running at most WebhookMaxInflight lookups at
@@ -194,7 +195,11 @@ func (wh Webhook) AuthorizeFleet(ctx context.Context, token, clusterID string) (
 		return "", fmt.Errorf("webhook request: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := wh.Client.Do(req)
+	client := wh.Client
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		return "", fmt.Errorf("webhook: %w: %w", ErrUpstream, err)
 	}

@@ -2,11 +2,9 @@ package auth
 
 import (
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -32,7 +30,7 @@ type Issuer struct {
 	keys     *KeySet
 	ttl      time.Duration
 	now      func() time.Time
-	verified verifiedCache
+	verified expiringCache[Identity] // SHA-256 of credentials that verified, until they expire
 }
 
 // verifiedCacheSize bounds the credentials an Issuer remembers as verified:
@@ -45,7 +43,7 @@ func NewIssuer(keys *KeySet, ttl time.Duration, now func() time.Time) *Issuer {
 	if now == nil {
 		now = time.Now
 	}
-	return &Issuer{keys: keys, ttl: ttl, now: now, verified: verifiedCache{max: verifiedCacheSize}}
+	return &Issuer{keys: keys, ttl: ttl, now: now, verified: expiringCache[Identity]{max: verifiedCacheSize}}
 }
 
 // Issue signs a credential binding tenant and clusterID, valid for the TTL.
@@ -88,7 +86,7 @@ func (i *Issuer) Issue(tenant, clusterID string) (string, time.Time, error) {
 func (i *Issuer) Verify(token string) (Identity, error) {
 	now := i.now()
 	sum := sha256.Sum256([]byte(token))
-	if id, ok := i.verified.get(sum, now); ok {
+	if id, _, ok := i.verified.get(sum, now); ok {
 		return id, nil
 	}
 	id, exp, err := i.verify(token)
@@ -127,64 +125,6 @@ func (i *Issuer) verify(token string) (Identity, time.Time, error) {
 	return Identity{Tenant: c.Tenant, ClusterID: c.Subject, Allow: PermWrite}, c.ExpiresAt.Time, nil
 }
 
-// verifiedCache maps the SHA-256 of credentials that verified to the
-// identity they bind, until they expire. It holds at most max entries; when
-// full, an eighth of them, picked at random, make room. Safe for concurrent use.
-type verifiedCache struct {
-	mu  sync.Mutex
-	m   map[[sha256.Size]byte]verifiedEntry
-	max int
-}
-
-type verifiedEntry struct {
-	id  Identity
-	exp time.Time
-}
-
-// get returns the identity of a credential verified before and not expired at now.
-func (c *verifiedCache) get(sum [sha256.Size]byte, now time.Time) (Identity, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.m[sum]
-	if !ok {
-		return Identity{}, false
-	}
-	if !now.Before(e.exp) {
-		delete(c.m, sum)
-		return Identity{}, false
-	}
-	return e.id, true
-}
-
-// put remembers a verified credential until exp.
-func (c *verifiedCache) put(sum [sha256.Size]byte, id Identity, exp, now time.Time) {
-	if c.max <= 0 || !now.Before(exp) {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil {
-		c.m = make(map[[sha256.Size]byte]verifiedEntry)
-	}
-	if len(c.m) >= c.max {
-		evict := max(c.max/8, 1)
-		for k := range c.m { // map order is random enough
-			delete(c.m, k)
-			if evict--; evict == 0 {
-				break
-			}
-		}
-	}
-	c.m[sum] = verifiedEntry{id: id, exp: exp}
-}
-
-// len is the number of entries, expired ones included (tests).
-func (c *verifiedCache) len() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.m)
-}
-
 // looksLikeJWT tells a credential apart from a static token: three
 // base64url segments separated by dots.
 func looksLikeJWT(token string) bool { return strings.Count(token, ".") == 2 }
@@ -203,7 +143,7 @@ func (c Chain) Authenticate(r *http.Request) (Identity, error) {
 		return c.Issuer.Verify(token)
 	}
 	if c.Static == nil {
-		return Identity{}, errors.New("no static tokens configured: " + ErrUnauthorized.Error())
+		return Identity{}, fmt.Errorf("no static tokens configured: %w", ErrUnauthorized)
 	}
 	return c.Static.Authenticate(r)
 }

@@ -220,7 +220,7 @@ func BenchmarkIssuerVerify(b *testing.B) {
 	require.NoError(b, err)
 	for _, cached := range []bool{false, true} {
 		b.Run(fmt.Sprintf("cached=%v", cached), func(b *testing.B) {
-			iss.verified = verifiedCache{max: verifiedCacheSize}
+			iss.verified = expiringCache[Identity]{max: verifiedCacheSize}
 			if !cached {
 				iss.verified.max = 0 // remembers nothing
 			}

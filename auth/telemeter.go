@@ -9,11 +9,11 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+	"golang.org/x/sync/singleflight"
 )
 
 // maxTelemeterBearer bounds the bearer of Telemeter's remote-write path
@@ -67,49 +67,93 @@ type TelemeterOptions struct {
 	// CacheTTL is how long a positive answer of the fleet authorizer is
 	// reused (default 5m): a revoked token keeps writing at most this long.
 	CacheTTL time.Duration
-	// CacheSize bounds the cached answers (default 100000).
+	// NegativeCacheTTL is how long a refusal (ErrUnauthorized or
+	// ErrForbidden, the webhook's 401 and 403) is reused (default 30s): a
+	// token or cluster that becomes valid is accepted at most this much
+	// later. Errors (ErrUpstream) are never cached.
+	NegativeCacheTTL time.Duration
+	// CacheSize bounds the positive and the negative answers, each
+	// (default 100000), so refusals never push out a positive answer.
 	CacheSize int
 	now       func() time.Time
 }
+
+// Defaults of TelemeterOptions.
+const (
+	DefaultTelemeterCacheTTL         = 5 * time.Minute
+	DefaultTelemeterNegativeCacheTTL = 30 * time.Second
+	DefaultTelemeterCacheSize        = 100_000
+)
+
+// maxTelemeterLookup bounds a lookup that no request waits for any more
+// (every waiting client went away, or it is a refresh), in case the fleet
+// authorizer has no timeout of its own.
+const maxTelemeterLookup = time.Minute
 
 // TelemeterBearer authenticates Telemeter's remote-write path
 // (POST /metrics/v1/receive). The authorization_token is checked as a fleet
 // token at /authorize would be; the identity it yields may only write, and
 // only as the cluster_id it came with. Safe for concurrent use.
+//
+// Answers of the fleet authorizer are cached by a digest of token and
+// cluster id, as Kubernetes' cached token authenticator does: positive ones
+// for CacheTTL, refusals for NegativeCacheTTL, in two caches of CacheSize
+// entries each. Concurrent checks of the same bearer share one lookup. A
+// positive answer in the last quarter of its TTL is looked up again in the
+// background by the next check, which does not wait for it: a cluster that
+// keeps writing is never held up by the lookup, nor refused for a busy or
+// failing authorizer before its answer has expired.
 type TelemeterBearer struct {
 	fleet   FleetAuthorizer
 	opts    TelemeterOptions
-	mu      sync.Mutex
-	cache   map[[sha256.Size]byte]telemeterEntry
+	allowed expiringCache[string] // tenants of (token, cluster id) digests
+	refused expiringCache[error]  // ErrUnauthorized or ErrForbidden, by the same digests
+	group   singleflight.Group    // lookups in flight, by digest
+	checks  *prometheus.CounterVec
 	lookups *prometheus.CounterVec
-}
-
-type telemeterEntry struct {
-	tenant  string
-	expires time.Time
 }
 
 // NewTelemeterBearer returns the authenticator of Telemeter's remote-write
 // path, checking tokens with fleet. reg may be nil.
 func NewTelemeterBearer(reg prometheus.Registerer, fleet FleetAuthorizer, opts TelemeterOptions) *TelemeterBearer {
 	if opts.CacheTTL <= 0 {
-		opts.CacheTTL = 5 * time.Minute
+		opts.CacheTTL = DefaultTelemeterCacheTTL
+	}
+	if opts.NegativeCacheTTL <= 0 {
+		opts.NegativeCacheTTL = DefaultTelemeterNegativeCacheTTL
 	}
 	if opts.CacheSize <= 0 {
-		opts.CacheSize = 100_000
+		opts.CacheSize = DefaultTelemeterCacheSize
 	}
 	if opts.now == nil {
 		opts.now = time.Now
 	}
+	f := promauto.With(reg)
 	t := &TelemeterBearer{
-		fleet: fleet, opts: opts, cache: map[[sha256.Size]byte]telemeterEntry{},
-		lookups: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
+		fleet: fleet, opts: opts,
+		allowed: expiringCache[string]{max: opts.CacheSize},
+		refused: expiringCache[error]{max: opts.CacheSize},
+		checks: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_auth_telemeter_token_checks_total",
-			Help: "Telemeter remote-write credentials checked, by result (cached: a positive answer reused).",
+			Help: "Telemeter remote-write credentials checked, by result (cached, cached_refused: a cached answer reused).",
+		}, []string{"result"}),
+		lookups: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_auth_telemeter_token_lookups_total",
+			Help: "Lookups at the fleet authorizer for Telemeter remote-write credentials (one per cache miss or refresh; concurrent checks share one), by result.",
 		}, []string{"result"}),
 	}
-	for _, r := range []string{"cached", "authorized", "refused", "invalid", "upstream_error"} {
+	for _, r := range []string{"cached", "cached_refused", "authorized", "refused", "invalid", "upstream_error"} {
+		t.checks.WithLabelValues(r)
+	}
+	for _, r := range []string{"authorized", "refused", "upstream_error"} {
 		t.lookups.WithLabelValues(r)
+	}
+	for answer, c := range map[string]interface{ len() int }{"authorized": &t.allowed, "refused": &t.refused} {
+		f.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "phonehome_auth_telemeter_token_cache_entries",
+			Help:        "Cached answers of the fleet authorizer for Telemeter remote-write credentials, by answer (expired ones until evicted).",
+			ConstLabels: prometheus.Labels{"answer": answer},
+		}, func() float64 { return float64(c.len()) })
 	}
 	return t
 }
@@ -118,12 +162,12 @@ func NewTelemeterBearer(reg prometheus.Registerer, fleet FleetAuthorizer, opts T
 func (t *TelemeterBearer) Authenticate(r *http.Request) (Identity, error) {
 	bearer, ok := bearerToken(r)
 	if !ok {
-		t.lookups.WithLabelValues("invalid").Inc()
+		t.checks.WithLabelValues("invalid").Inc()
 		return Identity{}, fmt.Errorf("no bearer token: %w", ErrUnauthorized)
 	}
 	token, clusterID, err := ParseTelemeterBearer(bearer)
 	if err != nil {
-		t.lookups.WithLabelValues("invalid").Inc()
+		t.checks.WithLabelValues("invalid").Inc()
 		return Identity{}, err
 	}
 	tenant, err := t.authorize(r.Context(), token, clusterID)
@@ -140,50 +184,68 @@ func (t *TelemeterBearer) Authenticate(r *http.Request) (Identity, error) {
 	return id, nil
 }
 
-// authorize asks the fleet authorizer, or reuses its positive answer. The
-// cache is keyed by a digest of token and cluster id, never the token.
+// authorize answers from the caches, or asks the fleet authorizer (one
+// lookup per digest at a time). The caches are keyed by a digest of token
+// and cluster id, never the token.
 func (t *TelemeterBearer) authorize(ctx context.Context, token, clusterID string) (string, error) {
 	key := sha256.Sum256([]byte(token + "\x00" + clusterID))
 	now := t.opts.now()
-	t.mu.Lock()
-	e, ok := t.cache[key]
-	t.mu.Unlock()
-	if ok && now.Before(e.expires) {
-		t.lookups.WithLabelValues("cached").Inc()
-		return e.tenant, nil
+	if tenant, exp, ok := t.allowed.get(key, now); ok {
+		if exp.Sub(now) < t.opts.CacheTTL/4 {
+			t.lookup(ctx, key, token, clusterID) // refresh ahead; nobody waits for it
+		}
+		t.checks.WithLabelValues("cached").Inc()
+		return tenant, nil
 	}
-	tenant, err := t.fleet.AuthorizeFleet(ctx, token, clusterID)
-	switch {
-	case err == nil:
-	case errors.Is(err, ErrUpstream):
-		t.lookups.WithLabelValues("upstream_error").Inc()
-		return "", err
-	default:
-		t.lookups.WithLabelValues("refused").Inc()
+	if err, _, ok := t.refused.get(key, now); ok {
+		t.checks.WithLabelValues("cached_refused").Inc()
 		return "", err
 	}
-	t.lookups.WithLabelValues("authorized").Inc()
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if len(t.cache) >= t.opts.CacheSize {
-		t.evict(now)
+	select {
+	case res := <-t.lookup(ctx, key, token, clusterID):
+		t.checks.WithLabelValues(lookupResult(res.Err)).Inc()
+		if res.Err != nil {
+			return "", res.Err
+		}
+		return res.Val.(string), nil
+	case <-ctx.Done():
+		t.checks.WithLabelValues("upstream_error").Inc()
+		return "", fmt.Errorf("waiting for the fleet authorizer: %w: %w", ErrUpstream, ctx.Err())
 	}
-	t.cache[key] = telemeterEntry{tenant: tenant, expires: now.Add(t.opts.CacheTTL)}
-	return tenant, nil
 }
 
-// evict makes room: expired entries first, else an arbitrary tenth (Go's
-// map order is random), so a full cache costs one sweep per many inserts.
-func (t *TelemeterBearer) evict(now time.Time) {
-	for k, e := range t.cache {
-		if !now.Before(e.expires) {
-			delete(t.cache, k)
+// lookup asks the fleet authorizer unless a lookup of key is in flight, and
+// caches its answer. The lookup outlives ctx's cancellation (others may wait
+// for it) but not maxTelemeterLookup. An entry expires one TTL after the
+// lookup started, so it never outlives the answer by more than its TTL.
+func (t *TelemeterBearer) lookup(ctx context.Context, key [sha256.Size]byte, token, clusterID string) <-chan singleflight.Result {
+	ctx = context.WithoutCancel(ctx)
+	return t.group.DoChan(string(key[:]), func() (any, error) {
+		ctx, cancel := context.WithTimeout(ctx, maxTelemeterLookup)
+		defer cancel()
+		start := t.opts.now()
+		tenant, err := t.fleet.AuthorizeFleet(ctx, token, clusterID)
+		t.lookups.WithLabelValues(lookupResult(err)).Inc()
+		switch {
+		case err == nil:
+			t.refused.remove(key)
+			t.allowed.put(key, tenant, start.Add(t.opts.CacheTTL), start)
+		case errors.Is(err, ErrUnauthorized), errors.Is(err, ErrForbidden):
+			t.allowed.remove(key) // revoked: refused from now on, not at expiry
+			t.refused.put(key, err, start.Add(t.opts.NegativeCacheTTL), start)
 		}
-	}
-	for k := range t.cache {
-		if len(t.cache) < t.opts.CacheSize*9/10 {
-			return
-		}
-		delete(t.cache, k)
+		return tenant, err
+	})
+}
+
+// lookupResult names the answer of a lookup in the metrics.
+func lookupResult(err error) string {
+	switch {
+	case err == nil:
+		return "authorized"
+	case errors.Is(err, ErrUpstream):
+		return "upstream_error"
+	default:
+		return "refused"
 	}
 }

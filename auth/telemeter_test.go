@@ -83,7 +83,7 @@ func TestTelemeterBearerBindsAndCaches(t *testing.T) {
 	fleet.FleetAuthorizer = revoked
 	_, err = auth(telemeterBearer("fleet", "c1"))
 	require.NoError(t, err, "cached")
-	require.InDelta(t, 1, testutil.ToFloat64(a.lookups.WithLabelValues("cached")), 0)
+	require.InDelta(t, 1, testutil.ToFloat64(a.checks.WithLabelValues("cached")), 0)
 	_, err = auth(telemeterBearer("fleet", "c2"))
 	require.ErrorIs(t, err, ErrUnauthorized, "the cache is keyed by token and cluster")
 	now = now.Add(time.Minute)
@@ -98,7 +98,7 @@ func TestTelemeterBearerCacheIsBounded(t *testing.T) {
 	for i := range 1000 {
 		_, err := a.Authenticate(bearerReq(telemeterBearer("fleet", "c"+strings.Repeat("x", i%50)+string(rune('a'+i%26))+string(rune('a'+i/26%26)))))
 		require.NoError(t, err)
-		require.LessOrEqual(t, len(a.cache), 100)
+		require.LessOrEqual(t, a.allowed.len(), 100)
 	}
 }
 
@@ -192,7 +192,7 @@ func TestTelemeterBearerUpstreamDownIs503(t *testing.T) {
 	h.ServeHTTP(rec, bearerReq(telemeterBearer("fleet", "c1")))
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
 	require.Equal(t, "30", rec.Header().Get("Retry-After"))
-	require.Equal(t, 1.0, testutil.ToFloat64(a.lookups.WithLabelValues("upstream_error")))
+	require.Equal(t, 1.0, testutil.ToFloat64(a.checks.WithLabelValues("upstream_error")))
 }
 
 type downFleet struct{}

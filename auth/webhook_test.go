@@ -3,8 +3,11 @@ package auth
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -43,6 +46,10 @@ func TestWebhookAnswers(t *testing.T) {
 		_, err := wh.AuthorizeFleet(context.Background(), token, "c1")
 		require.ErrorIs(t, err, want, token)
 	}
+
+	tenant, err = Webhook{URL: srv.URL}.AuthorizeFleet(context.Background(), "good", "c1")
+	require.NoError(t, err, "a Webhook without a Client uses http.DefaultClient")
+	require.Equal(t, "acme", tenant)
 }
 
 // TestWebhookBoundsLookupsInFlight: past WebhookMaxInflight lookups waiting
@@ -80,4 +87,78 @@ func TestWebhookBoundsLookupsInFlight(t *testing.T) {
 
 	release <- struct{}{} // one lookup ends: room for another
 	require.NoError(t, <-done)
+}
+
+// TestTelemeterBearerOverWebhook: on Telemeter's write path a webhook's
+// refusal (401/403) is cached, so a bearer sent again costs no lookup, and
+// its failure (5xx) is not. With the webhook at its lookup cap, a bearer
+// with a cached answer is still served; only uncached ones get 503.
+func TestTelemeterBearerOverWebhook(t *testing.T) {
+	var (
+		mu      sync.Mutex
+		hits    = map[string]int{}
+		entered = make(chan struct{}, WebhookMaxInflight)
+		release = make(chan struct{})
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var in struct {
+			Token string `json:"token"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&in)
+		mu.Lock()
+		hits[in.Token]++
+		mu.Unlock()
+		switch {
+		case in.Token == "fleet":
+			_, _ = w.Write([]byte(`{"tenant":"acme"}`))
+		case in.Token == "flaky":
+			w.WriteHeader(http.StatusBadGateway)
+		case strings.HasPrefix(in.Token, "slow"):
+			entered <- struct{}{}
+			<-release
+			w.WriteHeader(http.StatusUnauthorized)
+		default:
+			w.WriteHeader(http.StatusUnauthorized)
+		}
+	}))
+	defer srv.Close()
+	h := Middleware(NewTelemeterBearer(nil, NewWebhook(srv.URL, srv.Client()), TelemeterOptions{}), PermWrite, nil,
+		http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	serve := func(token, clusterID string) int {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, bearerReq(telemeterBearer(token, clusterID)))
+		return rec.Code
+	}
+	hitsOf := func(token string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return hits[token]
+	}
+
+	require.Equal(t, http.StatusUnauthorized, serve("made-up", "c1"))
+	require.Equal(t, http.StatusUnauthorized, serve("made-up", "c1"))
+	require.Equal(t, 1, hitsOf("made-up"), "the refusal is cached")
+	require.Equal(t, http.StatusServiceUnavailable, serve("flaky", "c1"))
+	require.Equal(t, http.StatusServiceUnavailable, serve("flaky", "c1"))
+	require.Equal(t, 2, hitsOf("flaky"), "a failure is not")
+	require.Equal(t, http.StatusNoContent, serve("fleet", "c1"))
+
+	codes := make(chan int, WebhookMaxInflight)
+	for i := range WebhookMaxInflight {
+		go func() { codes <- serve(fmt.Sprint("slow-", i), "c1") }()
+	}
+	for range WebhookMaxInflight {
+		select {
+		case <-entered:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the lookups did not reach the webhook")
+		}
+	}
+	require.Equal(t, http.StatusNoContent, serve("fleet", "c1"), "a cached answer needs no lookup slot")
+	require.Equal(t, http.StatusServiceUnavailable, serve("fleet", "c2"), "an uncached one does")
+	close(release)
+	for range WebhookMaxInflight {
+		require.Equal(t, http.StatusUnauthorized, <-codes)
+	}
+	require.Equal(t, 1, hitsOf("fleet"))
 }

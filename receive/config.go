@@ -14,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/phonehome/phonehome/allowlist"
+	"github.com/phonehome/phonehome/auth"
 	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/peers"
 	"github.com/phonehome/phonehome/push"
@@ -87,11 +88,14 @@ type ClusterIDHashConfig struct {
 	SecretFile string `yaml:"secret_file"`
 }
 
-// TelemeterConfig bounds the cache of fleet-token answers on Telemeter's
-// remote-write path: a revoked token keeps writing at most TokenCacheTTL.
+// TelemeterConfig bounds the caches of fleet-token answers on Telemeter's
+// remote-write path (see auth.TelemeterOptions): a revoked token keeps
+// writing at most TokenCacheTTL, a refused one is refused at most
+// TokenCacheNegativeTTL after it becomes valid.
 type TelemeterConfig struct {
-	TokenCacheTTL  model.Duration `yaml:"token_cache_ttl"`
-	TokenCacheSize int            `yaml:"token_cache_size"`
+	TokenCacheTTL         model.Duration `yaml:"token_cache_ttl"`
+	TokenCacheNegativeTTL model.Duration `yaml:"token_cache_negative_ttl"`
+	TokenCacheSize        int            `yaml:"token_cache_size"`
 }
 
 // Values of auth.id_mismatch.
@@ -118,10 +122,13 @@ func (a *AuthConfig) SetDefaults() {
 		a.IDMismatch = IDMismatchReject
 	}
 	if a.Telemeter.TokenCacheTTL == 0 {
-		a.Telemeter.TokenCacheTTL = model.Duration(5 * time.Minute)
+		a.Telemeter.TokenCacheTTL = model.Duration(auth.DefaultTelemeterCacheTTL)
+	}
+	if a.Telemeter.TokenCacheNegativeTTL == 0 {
+		a.Telemeter.TokenCacheNegativeTTL = model.Duration(auth.DefaultTelemeterNegativeCacheTTL)
 	}
 	if a.Telemeter.TokenCacheSize == 0 {
-		a.Telemeter.TokenCacheSize = 100_000
+		a.Telemeter.TokenCacheSize = auth.DefaultTelemeterCacheSize
 	}
 	if a.AuthorizeWebhook != nil && a.AuthorizeWebhook.Timeout == 0 {
 		a.AuthorizeWebhook.Timeout = model.Duration(5 * time.Second)
@@ -145,6 +152,9 @@ func (a *AuthConfig) Validate() error {
 	}
 	if a.Telemeter.TokenCacheTTL < 0 || a.Telemeter.TokenCacheTTL > model.Duration(time.Hour) {
 		errs = append(errs, fmt.Errorf("auth.telemeter.token_cache_ttl: %s, want between 0 and 1h (a revoked token writes that long)", a.Telemeter.TokenCacheTTL))
+	}
+	if a.Telemeter.TokenCacheNegativeTTL < 0 || a.Telemeter.TokenCacheNegativeTTL > model.Duration(time.Hour) {
+		errs = append(errs, fmt.Errorf("auth.telemeter.token_cache_negative_ttl: %s, want between 0 and 1h (a refused token stays refused that long after it becomes valid)", a.Telemeter.TokenCacheNegativeTTL))
 	}
 	if a.Telemeter.TokenCacheSize < 0 {
 		errs = append(errs, fmt.Errorf("auth.telemeter.token_cache_size: %d is negative", a.Telemeter.TokenCacheSize))

@@ -35,6 +35,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 	cfg, err = LoadConfig(writeConfig(t, "auth:\n  telemeter:\n    token_cache_ttl: 0s\n    token_cache_size: 0\n  cluster_id_hash:\n    secret_file: key\n"))
 	require.NoError(t, err)
 	require.Equal(t, 5*time.Minute, time.Duration(cfg.Auth.Telemeter.TokenCacheTTL))
+	require.Equal(t, 30*time.Second, time.Duration(cfg.Auth.Telemeter.TokenCacheNegativeTTL))
 	require.Equal(t, 100_000, cfg.Auth.Telemeter.TokenCacheSize)
 	require.True(t, filepath.IsAbs(cfg.Auth.ClusterIDHash.SecretFile), "relative to the config file")
 
@@ -49,7 +50,7 @@ func TestLoadConfigNamesEveryProblem(t *testing.T) {
 	_, err := LoadConfig(writeConfig(t, "auth:\n  tokenz_file: x\n"))
 	require.ErrorContains(t, err, "field tokenz_file not found")
 
-	_, err = LoadConfig(writeConfig(t, "limits:\n  defaults:\n    max_body_bytes: 64MiB\n    max_decoded_bytes: 1MiB\n    max_label_name_length: -1\nallowlist: ['up{', 'ok']\nelide_labels: [__name__, 'a-b']\nauth:\n  id_mismatch: ignore\n  telemeter: {token_cache_ttl: 2h, token_cache_size: -1}\n  cluster_id_hash: {}\ntelemeter: {replica_label: a-b, replica_failover_timeout: 500ms}\n"))
+	_, err = LoadConfig(writeConfig(t, "limits:\n  defaults:\n    max_body_bytes: 64MiB\n    max_decoded_bytes: 1MiB\n    max_label_name_length: -1\nallowlist: ['up{', 'ok']\nelide_labels: [__name__, 'a-b']\nauth:\n  id_mismatch: ignore\n  telemeter: {token_cache_ttl: 2h, token_cache_negative_ttl: 2h, token_cache_size: -1}\n  cluster_id_hash: {}\ntelemeter: {replica_label: a-b, replica_failover_timeout: 500ms}\n"))
 	for _, want := range []string{
 		"limits.defaults.max_decoded_bytes",
 		"limits.defaults.max_label_name_length",
@@ -58,6 +59,7 @@ func TestLoadConfigNamesEveryProblem(t *testing.T) {
 		`elide_labels[1]: "a-b" is not a label name`,
 		`auth.id_mismatch: "ignore"`,
 		"auth.telemeter.token_cache_ttl: 2h",
+		"auth.telemeter.token_cache_negative_ttl: 2h",
 		"auth.telemeter.token_cache_size: -1",
 		"auth.cluster_id_hash.secret_file: required",
 		`telemeter.replica_label: "a-b"`,

@@ -49,8 +49,10 @@ func setupAuth(logger *slog.Logger, reg prometheus.Registerer, cfg receive.AuthC
 	s := authSetup{
 		authn: tokens, tokens: tokens,
 		telemeter: auth.NewTelemeterBearer(reg, fleet, auth.TelemeterOptions{
-			Hasher:   hasher,
-			CacheTTL: time.Duration(cfg.Telemeter.TokenCacheTTL), CacheSize: cfg.Telemeter.TokenCacheSize,
+			Hasher:           hasher,
+			CacheTTL:         time.Duration(cfg.Telemeter.TokenCacheTTL),
+			NegativeCacheTTL: time.Duration(cfg.Telemeter.TokenCacheNegativeTTL),
+			CacheSize:        cfg.Telemeter.TokenCacheSize,
 		}),
 	}
 	if cfg.KeysFile == "" {
