@@ -101,21 +101,34 @@ func Middleware(a Authenticator, need Permission, onReject func(r *http.Request,
 			if onReject != nil {
 				onReject(r, err)
 			}
-			switch {
-			case errors.Is(err, ErrForbidden):
+			switch RejectStatus(err) {
+			case http.StatusForbidden:
 				http.Error(w, "forbidden: this credential may not "+need.String(), http.StatusForbidden)
-				return
-			case errors.Is(err, ErrUpstream):
+			case http.StatusServiceUnavailable:
 				w.Header().Set("Retry-After", "30")
 				http.Error(w, "the upstream authorizer is unavailable, retry later", http.StatusServiceUnavailable)
-				return
+			default:
+				w.Header().Set("WWW-Authenticate", `Bearer realm="phonehome"`)
+				http.Error(w, "unauthorized: a valid bearer token is required", http.StatusUnauthorized)
 			}
-			w.Header().Set("WWW-Authenticate", `Bearer realm="phonehome"`)
-			http.Error(w, "unauthorized: a valid bearer token is required", http.StatusUnauthorized)
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(WithIdentity(r.Context(), id)))
 	})
+}
+
+// RejectStatus is the status Middleware answers a refusal err with: 403 for
+// ErrForbidden, 503 for ErrUpstream, 401 otherwise. onReject callbacks use it
+// to count what the client saw.
+func RejectStatus(err error) int {
+	switch {
+	case errors.Is(err, ErrForbidden):
+		return http.StatusForbidden
+	case errors.Is(err, ErrUpstream):
+		return http.StatusServiceUnavailable
+	default:
+		return http.StatusUnauthorized
+	}
 }
 
 func (p Permission) String() string {

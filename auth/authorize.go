@@ -175,8 +175,21 @@ const WebhookMaxInflight = 64
 
 // NewWebhook returns a Webhook running at most WebhookMaxInflight lookups at
 // once; more fail at once with ErrUpstream (503, retry later).
+// It follows no redirect: a redirect would send the fleet token wherever
+// it pointed; it is answered as any other unexpected status (ErrUpstream).
 func NewWebhook(url string, client *http.Client) Webhook {
-	return Webhook{URL: url, Client: client, sem: make(chan struct{}, WebhookMaxInflight)}
+	return Webhook{URL: url, Client: noRedirects(client), sem: make(chan struct{}, WebhookMaxInflight)}
+}
+
+// noRedirects returns a copy of c (http.DefaultClient if nil) that returns
+// a redirect response instead of following it.
+func noRedirects(c *http.Client) *http.Client {
+	if c == nil {
+		c = http.DefaultClient
+	}
+	cc := *c
+	cc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &cc
 }
 
 // AuthorizeFleet implements FleetAuthorizer.
@@ -196,8 +209,8 @@ func (wh Webhook) AuthorizeFleet(ctx context.Context, token, clusterID string) (
 	}
 	req.Header.Set("Content-Type", "application/json")
 	client := wh.Client
-	if client == nil {
-		client = http.DefaultClient
+	if client == nil || client.CheckRedirect == nil {
+		client = noRedirects(client)
 	}
 	resp, err := client.Do(req)
 	if err != nil {

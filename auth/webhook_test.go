@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -161,4 +162,27 @@ func TestTelemeterBearerOverWebhook(t *testing.T) {
 		require.Equal(t, http.StatusUnauthorized, <-codes)
 	}
 	require.Equal(t, 1, hitsOf("fleet"))
+}
+
+// TestWebhookFollowsNoRedirect: a webhook answering with a redirect does
+// not get the fleet token sent wherever it points; the answer is
+// ErrUpstream, as any other unexpected status.
+func TestWebhookFollowsNoRedirect(t *testing.T) {
+	var reached atomic.Bool
+	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		reached.Store(true)
+		_, _ = w.Write([]byte(`{"tenant":"acme"}`))
+	}))
+	defer elsewhere.Close()
+	redirecting := httptest.NewServer(http.RedirectHandler(elsewhere.URL, http.StatusTemporaryRedirect))
+	defer redirecting.Close()
+
+	for name, wh := range map[string]Webhook{
+		"NewWebhook":     NewWebhook(redirecting.URL, redirecting.Client()),
+		"without Client": {URL: redirecting.URL},
+	} {
+		_, err := wh.AuthorizeFleet(context.Background(), "good", "c1")
+		require.ErrorIs(t, err, ErrUpstream, name)
+	}
+	require.False(t, reached.Load(), "the token was sent to the redirect's target")
 }

@@ -43,13 +43,13 @@ const (
 // CountUnauthenticated counts a push that auth.Middleware refused; pass it
 // as the middleware's onReject.
 func (g *Gateway) CountUnauthenticated(_ *http.Request, err error) {
-	if errors.Is(err, auth.ErrForbidden) {
-		g.metrics.rejected.WithLabelValues(reasonForbidden).Inc()
-		g.metrics.requests.WithLabelValues("403").Inc()
-		return
+	code := auth.RejectStatus(err)
+	reason := reasonUnauthenticated
+	if code == http.StatusForbidden {
+		reason = reasonForbidden
 	}
-	g.metrics.rejected.WithLabelValues(reasonUnauthenticated).Inc()
-	g.metrics.requests.WithLabelValues("401").Inc()
+	g.metrics.rejected.WithLabelValues(reason).Inc()
+	g.metrics.requests.WithLabelValues(strconv.Itoa(code)).Inc()
 }
 
 // ServeHTTP accepts one push. The response is 200 with an empty body, like

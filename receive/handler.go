@@ -157,10 +157,12 @@ func NewHandler(logger *slog.Logger, reg prometheus.Registerer, w storage.Writer
 // SetPolicy atomically replaces the server-side policy (config reload).
 func (h *Handler) SetPolicy(p *Policy) { h.policy.Store(p) }
 
-// CountUnauthenticated records a request refused by auth.Middleware.
-func (h *Handler) CountUnauthenticated(*http.Request, error) {
+// CountUnauthenticated records a request refused by auth.Middleware, under
+// the status it was answered with (401, 403, or 503 when the authorizer
+// could not answer).
+func (h *Handler) CountUnauthenticated(_ *http.Request, err error) {
 	h.metrics.unauthenticated.Inc()
-	h.metrics.requests.WithLabelValues(strconv.Itoa(http.StatusUnauthorized)).Inc()
+	h.metrics.requests.WithLabelValues(strconv.Itoa(auth.RejectStatus(err))).Inc()
 }
 
 // ServeHTTP implements http.Handler: remote-write 1.0 and 2.0.

@@ -393,3 +393,19 @@ func TestHandlerMaxInflight(t *testing.T) {
 	require.Equal(t, http.StatusNoContent, serve("c3"))
 	require.Zero(t, testutil.ToFloat64(h.metrics.inflight))
 }
+
+// TestCountUnauthenticatedByStatus: refusals are counted under the status
+// auth.Middleware answered them with, not all as 401.
+func TestCountUnauthenticatedByStatus(t *testing.T) {
+	h := NewHandler(discard(), nil, &fakeWriter{}, newLimiter(nil), Options{})
+	for _, err := range []error{auth.ErrUnauthorized, auth.ErrForbidden, fmt.Errorf("webhook: %w", auth.ErrUpstream)} {
+		rec := httptest.NewRecorder()
+		auth.Middleware(refusing{err}, auth.PermWrite, h.CountUnauthenticated, h).ServeHTTP(rec, newRequest(nil, nil))
+		require.Equal(t, 1.0, testutil.ToFloat64(h.metrics.requests.WithLabelValues(strconv.Itoa(rec.Code))), err.Error())
+	}
+	require.Equal(t, 3.0, testutil.ToFloat64(h.metrics.unauthenticated))
+}
+
+type refusing struct{ err error }
+
+func (r refusing) Authenticate(*http.Request) (auth.Identity, error) { return auth.Identity{}, r.err }

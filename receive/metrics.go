@@ -73,7 +73,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		unauthenticated: f.NewCounter(prometheus.CounterOpts{
 			Name: "phonehome_receive_unauthenticated_requests_total",
-			Help: "Requests refused for a missing or invalid credential.",
+			Help: "Write requests refused by authentication: a missing or invalid credential (401), one without the write permission (403), or an authorizer that could not answer (503); phonehome_receive_requests_total{code} tells them apart.",
 		}),
 		overloaded: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_receive_overloaded_requests_total",
