@@ -42,13 +42,18 @@ func setupAuth(logger *slog.Logger, reg prometheus.Registerer, cfg receive.AuthC
 			return authSetup{}, err
 		}
 	}
-	var fleet auth.FleetAuthorizer = tokens
+	// /authorize and Telemeter's write path each ask the fleet authorizer
+	// through their own webhook client, so that each has its own bound of
+	// lookups in flight: a flood of made-up tokens at one does not starve
+	// the other (known clusters' writes, or their credential renewals).
+	var fleet, writeFleet auth.FleetAuthorizer = tokens, tokens
 	if wh := cfg.AuthorizeWebhook; wh != nil {
 		fleet = auth.NewWebhook(wh.URL, &http.Client{Timeout: time.Duration(wh.Timeout)})
+		writeFleet = auth.NewWebhook(wh.URL, &http.Client{Timeout: time.Duration(wh.Timeout)})
 	}
 	s := authSetup{
 		authn: tokens, tokens: tokens,
-		telemeter: auth.NewTelemeterBearer(reg, fleet, auth.TelemeterOptions{
+		telemeter: auth.NewTelemeterBearer(reg, writeFleet, auth.TelemeterOptions{
 			Hasher:           hasher,
 			CacheTTL:         time.Duration(cfg.Telemeter.TokenCacheTTL),
 			NegativeCacheTTL: time.Duration(cfg.Telemeter.TokenCacheNegativeTTL),
