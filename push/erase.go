@@ -2,7 +2,9 @@ package push
 
 import (
 	"fmt"
+	"strings"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 
 	"github.com/phonehome/phonehome/allowlist"
@@ -33,6 +35,7 @@ func (g *Gateway) Erase(tenant string, ms []*labels.Matcher) (int, error) {
 	if n == 0 {
 		return 0, nil
 	}
+	st.dropOrphanLayouts()
 	if g.broken != nil {
 		return n, fmt.Errorf("erase from push state: %w", g.broken)
 	}
@@ -40,4 +43,40 @@ func (g *Gateway) Erase(tenant string, ms []*labels.Matcher) (int, error) {
 		return n, fmt.Errorf("erase from push state: %w", err)
 	}
 	return n, nil
+}
+
+// dropOrphanLayouts drops the bucket layouts of histograms none of whose
+// series remain: their keys hold every label of the histogram, the erased
+// _id included, and a layout without series constrains nothing.
+func (ts *tenantState) dropOrphanLayouts() {
+	if len(ts.Layouts) == 0 {
+		return
+	}
+	kept := map[string]bool{}
+	for _, it := range ts.Series {
+		if k, ok := layoutKeyOf(it.Labels); ok {
+			kept[k] = true
+		}
+	}
+	for k := range ts.Layouts {
+		if !kept[k] {
+			delete(ts.Layouts, k)
+			delete(ts.LayoutTouched, k)
+		}
+	}
+}
+
+// layoutKeyOf is the key of the histogram layout a _bucket, _sum or _count
+// series belongs to (as addSamples makes it).
+func layoutKeyOf(ls labels.Labels) (string, bool) {
+	name := ls.Get(model.MetricNameLabel)
+	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+		if base, ok := strings.CutSuffix(name, suffix); ok {
+			b := labels.NewBuilder(ls)
+			b.Del(model.BucketLabel)
+			b.Set(model.MetricNameLabel, base)
+			return b.Labels().String(), true
+		}
+	}
+	return "", false
 }

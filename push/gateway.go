@@ -177,11 +177,24 @@ func (g *Gateway) appendLocked(rec *record) error {
 		}
 	}
 	newSeries := map[string]bool{}
+	sums := map[string]float64{} // what apply will store, to refuse an overflow before the log
 	for _, d := range rec.Samples {
 		k := seriesKey(d.Labels)
-		if _, ok := ts.Series[k]; !ok {
+		it, ok := ts.Series[k]
+		if !ok {
 			newSeries[k] = true
 		}
+		sum, seen := sums[k]
+		if !seen && ok {
+			sum = it.Value
+		}
+		if d.Set {
+			sum = 0
+		}
+		if sum += d.Value; math.IsInf(sum, 0) || math.IsNaN(sum) {
+			return reject(reasonInvalidValue, errInvalid, "the aggregate of %s would overflow to %v; push smaller values", d.Labels, sum)
+		}
+		sums[k] = sum
 	}
 	if n := len(ts.Series) + len(newSeries); n > g.cfg.MaxSeriesPerTenant {
 		return reject(reasonSeriesLimit, errInvalid, "push would create %d new series; the tenant's limit of %d aggregated series would be exceeded", len(newSeries), g.cfg.MaxSeriesPerTenant)

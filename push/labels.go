@@ -2,6 +2,8 @@ package push
 
 import (
 	"encoding/json"
+	"fmt"
+	"strconv"
 
 	"github.com/prometheus/prometheus/model/labels"
 )
@@ -57,16 +59,34 @@ func (d *delta) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// UnmarshalJSON: as delta's.
+// UnmarshalJSON: as delta's, and a value as MarshalJSON writes it (a
+// number, or a quoted non-finite one).
 func (it *aggItem) UnmarshalJSON(b []byte) error {
 	type plain aggItem
 	aux := struct {
 		*plain
 		Labels map[string]string `json:"labels"`
+		Value  json.RawMessage   `json:"value"`
 	}{plain: (*plain)(it)}
 	if err := json.Unmarshal(b, &aux); err != nil {
 		return err
 	}
 	it.Labels = labelsFromMap(aux.Labels)
+	it.Value = 0
+	if len(aux.Value) > 0 && aux.Value[0] == '"' {
+		var s string
+		if err := json.Unmarshal(aux.Value, &s); err != nil {
+			return err
+		}
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return fmt.Errorf("aggregate value %q: %w", s, err)
+		}
+		it.Value = v
+		return nil
+	}
+	if len(aux.Value) > 0 {
+		return json.Unmarshal(aux.Value, &it.Value)
+	}
 	return nil
 }

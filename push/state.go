@@ -9,8 +9,10 @@ import (
 	"hash/crc32"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"github.com/prometheus/prometheus/model/labels"
 
@@ -74,6 +76,28 @@ type aggItem struct {
 	Labels  labels.Labels `json:"labels"`
 	Value   float64       `json:"value"`
 	Touched int64         `json:"touched,omitempty"` // last push that added to it, Unix ms
+}
+
+// MarshalJSON writes a non-finite value as Prometheus' JSON API does
+// ("+Inf", "-Inf", "NaN"): encoding/json refuses them, and a snapshot that
+// cannot be written would stop compaction and erasure for every tenant.
+// Pushes cannot make one (appendLocked refuses an overflow); a state from
+// before that check can hold one.
+func (it aggItem) MarshalJSON() ([]byte, error) {
+	ls, err := it.Labels.MarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	b := append(append([]byte(`{"labels":`), ls...), `,"value":`...)
+	if math.IsInf(it.Value, 0) || math.IsNaN(it.Value) {
+		b = strconv.AppendQuote(b, strconv.FormatFloat(it.Value, 'f', -1, 64))
+	} else {
+		b = strconv.AppendFloat(b, it.Value, 'g', -1, 64)
+	}
+	if it.Touched != 0 {
+		b = strconv.AppendInt(append(b, `,"touched":`...), it.Touched, 10)
+	}
+	return append(b, '}'), nil
 }
 
 func newTenantState() *tenantState {
