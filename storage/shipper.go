@@ -174,6 +174,13 @@ type Uploader interface {
 // tenant and the external labels), source, and the files with their sizes.
 // Readers treat a block without meta.json as an upload in progress.
 func UploadBlock(ctx context.Context, bkt Uploader, dir string, meta tsdb.BlockMeta, labels map[string]string, source string) error {
+	return UploadThanosBlock(ctx, bkt, dir, ThanosMeta{BlockMeta: meta, Thanos: ThanosSection{Labels: labels, Source: source}})
+}
+
+// UploadThanosBlock is UploadBlock with the whole thanos section given, as
+// a rewrite keeps its source's (labels, downsample resolution, index stats,
+// extensions); the version and the files are set here.
+func UploadThanosBlock(ctx context.Context, bkt Uploader, dir string, meta ThanosMeta) error {
 	id := meta.ULID.String()
 	files, err := blockFiles(dir)
 	if err != nil {
@@ -184,7 +191,7 @@ func UploadBlock(ctx context.Context, bkt Uploader, dir string, meta tsdb.BlockM
 			return err
 		}
 	}
-	body, err := json.MarshalIndent(newThanosMeta(meta, labels, files, source), "", "\t")
+	body, err := json.MarshalIndent(withFiles(meta, files), "", "\t")
 	if err != nil {
 		return fmt.Errorf("encode meta.json: %w", err)
 	}
