@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -70,7 +71,7 @@ const (
 	StateLocal   = "local"  // head, WAL, local blocks
 	StateBucket  = "bucket" // bucket blocks
 	StateDone    = "done"
-	StateFailed  = "failed" // retried at the next start
+	StateFailed  = "failed" // retried after a backoff, and at the next start
 )
 
 // Status is a job's progress, as the API shows it. It never holds the
@@ -89,7 +90,14 @@ type Status struct {
 	SeriesRemoved int       `json:"series_removed"`
 	Submitted     time.Time `json:"submitted"`
 	Finished      time.Time `json:"finished,omitzero"`
-	Error         string    `json:"error,omitempty"`
+	// LocalDone: the head, WAL and local blocks are erased. Until then the
+	// tenant's blocks are not shipped (ShippingHeld), and a retry runs
+	// every step; after it, only the bucket step.
+	LocalDone bool `json:"local_done,omitempty"`
+	// Failures counts the failed attempts; the next is at NextAttempt.
+	Failures    int       `json:"failures,omitempty"`
+	NextAttempt time.Time `json:"next_attempt,omitzero"`
+	Error       string    `json:"error,omitempty"`
 }
 
 // job is a running or finished erasure. req holds the raw cluster id only
@@ -97,19 +105,26 @@ type Status struct {
 type job struct {
 	req    Request
 	status Status
+	// pushed and local are what the local step removed, once it is done
+	// (status.LocalDone): the audit event of a later attempt reports them.
+	pushed int
+	local  storage.LocalErasure
 }
 
 // state is a job's file under the erasure directory.
 type state struct {
-	Request Request `json:"request"`
-	Status  Status  `json:"status"`
+	Request Request              `json:"request"`
+	Status  Status               `json:"status"`
+	Pushed  int                  `json:"pushed,omitempty"`
+	Local   storage.LocalErasure `json:"local,omitzero"`
 }
 
 // Eraser runs erasure jobs one at a time.
 //
-// Submit, Readmit, Get and List are safe for concurrent use; Run runs the
-// jobs until its context ends; Do runs one job in the caller's goroutine
-// (the offline command) and must not be used while Run runs.
+// Submit, Readmit, Get, List and ShippingHeld are safe for concurrent use;
+// Run runs the jobs, retrying failed ones, until its context ends; Do runs
+// one job in the caller's goroutine (the offline command) and must not be
+// used while Run runs.
 type Eraser struct {
 	logger      *slog.Logger
 	local       Local
@@ -118,16 +133,12 @@ type Eraser struct {
 	afterBucket func(context.Context) error
 	pushes      Pushes
 	now         func() time.Time
+	backoff     [2]time.Duration // first retry, longest wait
 	m           *metrics
 
 	mu    sync.Mutex
 	jobs  map[string]*job
 	queue chan string
-
-	// The jobs found on disk at start, until Run has attempted each; then
-	// resumed is closed (Resumed).
-	toResume map[string]bool
-	resumed  chan struct{}
 }
 
 // Options are the optional parts of an Eraser.
@@ -138,6 +149,10 @@ type Options struct {
 	// Pushes, when set, is erased before the local storage.
 	Pushes Pushes
 	Now    func() time.Time
+	// RetryMin and RetryMax bound the wait before a failed job runs
+	// again: RetryMin, doubling per failure up to RetryMax (defaults 30s
+	// and 10m).
+	RetryMin, RetryMax time.Duration
 }
 
 // New returns an Eraser keeping job state in dir (created if needed) and
@@ -146,10 +161,16 @@ func New(logger *slog.Logger, reg prometheus.Registerer, local Local, bucket Buc
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.RetryMin <= 0 {
+		opts.RetryMin = 30 * time.Second
+	}
+	if opts.RetryMax < opts.RetryMin {
+		opts.RetryMax = max(opts.RetryMin, 10*time.Minute)
+	}
 	e := &Eraser{
 		logger: logger, local: local, bucket: bucket, dir: dir, afterBucket: opts.AfterBucket, pushes: opts.Pushes, now: opts.Now,
-		m: newMetrics(reg), jobs: map[string]*job{}, queue: make(chan string, 1024),
-		toResume: map[string]bool{}, resumed: make(chan struct{}),
+		backoff: [2]time.Duration{opts.RetryMin, opts.RetryMax},
+		m:       newMetrics(reg), jobs: map[string]*job{}, queue: make(chan string, 1024),
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create erasure directory: %w", err)
@@ -178,35 +199,34 @@ func New(logger *slog.Logger, reg prometheus.Registerer, local Local, bucket Buc
 		if err := json.Unmarshal(b, &st); err != nil {
 			return nil, fmt.Errorf("decode erasure job %s: %w", de.Name(), err)
 		}
-		e.jobs[st.Status.ID] = &job{req: st.Request, status: st.Status}
-		e.toResume[st.Status.ID] = true
+		st.Status.NextAttempt = time.Time{}
+		e.jobs[st.Status.ID] = &job{req: st.Request, status: st.Status, pushed: st.Pushed, local: st.Local}
 		e.queue <- st.Status.ID
-		logger.Info("resuming erasure", "job", st.Status.ID, "tenant", st.Status.Tenant, "state", st.Status.State)
+		logger.Info("resuming erasure", "job", st.Status.ID, "tenant", st.Status.Tenant, "state", st.Status.State, "local_done", st.Status.LocalDone)
 	}
-	if len(e.toResume) == 0 {
-		close(e.resumed)
-	}
+	e.updateGauges()
 	return e, nil
 }
 
-// Resumed is closed once Run has attempted every job that was unfinished at
-// start. A job cut short by a crash may have flushed the head into local
-// blocks that still hold the cluster (tombstoned, not yet rewritten): the
-// receiver ships nothing before this, so those blocks never reach the
-// bucket. A job that fails again does not hold shipping back; it is retried
-// at the next start.
-func (e *Eraser) Resumed() <-chan struct{} { return e.resumed }
-
-func (e *Eraser) attempted(id string) {
+// ShippingHeld reports whether tenant has an unfinished job that has not
+// erased the local storage yet (Status.LocalDone): the receiver uploads
+// none of the tenant's blocks meanwhile (storage.DB.HoldShipping), the
+// shutdown's upload included. A job cut short after its head flush leaves
+// local blocks that still hold the cluster (tombstoned, not yet rewritten);
+// they must not reach the bucket, however often the job fails.
+func (e *Eraser) ShippingHeld(tenant string) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if !e.toResume[id] {
-		return
+	return e.holdsLocked(tenant)
+}
+
+func (e *Eraser) holdsLocked(tenant string) bool {
+	for _, j := range e.jobs {
+		if j.status.Tenant == tenant && j.status.State != StateDone && !j.status.LocalDone {
+			return true
+		}
 	}
-	delete(e.toResume, id)
-	if len(e.toResume) == 0 {
-		close(e.resumed)
-	}
+	return false
 }
 
 // ErrInvalid is a request that cannot be run.
@@ -279,6 +299,7 @@ func (e *Eraser) Submit(req Request) (Status, error) {
 	e.mu.Lock()
 	e.jobs[st.ID] = j
 	e.mu.Unlock()
+	e.updateGauges()
 	select {
 	case e.queue <- st.ID:
 	default:
@@ -324,22 +345,58 @@ func (e *Eraser) List(tenant string) []Status {
 	return out
 }
 
-// Run runs queued jobs one at a time until ctx ends. A failed job stays on
-// disk and is retried at the next start; Run itself never fails.
+// Run runs queued jobs one at a time until ctx ends, and runs a failed job
+// again after a backoff (Options.RetryMin doubling up to RetryMax) until it
+// succeeds; other jobs run meanwhile. Every failure is logged at error
+// level and counted. Run itself never fails.
 func (e *Eraser) Run(ctx context.Context) error {
+	retries := map[string]time.Time{} // failed jobs → when to run them again
 	for {
+		var wake <-chan time.Time
+		if len(retries) > 0 {
+			wake = time.After(time.Until(slices.MinFunc(slices.Collect(maps.Values(retries)), time.Time.Compare)))
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case id := <-e.queue:
-			if err := e.Do(ctx, id); err != nil && ctx.Err() == nil {
-				e.logger.Error("erasure failed; it is retried at the next start", "job", id, "err", err)
-			}
-			if ctx.Err() == nil {
-				e.attempted(id)
+			e.attempt(ctx, id, retries)
+		case <-wake:
+			for id, at := range retries {
+				if !time.Now().Before(at) {
+					delete(retries, id)
+					e.attempt(ctx, id, retries)
+				}
 			}
 		}
 	}
+}
+
+// attempt runs job id; when it fails, it schedules the next attempt in
+// retries.
+func (e *Eraser) attempt(ctx context.Context, id string, retries map[string]time.Time) {
+	err := e.Do(ctx, id)
+	if err == nil || ctx.Err() != nil {
+		return
+	}
+	e.mu.Lock()
+	j, ok := e.jobs[id]
+	if !ok {
+		e.mu.Unlock()
+		e.logger.Error("erasure failed", "job", id, "err", err)
+		return
+	}
+	wait := e.backoff[0] << min(max(j.status.Failures-1, 0), 20)
+	if wait <= 0 || wait > e.backoff[1] {
+		wait = e.backoff[1]
+	}
+	j.status.NextAttempt = e.now().Add(wait).UTC()
+	st, held := j.status, e.holdsLocked(j.status.Tenant)
+	e.mu.Unlock()
+	retries[id] = time.Now().Add(wait)
+	e.updateGauges()
+	e.logger.Error("erasure failed; retrying", "job", id, "tenant", st.Tenant, "failures", st.Failures, "retry_in", wait.String(),
+		"local_done", st.LocalDone, "shipping_held", held, "err", err)
 }
 
 // Do runs job id to the end.
@@ -354,9 +411,10 @@ func (e *Eraser) Do(ctx context.Context, id string) (err error) {
 	defer func() {
 		if err != nil {
 			e.m.jobs.WithLabelValues("failure").Inc()
-			e.update(j, func(s *Status) { s.State, s.Error = StateFailed, err.Error() })
+			e.update(j, func(s *Status) { s.State, s.Error, s.Failures = StateFailed, err.Error(), s.Failures+1 })
 			_ = e.save(j)
 		}
+		e.updateGauges()
 	}()
 	ms, forbidden, err := j.req.matchers()
 	if err != nil {
@@ -367,21 +425,15 @@ func (e *Eraser) Do(ctx context.Context, id string) (err error) {
 			return fmt.Errorf("deny: %w", err)
 		}
 	}
-	e.update(j, func(s *Status) { s.State, s.Error = StateLocal, "" })
-	if err := e.save(j); err != nil {
-		return err
-	}
-	pushed := 0
-	if e.pushes != nil { // first: a flush after the local step would write them back
-		if pushed, err = e.pushes.Erase(j.req.Tenant, ms); err != nil {
-			return fmt.Errorf("push state: %w", err)
+	e.mu.Lock()
+	localDone := j.status.LocalDone
+	e.mu.Unlock()
+	if !localDone { // once done, a retry does not stop every tenant's writes again
+		if err := e.eraseLocal(ctx, j, ms, forbidden); err != nil {
+			return err
 		}
 	}
-	lr, err := e.local.EraseLocal(ctx, j.req.Tenant, ms, forbidden)
-	if err != nil {
-		return fmt.Errorf("local: %w", err)
-	}
-	e.update(j, func(s *Status) { s.State, s.SeriesRemoved = StateBucket, pushed+lr.Series })
+	e.update(j, func(s *Status) { s.State, s.Error = StateBucket, "" })
 	if err := e.save(j); err != nil {
 		return err
 	}
@@ -399,8 +451,8 @@ func (e *Eraser) Do(ctx context.Context, id string) (err error) {
 		}
 	}
 	e.update(j, func(s *Status) {
-		s.State, s.Finished = StateDone, e.now().UTC()
-		s.SeriesRemoved = pushed + lr.Series + br.Series
+		s.State, s.Finished, s.NextAttempt = StateDone, e.now().UTC(), time.Time{}
+		s.SeriesRemoved = j.pushed + j.local.Series + br.Series
 	})
 	// The raw id lives only in the state file and this job's request:
 	// both go now.
@@ -411,12 +463,37 @@ func (e *Eraser) Do(ctx context.Context, id string) (err error) {
 	j.req.ClusterID = ""
 	e.mu.Unlock()
 	e.m.jobs.WithLabelValues("success").Inc()
-	e.m.series.Add(float64(pushed + lr.Series + br.Series))
+	e.m.series.Add(float64(j.pushed + j.local.Series + br.Series))
 	e.logger.Info("erasure done", "audit", true, "job", id, "tenant", j.status.Tenant, "cluster_sha256", j.status.ClusterSHA256,
-		"selector", j.status.Selector, "requested_by", j.status.RequestedBy, "caller", j.status.Caller,
-		"series_push", pushed, "series_local", lr.Series, "local_blocks_rewritten", lr.BlocksRewritten, "local_blocks_dropped", lr.BlocksDropped,
+		"selector", j.status.Selector, "requested_by", j.status.RequestedBy, "caller", j.status.Caller, "failures", j.status.Failures,
+		"series_push", j.pushed, "series_local", j.local.Series, "local_blocks_rewritten", j.local.BlocksRewritten, "local_blocks_dropped", j.local.BlocksDropped,
 		"bucket_blocks", br.Blocks, "bucket_blocks_rewritten", br.Rewritten, "bucket_series", br.Series,
 		"bucket_blocks_deleted", br.Deleted, "duration", e.now().Sub(start).String())
+	return nil
+}
+
+// eraseLocal is the local step: the push state, then the head, the WAL and
+// the local blocks. Once it succeeds, the job is LocalDone.
+func (e *Eraser) eraseLocal(ctx context.Context, j *job, ms []*labels.Matcher, forbidden []string) error {
+	e.update(j, func(s *Status) { s.State, s.Error = StateLocal, "" })
+	if err := e.save(j); err != nil {
+		return err
+	}
+	pushed := 0
+	if e.pushes != nil { // first: a flush after the local step would write them back
+		var err error
+		if pushed, err = e.pushes.Erase(j.req.Tenant, ms); err != nil {
+			return fmt.Errorf("push state: %w", err)
+		}
+	}
+	lr, err := e.local.EraseLocal(ctx, j.req.Tenant, ms, forbidden)
+	if err != nil {
+		return fmt.Errorf("local: %w", err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	j.pushed, j.local = pushed, lr
+	j.status.SeriesRemoved, j.status.LocalDone = pushed+lr.Series, true
 	return nil
 }
 
@@ -430,7 +507,7 @@ func (e *Eraser) stateFile(id string) string { return filepath.Join(e.dir, id+".
 
 func (e *Eraser) save(j *job) error {
 	e.mu.Lock()
-	b, err := json.Marshal(state{Request: j.req, Status: j.status})
+	b, err := json.Marshal(state{Request: j.req, Status: j.status, Pushed: j.pushed, Local: j.local})
 	e.mu.Unlock()
 	if err != nil {
 		return err
@@ -443,17 +520,54 @@ func (e *Eraser) save(j *job) error {
 
 type metrics struct {
 	jobs        *prometheus.CounterVec
+	unfinished  prometheus.Gauge
+	failing     prometheus.Gauge
+	holding     prometheus.Gauge
 	blocksDone  prometheus.Gauge
 	blocksTotal prometheus.Gauge
 	series      prometheus.Counter
+}
+
+// updateGauges counts the unfinished jobs, those that have failed, and the
+// tenants whose shipping they hold.
+func (e *Eraser) updateGauges() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var unfinished, failing int
+	holding := map[string]bool{}
+	for _, j := range e.jobs {
+		if j.status.State == StateDone {
+			continue
+		}
+		unfinished++
+		if j.status.Failures > 0 { // also while a retry runs, so that alerts hold
+			failing++
+		}
+		if !j.status.LocalDone {
+			holding[j.status.Tenant] = true
+		}
+	}
+	e.m.unfinished.Set(float64(unfinished))
+	e.m.failing.Set(float64(failing))
+	e.m.holding.Set(float64(len(holding)))
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg)
 	m := &metrics{
 		jobs: f.NewCounterVec(prometheus.CounterOpts{
-			Name: "phonehome_erasure_jobs_total", Help: "Erasure jobs finished, by result.",
+			Name: "phonehome_erasure_jobs_total", Help: "Erasure job attempts, by result; a failed job is retried until it succeeds.",
 		}, []string{"result"}),
+		unfinished: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_erasure_jobs_unfinished", Help: "Erasure jobs submitted or resumed and not done.",
+		}),
+		failing: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_erasure_jobs_failing", Help: "Unfinished erasure jobs that have failed at least once; they are retried until they succeed.",
+		}),
+		holding: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_erasure_shipping_held_tenants",
+			Help: "Tenants whose blocks are not shipped because one of their erasure jobs has not erased the local storage yet.",
+		}),
 		blocksDone: f.NewGauge(prometheus.GaugeOpts{
 			Name: "phonehome_erasure_bucket_blocks_done", Help: "Bucket blocks the current (or last) erasure has examined.",
 		}),

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/stretchr/testify/require"
@@ -146,40 +147,140 @@ func TestJobErasesThePushStateFirst(t *testing.T) {
 	require.Equal(t, 4+2+1, got.SeriesRemoved, "push, local and bucket series")
 }
 
-// Resumed closes once the jobs found at start have been attempted, failed
-// ones included; at once when there are none.
-func TestResumedAfterTheJobsFoundAtStart(t *testing.T) {
-	dir := t.TempDir()
-	e, err := New(slog.New(slog.DiscardHandler), nil, &fakeLocal{}, &fakeBucket{}, dir, Options{})
-	require.NoError(t, err)
-	select {
-	case <-e.Resumed():
-	default:
-		t.Fatal("nothing to resume, yet Resumed is open")
-	}
-	_, err = e.Submit(Request{Tenant: "acme", ClusterID: "c1"})
-	require.NoError(t, err)
-	_, err = e.Submit(Request{Tenant: "acme", ClusterID: "c2"})
-	require.NoError(t, err)
+// flaky fails its first n calls, and records held() at each call.
+type flaky struct {
+	n, calls int
+	held     func() bool
+	heldSeen []bool
+}
 
-	local := &fakeLocal{fail: errors.New("disk on fire")}
-	e, err = New(slog.New(slog.DiscardHandler), nil, local, &fakeBucket{}, dir, Options{})
-	require.NoError(t, err)
-	select {
-	case <-e.Resumed():
-		t.Fatal("Resumed closed before the jobs ran")
-	default:
+func (f *flaky) call() error {
+	f.calls++
+	f.heldSeen = append(f.heldSeen, f.held())
+	if f.calls <= f.n {
+		return errors.New("disk on fire")
 	}
+	return nil
+}
+
+type flakyLocal struct {
+	fakeLocal
+	flaky
+}
+
+func (f *flakyLocal) EraseLocal(ctx context.Context, tenant string, ms []*labels.Matcher, forbidden []string) (storage.LocalErasure, error) {
+	if err := f.call(); err != nil {
+		return storage.LocalErasure{}, err
+	}
+	return f.fakeLocal.EraseLocal(ctx, tenant, ms, forbidden)
+}
+
+type flakyBucket struct {
+	fakeBucket
+	flaky
+}
+
+func (f *flakyBucket) EraseBucket(ctx context.Context, tenant string, ms []*labels.Matcher, forbidden []string, work string, progress func(int, int)) (lifecycle.BucketErasure, error) {
+	if err := f.call(); err != nil {
+		return lifecycle.BucketErasure{}, err
+	}
+	return f.fakeBucket.EraseBucket(ctx, tenant, ms, forbidden, work, progress)
+}
+
+// runUntilDone runs e until job id is done, and stops it.
+func runUntilDone(t *testing.T, e *Eraser, id string) Status {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- e.Run(ctx) }()
-	select {
-	case <-e.Resumed(): // both attempted, both failed
-	case <-time.After(10 * time.Second):
-		t.Fatal("Resumed not closed after the jobs were attempted")
-	}
+	require.Eventually(t, func() bool {
+		st, _ := e.Get(id)
+		return st.State == StateDone
+	}, 10*time.Second, time.Millisecond)
 	cancel()
 	require.NoError(t, <-done)
+	st, _ := e.Get(id)
+	return st
+}
+
+// A job whose local step fails holds its tenant's shipping, and only its
+// tenant's, through every failure; Run retries it with a backoff, logging
+// and counting every failure, until it succeeds and the hold ends.
+func TestFailingLocalStepHoldsShippingUntilARetrySucceeds(t *testing.T) {
+	var logs bytes.Buffer
+	local := &flakyLocal{flaky: flaky{n: 2}}
+	e, err := New(slog.New(slog.NewJSONHandler(&logs, nil)), nil, local, &fakeBucket{}, t.TempDir(), Options{RetryMin: time.Millisecond, RetryMax: 4 * time.Millisecond})
+	require.NoError(t, err)
+	local.held = func() bool { return e.ShippingHeld("acme") }
+	st, err := e.Submit(Request{Tenant: "acme", ClusterID: "c1"})
+	require.NoError(t, err)
+	require.True(t, e.ShippingHeld("acme"), "pending: the local step has not run")
+	require.False(t, e.ShippingHeld("other"))
+	require.Equal(t, 1.0, testutil.ToFloat64(e.m.holding))
+	require.Error(t, e.Do(context.Background(), st.ID))
+	require.True(t, e.ShippingHeld("acme"), "failed: still held")
+	require.Equal(t, 1.0, testutil.ToFloat64(e.m.failing))
+
+	got := runUntilDone(t, e, st.ID)
+	require.Equal(t, []bool{true, true, true}, local.heldSeen, "held at every attempt, after each failure too")
+	require.False(t, e.ShippingHeld("acme"))
+	require.Equal(t, 2, got.Failures)
+	require.True(t, got.LocalDone)
+	require.Zero(t, got.NextAttempt)
+	require.Equal(t, 2.0, testutil.ToFloat64(e.m.jobs.WithLabelValues("failure")))
+	require.Equal(t, 1.0, testutil.ToFloat64(e.m.jobs.WithLabelValues("success")))
+	for _, g := range []prometheus.Gauge{e.m.unfinished, e.m.failing, e.m.holding} {
+		require.Zero(t, testutil.ToFloat64(g))
+	}
+	require.Equal(t, 1, strings.Count(logs.String(), `"msg":"erasure failed; retrying"`), "Run's failure; the first was Do's")
+	require.Contains(t, logs.String(), `"shipping_held":true`)
+	require.NotContains(t, logs.String(), "c1\"")
+}
+
+// A job whose bucket step fails has erased the local storage: it does not
+// hold shipping (the local blocks are clean; a bucket step stuck on one
+// block must not keep every new block on the disk), and its retries run
+// the bucket step only.
+func TestFailingBucketStepRetriesWithoutTheLocalStep(t *testing.T) {
+	local := &fakeLocal{}
+	bucket := &flakyBucket{flaky: flaky{n: 2}}
+	e, err := New(slog.New(slog.DiscardHandler), nil, local, bucket, t.TempDir(), Options{RetryMin: time.Millisecond, RetryMax: 4 * time.Millisecond})
+	require.NoError(t, err)
+	bucket.held = func() bool { return e.ShippingHeld("acme") }
+	st, err := e.Submit(Request{Tenant: "acme", ClusterID: "c1"})
+	require.NoError(t, err)
+	got := runUntilDone(t, e, st.ID)
+	require.Equal(t, []bool{false, false, false}, bucket.heldSeen)
+	require.Len(t, local.erased, 1, "the local step ran once")
+	require.Equal(t, 2+1, got.SeriesRemoved, "the first attempt's local series are kept")
+	require.Equal(t, 2, got.Failures)
+}
+
+// After a restart, a job found on disk holds its tenant's shipping until
+// its local step is done, and not after.
+func TestShippingHeldAfterARestartUntilTheLocalStepIsDone(t *testing.T) {
+	dir := t.TempDir()
+	local := &flakyLocal{flaky: flaky{n: 1, held: func() bool { return true }}}
+	bucket := &flakyBucket{flaky: flaky{n: 1, held: func() bool { return true }}}
+	e, err := New(slog.New(slog.DiscardHandler), nil, local, bucket, dir, Options{})
+	require.NoError(t, err)
+	acme, err := e.Submit(Request{Tenant: "acme", ClusterID: "c1"})
+	require.NoError(t, err)
+	require.Error(t, e.Do(context.Background(), acme.ID), "fails in the local step")
+	other, err := e.Submit(Request{Tenant: "other", ClusterID: "c2"})
+	require.NoError(t, err)
+	require.Error(t, e.Do(context.Background(), other.ID), "fails in the bucket step")
+
+	e, err = New(slog.New(slog.DiscardHandler), nil, &fakeLocal{}, &fakeBucket{}, dir, Options{})
+	require.NoError(t, err)
+	require.True(t, e.ShippingHeld("acme"))
+	require.False(t, e.ShippingHeld("other"))
+	require.Equal(t, 2.0, testutil.ToFloat64(e.m.unfinished))
+	require.Equal(t, 2.0, testutil.ToFloat64(e.m.failing))
+	require.Equal(t, 1.0, testutil.ToFloat64(e.m.holding))
+	runUntilDone(t, e, acme.ID)
+	runUntilDone(t, e, other.ID)
+	require.False(t, e.ShippingHeld("acme"))
 }
 
 func TestHandlerScopesToTheCallersTenant(t *testing.T) {

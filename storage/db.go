@@ -46,7 +46,7 @@ type DB struct {
 
 	shipMtx    sync.Mutex // serialises ship rounds, Close's final round and EraseLocal
 	shipClosed bool
-	shipHold   <-chan struct{} // HoldShipping; guarded by shipMtx
+	shipHold   func(tenant string) bool // HoldShipping; guarded by shipMtx
 
 	deny *denyList // erased clusters, refused by Write
 

@@ -31,6 +31,12 @@ type ThanosSection struct {
 	Source       string            `json:"source"`
 	SegmentFiles []string          `json:"segment_files,omitempty"`
 	Files        []ThanosFile      `json:"files,omitempty"`
+	// IndexStats and Extensions are kept as they are when a block is
+	// rewritten (an erasure): Thanos' compactor writes the first (the
+	// largest series and chunk, which a rewrite does not make larger), and
+	// other tools the second.
+	IndexStats json.RawMessage `json:"index_stats,omitempty"`
+	Extensions json.RawMessage `json:"extensions,omitempty"`
 }
 
 // ThanosDownsample is the resolution of a block; 0 for raw data.
@@ -75,8 +81,9 @@ const (
 	SourceErasure   = "erasure"   // rewritten without an erased cluster
 )
 
-// newThanosMeta builds meta.json for upload from the block's own meta.
-func newThanosMeta(meta tsdb.BlockMeta, labels map[string]string, files []ThanosFile, source string) ThanosMeta {
+// withFiles returns m with the files of its block listed, as Thanos
+// lists them (meta.json included, without size), and version 1.
+func withFiles(m ThanosMeta, files []ThanosFile) ThanosMeta {
 	var segments []string
 	for _, f := range files {
 		if name, ok := strings.CutPrefix(f.RelPath, "chunks/"); ok {
@@ -85,16 +92,8 @@ func newThanosMeta(meta tsdb.BlockMeta, labels map[string]string, files []Thanos
 	}
 	all := append(slices.Clone(files), ThanosFile{RelPath: "meta.json"})
 	slices.SortFunc(all, func(a, b ThanosFile) int { return strings.Compare(a.RelPath, b.RelPath) })
-	return ThanosMeta{
-		BlockMeta: meta,
-		Thanos: ThanosSection{
-			Version:      1,
-			Labels:       labels,
-			Source:       source,
-			SegmentFiles: segments,
-			Files:        all,
-		},
-	}
+	m.Thanos.Version, m.Thanos.SegmentFiles, m.Thanos.Files = 1, segments, all
+	return m
 }
 
 // shipperFile records uploaded blocks in a tenant dir, like Thanos'

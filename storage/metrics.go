@@ -25,6 +25,7 @@ type metrics struct {
 	uploads            *prometheus.CounterVec // by result
 	bucketLag          prometheus.Gauge
 	pendingBlocks      prometheus.Gauge
+	heldBlocks         prometheus.Gauge
 	denied             prometheus.Gauge
 	compactionFailures prometheus.Counter
 }
@@ -62,6 +63,10 @@ func newMetrics(reg prometheus.Registerer) *metrics { // nil reg: not registered
 		}),
 		pendingBlocks: f.NewGauge(prometheus.GaugeOpts{
 			Name: "phonehome_storage_blocks_pending_upload", Help: "Local blocks not yet uploaded.",
+		}),
+		heldBlocks: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_storage_blocks_held_by_erasure",
+			Help: "Local blocks not uploaded because an erasure of their tenant has not finished erasing the local storage (also in phonehome_storage_blocks_pending_upload).",
 		}),
 		denied: f.NewGauge(prometheus.GaugeOpts{
 			Name: "phonehome_storage_denied_clusters", Help: "Erased clusters whose writes are refused until re-admitted.",

@@ -40,8 +40,15 @@ type Rewrite struct {
 // without samples in the block, stay in the index. RewriteBlock instead
 // writes only the symbols of the series it keeps, so no byte of an erased
 // cluster's labels is left in the new block.
+//
+// The chunks of the series it keeps are copied byte for byte, never
+// re-encoded, which is what lets it rewrite a block Thanos' compactor
+// downsampled: their aggregate chunks (EncThanosAggr) are read as opaque
+// bytes. A chunk that TSDB would have to trim to the block's time range
+// fails the rewrite (errAggrReencode) rather than being lost.
 func RewriteBlock(ctx context.Context, logger *slog.Logger, srcDir, destDir string, ms []*labels.Matcher, forbidden []string) (res Rewrite, err error) {
-	b, err := tsdb.OpenBlock(logger, srcDir, nil, nil)
+	pool := newAggrPool()
+	b, err := tsdb.OpenBlock(logger, srcDir, pool, nil)
 	if err != nil {
 		return res, fmt.Errorf("open block %s: %w", srcDir, err)
 	}
@@ -55,7 +62,7 @@ func RewriteBlock(ctx context.Context, logger *slog.Logger, srcDir, destDir stri
 	if err != nil {
 		return res, err
 	}
-	kept, removed, found, err := scanIndex(ctx, ix, ms, forbidden)
+	kept, keptSeries, removed, found, err := scanIndex(ctx, ix, ms, forbidden)
 	if cerr := ix.Close(); err == nil {
 		err = cerr
 	}
@@ -71,7 +78,7 @@ func RewriteBlock(ctx context.Context, logger *slog.Logger, srcDir, destDir stri
 			return res, fmt.Errorf("tombstone series: %w", err)
 		}
 	}
-	c, err := tsdb.NewLeveledCompactor(ctx, nil, logger, []int64{res.Meta.MaxTime - res.Meta.MinTime}, nil, nil)
+	c, err := tsdb.NewLeveledCompactor(ctx, nil, logger, []int64{res.Meta.MaxTime - res.Meta.MinTime}, pool, nil)
 	if err != nil {
 		return res, err
 	}
@@ -85,6 +92,11 @@ func RewriteBlock(ctx context.Context, logger *slog.Logger, srcDir, destDir stri
 	if err != nil {
 		return res, fmt.Errorf("write rewritten block: %w", err)
 	}
+	if len(ids) == 0 && keptSeries > 0 {
+		// TSDB writes no block whose chunks count no sample: that would
+		// lose the series kept.
+		return res, fmt.Errorf("rewrite of %s wrote no block, yet %d series remain", srcDir, keptSeries)
+	}
 	if len(ids) > 0 {
 		res.NewBlock = &ids[0]
 	}
@@ -92,8 +104,9 @@ func RewriteBlock(ctx context.Context, logger *slog.Logger, srcDir, destDir stri
 }
 
 // scanIndex returns the sorted symbols of the series not matching ms, the
-// number of series matching, and whether any forbidden string is a symbol.
-func scanIndex(ctx context.Context, ix tsdb.IndexReader, ms []*labels.Matcher, forbidden []string) (kept []string, removed int, found bool, err error) {
+// numbers of series not matching and matching, and whether any forbidden
+// string is a symbol.
+func scanIndex(ctx context.Context, ix tsdb.IndexReader, ms []*labels.Matcher, forbidden []string) (kept []string, keptSeries, removed int, found bool, err error) {
 	syms := ix.Symbols()
 	for syms.Next() {
 		if slices.Contains(forbidden, syms.At()) {
@@ -102,12 +115,12 @@ func scanIndex(ctx context.Context, ix tsdb.IndexReader, ms []*labels.Matcher, f
 		}
 	}
 	if err := syms.Err(); err != nil {
-		return nil, 0, false, err
+		return nil, 0, 0, false, err
 	}
 	name, value := index.AllPostingsKey()
 	p, err := ix.Postings(ctx, name, value)
 	if err != nil {
-		return nil, 0, false, err
+		return nil, 0, 0, false, err
 	}
 	set := map[string]struct{}{}
 	var (
@@ -116,27 +129,28 @@ func scanIndex(ctx context.Context, ix tsdb.IndexReader, ms []*labels.Matcher, f
 	)
 	for p.Next() {
 		if err := ix.Series(p.At(), &b, &chks); err != nil {
-			return nil, 0, false, err
+			return nil, 0, 0, false, err
 		}
 		ls := b.Labels()
 		if allowlist.MatchesAll(ms, ls.Get) {
 			removed++
 			continue
 		}
+		keptSeries++
 		ls.Range(func(l labels.Label) {
 			set[l.Name] = struct{}{}
 			set[l.Value] = struct{}{}
 		})
 	}
 	if err := p.Err(); err != nil {
-		return nil, 0, false, err
+		return nil, 0, 0, false, err
 	}
 	kept = make([]string, 0, len(set))
 	for s := range set {
 		kept = append(kept, s)
 	}
 	slices.Sort(kept)
-	return kept, removed, found, nil
+	return kept, keptSeries, removed, found, nil
 }
 
 // symbolFilter is a block whose index lists only the given symbols, those

@@ -53,36 +53,38 @@ func (db *DB) ship(ctx context.Context) error {
 	return db.shipLocked(ctx)
 }
 
-// HoldShipping makes every ship round, the one at shutdown included,
-// upload nothing until release is closed. The receiver passes
-// erasure.Eraser.Resumed: an erasure cut short by a crash may have flushed
-// the cluster's series into local blocks (tombstoned, not yet rewritten),
-// and those must not reach the bucket before the erasure has run again.
-func (db *DB) HoldShipping(release <-chan struct{}) {
+// HoldShipping makes every ship round, the one at shutdown included, upload
+// none of a tenant's blocks while held(tenant) is true. The receiver passes
+// erasure.Eraser.ShippingHeld: an erasure whose local step has not finished
+// may have flushed the cluster's series into local blocks (tombstoned, not
+// yet rewritten), and those must not reach the bucket. held is called
+// during ship rounds, with the ship lock held: it must not call the DB.
+func (db *DB) HoldShipping(held func(tenant string) bool) {
 	db.shipMtx.Lock()
 	defer db.shipMtx.Unlock()
-	db.shipHold = release
+	db.shipHold = held
 }
 
 // shipLocked runs one round over all tenants. db.shipMtx must be held.
+// Blocks of a held tenant count as pending (and in the bucket lag), and in
+// phonehome_storage_blocks_held_by_erasure.
 func (db *DB) shipLocked(ctx context.Context) error {
-	if db.shipHold != nil {
-		select {
-		case <-db.shipHold:
-		default:
-			db.logger.Debug("shipping held until the erasures found at start have run")
-			return nil
+	var (
+		errs          []error
+		pending, held int
+		oldest        int64 = -1 // max time of the oldest pending block
+	)
+	notUploaded := func(meta tsdb.BlockMeta) {
+		pending++
+		if oldest < 0 || meta.MaxTime < oldest {
+			oldest = meta.MaxTime
 		}
 	}
-	var (
-		errs    []error
-		pending int
-		oldest  int64 = -1 // max time of the oldest pending block
-	)
 	for _, t := range db.snapshotTenants() {
 		if err := t.meta.save(t.dir); err != nil {
 			errs = append(errs, fmt.Errorf("tenant %s: %w", t.name, err))
 		}
+		hold := db.shipHold != nil && db.shipHold(t.name)
 		blocks := t.db.Blocks()
 		local := make([]ulid.ULID, 0, len(blocks))
 		for _, b := range blocks {
@@ -90,16 +92,18 @@ func (db *DB) shipLocked(ctx context.Context) error {
 		}
 		for _, b := range blocks {
 			meta := b.Meta()
-			if t.isUploaded(meta.ULID) {
+			switch {
+			case t.isUploaded(meta.ULID):
+				continue
+			case hold:
+				held++
+				notUploaded(meta)
 				continue
 			}
 			if err := db.uploadBlock(ctx, t, b.Dir(), meta); err != nil {
 				db.m.uploads.WithLabelValues("failure").Inc()
 				errs = append(errs, fmt.Errorf("tenant %s block %s: %w", t.name, meta.ULID, err))
-				pending++
-				if oldest < 0 || meta.MaxTime < oldest {
-					oldest = meta.MaxTime
-				}
+				notUploaded(meta)
 				continue
 			}
 			db.m.uploads.WithLabelValues("success").Inc()
@@ -107,8 +111,12 @@ func (db *DB) shipLocked(ctx context.Context) error {
 				errs = append(errs, fmt.Errorf("tenant %s: %w", t.name, err))
 			}
 		}
+		if hold {
+			db.logger.Debug("shipping held until the tenant's erasure has erased the local storage", "tenant", t.name)
+		}
 	}
 	db.m.pendingBlocks.Set(float64(pending))
+	db.m.heldBlocks.Set(float64(held))
 	if oldest < 0 {
 		db.m.bucketLag.Set(0)
 	} else {
@@ -174,6 +182,13 @@ type Uploader interface {
 // tenant and the external labels), source, and the files with their sizes.
 // Readers treat a block without meta.json as an upload in progress.
 func UploadBlock(ctx context.Context, bkt Uploader, dir string, meta tsdb.BlockMeta, labels map[string]string, source string) error {
+	return UploadThanosBlock(ctx, bkt, dir, ThanosMeta{BlockMeta: meta, Thanos: ThanosSection{Labels: labels, Source: source}})
+}
+
+// UploadThanosBlock is UploadBlock with the whole thanos section given, as
+// a rewrite keeps its source's (labels, downsample resolution, index stats,
+// extensions); the version and the files are set here.
+func UploadThanosBlock(ctx context.Context, bkt Uploader, dir string, meta ThanosMeta) error {
 	id := meta.ULID.String()
 	files, err := blockFiles(dir)
 	if err != nil {
@@ -184,7 +199,7 @@ func UploadBlock(ctx context.Context, bkt Uploader, dir string, meta tsdb.BlockM
 			return err
 		}
 	}
-	body, err := json.MarshalIndent(newThanosMeta(meta, labels, files, source), "", "\t")
+	body, err := json.MarshalIndent(withFiles(meta, files), "", "\t")
 	if err != nil {
 		return fmt.Errorf("encode meta.json: %w", err)
 	}

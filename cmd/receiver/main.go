@@ -473,9 +473,9 @@ func run(args []string, stderr io.Writer) int {
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return bstore.Run(ctx) }, func(error) { cancel() })
 	}
-	{ // Erasure jobs (admin API), one at a time; unfinished ones resume at start,
-		// before any block is shipped.
-		db.HoldShipping(eraser.Resumed())
+	{ // Erasure jobs (admin API), one at a time, failed ones retried; a tenant's
+		// blocks are not shipped while one of its jobs has not erased the local storage.
+		db.HoldShipping(eraser.ShippingHeld)
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return eraser.Run(ctx) }, func(error) { cancel() })
 	}

@@ -26,13 +26,9 @@ type BucketErasure struct {
 	// Series removed, summed over blocks.
 	Series int
 	// Deleted counts blocks deleted at once: the rewritten ones, marked
-	// blocks of the tenant still waiting for their delay, abandoned
-	// uploads holding a forbidden string, and Downsampled.
+	// blocks of the tenant still waiting for their delay, and abandoned
+	// uploads holding a forbidden string.
 	Deleted int
-	// Downsampled counts blocks Thanos' compactor downsampled that held
-	// the series or a forbidden string: their aggregate chunks cannot be
-	// rewritten, so they were deleted whole, with the other series in them.
-	Downsampled int
 }
 
 // EraseBucket removes the series of tenant matching ms, and every forbidden
@@ -47,10 +43,11 @@ type BucketErasure struct {
 //
 // It is idempotent and resumable: a block whose replacement is already in
 // the bucket (a block with source "erasure" naming it as parent) is only
-// marked and deleted. A downsampled block (Thanos' compactor) holding the
-// series or a forbidden string cannot be rewritten and is deleted whole
-// (eraseDownsampled). A block whose meta.json or deletion mark cannot be
-// read fails the erasure before any change: it may hold the series.
+// marked and deleted. A block Thanos' compactor downsampled is rewritten
+// the same way: the other series' aggregate chunks are copied byte for
+// byte, and the replacement keeps the whole thanos section (its resolution
+// among it) but the source. A block whose meta.json or deletion mark cannot
+// be read fails the erasure before any change: it may hold the series.
 // progress is called with blocks done and total.
 func (r *Runner) EraseBucket(ctx context.Context, tenant string, ms []*labels.Matcher, forbidden []string, workDir string, progress func(done, total int)) (BucketErasure, error) {
 	r.mu.Lock()
@@ -120,9 +117,6 @@ func (r *Runner) EraseBucket(ctx context.Context, tenant string, ms []*labels.Ma
 }
 
 func (r *Runner) eraseBlock(ctx context.Context, b block, replaced bool, ms []*labels.Matcher, forbidden []string, workDir string, res *BucketErasure) error {
-	if b.meta.Thanos.Downsample.Resolution > 0 {
-		return r.eraseDownsampled(ctx, b, ms, forbidden, workDir, res)
-	}
 	if !replaced {
 		src := filepath.Join(workDir, b.id.String())
 		out := filepath.Join(workDir, "out")
@@ -146,10 +140,14 @@ func (r *Runner) eraseBlock(ctx context.Context, b block, replaced bool, ms []*l
 				return err
 			}
 			// The rewrite stands for its source in Thanos' planning and
-			// in readers' deduplication: same level and sources.
+			// in readers' deduplication: same level, sources, labels and
+			// resolution (a reader takes a downsampled block's rewrite for
+			// raw data, and the raw blocks for replaced, without it).
 			meta.Compaction.Level = b.meta.Compaction.Level
 			meta.Compaction.Sources = b.meta.Compaction.Sources
-			if err := storage.UploadBlock(ctx, r.bkt, dir, meta.BlockMeta, b.meta.Thanos.Labels, storage.SourceErasure); err != nil {
+			meta.Thanos = b.meta.Thanos
+			meta.Thanos.Source = storage.SourceErasure
+			if err := storage.UploadThanosBlock(ctx, r.bkt, dir, *meta); err != nil {
 				return err
 			}
 		}

@@ -62,8 +62,8 @@ func shipBlocks(t *testing.T, dir string) map[string]int {
 	return want
 }
 
-// readable counts the samples per _id of tenant acme in the blocks a reader
-// uses: meta.json present, no deletion mark.
+// readable counts the samples per _id of tenant acme in the raw blocks a
+// reader uses: meta.json present, no deletion mark, not downsampled.
 func readable(t *testing.T, dir string) map[string]int {
 	t.Helper()
 	bkt, err := filesystem.NewBucket(dir)
@@ -71,7 +71,7 @@ func readable(t *testing.T, dir string) map[string]int {
 	blocks := scanOK(t, bkt)
 	out := map[string]int{}
 	for _, b := range blocks {
-		if b.meta == nil || b.mark != nil || b.tenant() != "acme" {
+		if b.meta == nil || b.mark != nil || b.tenant() != "acme" || b.meta.Thanos.Downsample.Resolution != 0 {
 			continue
 		}
 		blk, err := tsdb.OpenBlock(discard, filepath.Join(dir, b.id.String()), nil, nil)
