@@ -96,3 +96,20 @@ func TestPartialAppendCountsWhatWasQueued(t *testing.T) {
 	records, _ := q.Len()
 	require.Equal(t, 1, records)
 }
+
+// TestRecordEvictedBeforeDeliveryIsNotSent: evicted between the send
+// loop's Peek and delivery, the record was counted dropped then, and is
+// not sent (nor counted again).
+func TestRecordEvictedBeforeDeliveryIsNotSent(t *testing.T) {
+	q, body := evictingQueue(t)
+	s := &gatedSender{entered: make(chan struct{}, 1), answer: make(chan error, 1)}
+	f := New(discardLogger(), nil, nil, Policy{}, q, s, Options{})
+	p, pos, _, ok, err := q.Peek()
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, q.Append(encodePayloadV2(5, body))) // a cycle evicts it now
+	f.deliver(context.Background(), p, pos)
+	require.Empty(t, s.entered, "an evicted record was sent")
+	require.Zero(t, testutil.ToFloat64(f.m.sent))
+	require.Equal(t, 10.0, testutil.ToFloat64(f.m.dropped.WithLabelValues(ReasonQueueFull)))
+}

@@ -727,6 +727,9 @@ func (f *Forwarder) deliver(ctx context.Context, payload []byte, pos Position) {
 			f.countEvicted(n)
 		}
 	}()
+	if !f.q.Pending(pos) { // evicted since Peek, and counted then: not sent
+		return
+	}
 	for attempt := 0; ; attempt++ {
 		start := time.Now()
 		w, err := f.send(ctx, rec)

@@ -43,8 +43,8 @@ type familyRequest struct {
 	// exp bounds what the series take while converting: one metric of
 	// many pairs and many buckets copies its pairs into every bucket's
 	// series, so the bound is checked on every series, not once per family.
-	exp      expansion
-	expanded bool // a series was refused for exp
+	exp     expansion
+	stopped error // why emit stopped adding series (exp, the burst, the in-flight bytes): decode refuses the upload with it
 	// maxSamples, when set before decoding, refuses an upload of more
 	// series than the limits admit at once (errTooLarge).
 	maxSamples int
@@ -82,17 +82,13 @@ func tenseOf(ts, now int64) int {
 	return tensePresent
 }
 
-// errFamilyExpands refuses an upload that would expand into far more labels
-// than it has bytes (a histogram of many buckets on a series of many labels).
-var errFamilyExpands = errors.New("upload expands into too many labels")
-
 func (d *familyRequest) reset() {
 	clear(d.series) // drop references into the previous body
 	clear(d.labels)
 	clear(d.meta)
 	clear(d.pairs)
 	d.series, d.labels, d.samples, d.spans, d.meta, d.pairs = d.series[:0], d.labels[:0], d.samples[:0], d.spans[:0], d.meta[:0], d.pairs[:0]
-	d.expanded = false
+	d.stopped = nil
 	d.drift = [numTenses]int{}
 }
 
@@ -111,8 +107,8 @@ func decodeFamilies(raw []byte, d *familyRequest, now int64, restamp bool) error
 	d.restamp = restamp
 	if err := d.decode(raw, now); err != nil {
 		d.reset()
-		if errors.Is(err, errFamilyExpands) {
-			return fmt.Errorf("metric families: %w: %w", errTooLarge, err)
+		if errors.Is(err, errTooLarge) || errors.Is(err, errOverloadedBytes) { // from emit: not malformed
+			return fmt.Errorf("metric families: %w", err)
 		}
 		return fmt.Errorf("metric families: %w: %w", errBadRequest, err)
 	}
@@ -137,8 +133,8 @@ func (d *familyRequest) decode(raw []byte, now int64) error {
 		if err := d.decodeFamily(msg, now); err != nil {
 			return fmt.Errorf("family %d: %w", n, err)
 		}
-		if d.expanded {
-			return errFamilyExpands
+		if d.stopped != nil {
+			return d.stopped
 		}
 	}
 	return nil
@@ -581,8 +577,15 @@ func decodeBucket(raw []byte) (upper, count float64, err error) {
 // emit appends one series: __name__=name, the metric's label pairs, and extraName=
 // extraValue when set, sorted by name, with one sample.
 func (d *familyRequest) emit(name string, m *metric, extraName, extraValue string, v float64) {
-	if d.expanded || d.exp.spend(labelCost*int64(len(d.pairs)+2)+sampleCost+seriesCost) != nil || d.exp.sample() != nil {
-		d.expanded = true // decode refuses the upload; what is left of it is only parsed
+	if d.stopped != nil {
+		return // decode refuses the upload; what is left of it is only parsed
+	}
+	if err := d.exp.spend(labelCost*int64(len(d.pairs)+2) + sampleCost + seriesCost); err != nil {
+		d.stopped = err
+		return
+	}
+	if err := d.exp.sample(); err != nil {
+		d.stopped = err
 		return
 	}
 	start := len(d.labels)

@@ -48,7 +48,7 @@ type v2Request struct {
 func decodeV2(raw []byte, d *v2Request) error {
 	if err := d.decode(raw); err != nil {
 		d.reset()
-		if errors.Is(err, errTooLarge) {
+		if errors.Is(err, errTooLarge) || errors.Is(err, errOverloadedBytes) { // a limit, not a malformed body
 			return fmt.Errorf("protobuf decode: %w", err)
 		}
 		return fmt.Errorf("protobuf decode: %w: %w", errBadRequest, err)

@@ -19,6 +19,8 @@ func statusFor(err error) int {
 		return http.StatusTooManyRequests
 	case errors.Is(err, errTooLarge), errors.Is(err, limits.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, errOverloadedBytes): // before errBadRequest: whatever wraps it, the client must retry
+		return http.StatusServiceUnavailable
 	case errors.Is(err, errUnsupported):
 		return http.StatusUnsupportedMediaType
 	case errors.Is(err, errBadRequest),

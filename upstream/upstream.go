@@ -103,9 +103,21 @@ func (w *Writer) Write(ctx context.Context, tenant string, series []prompb.TimeS
 		return stats, errors.Join(localErr, err)
 	}
 	if err := w.enqueue(rec); err != nil {
+		// Written but not fsynced (forward.PartialAppendError): it will be
+		// delivered, unless the process dies first.
+		var pe *forward.PartialAppendError
+		queued := errors.As(err, &pe) && pe.Appended == 1
+		if queued {
+			w.m.queued.Add(float64(n.Samples + n.Histograms))
+		}
 		if w.local == nil {
+			// Not durable, so not acknowledged: the client retries, and a
+			// second copy upstream carries the same samples (a no-op there).
 			w.m.refused.Inc()
 			return storage.Stats{}, err
+		}
+		if queued {
+			return stats, localErr
 		}
 		w.m.dropped.WithLabelValues(reasonQueueFull).Add(float64(n.Samples + n.Histograms))
 		w.logger.Debug("upstream queue full, not forwarding", "err", err)
