@@ -39,13 +39,17 @@ const (
 	PermRead                             // the query API
 	PermAuthorize                        // exchange for a cluster credential at /authorize
 	PermPush                             // the installer's aggregation push endpoint
-	PermAdmin                            // /api/v1/admin/... (erasure); never implied, only given by name
+	PermAdmin                            // /api/v1/admin/... (erasure) of its tenant; never implied, only given by name
+	// PermFleetStatus reads the status page of every tenant (the fleet's
+	// operators); never implied. Admin is scoped to its own tenant, as the
+	// erasure API is: a tenant's admin token must not read other tenants.
+	PermFleetStatus
 	// PermAll is every permission a token without an `allow` list gets:
-	// PermAdmin is not part of it.
+	// PermAdmin and PermFleetStatus are not part of it.
 	PermAll = PermWrite | PermRead | PermAuthorize | PermPush
 )
 
-var permNames = map[string]Permission{"write": PermWrite, "read": PermRead, "authorize": PermAuthorize, "push": PermPush, "admin": PermAdmin}
+var permNames = map[string]Permission{"write": PermWrite, "read": PermRead, "authorize": PermAuthorize, "push": PermPush, "admin": PermAdmin, "fleet_status": PermFleetStatus}
 
 // ErrForbidden means the credential is valid but may not do this.
 var ErrForbidden = errors.New("forbidden")
@@ -133,7 +137,7 @@ func RejectStatus(err error) int {
 
 func (p Permission) String() string {
 	var names []string
-	for _, n := range []string{"write", "read", "authorize", "push", "admin"} {
+	for _, n := range []string{"write", "read", "authorize", "push", "admin", "fleet_status"} {
 		if p&permNames[n] != 0 {
 			names = append(names, n)
 		}

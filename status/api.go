@@ -72,22 +72,23 @@ func (s *Status) route(pattern, name string, h func(*http.Request, string) (any,
 }
 
 // tenantOf returns the tenant a request may see: its credential's, or,
-// with the admin permission, the one named by ?tenant=. It needs read or
-// admin: cluster credentials may only write.
+// with the fleet_status permission, the one named by ?tenant=. It needs
+// read, admin or fleet_status: cluster credentials may only write. A
+// tenant's admin credential stays in its tenant, as in the erasure API.
 func (s *Status) tenantOf(r *http.Request) (string, error) {
 	id, ok := auth.FromContext(r.Context())
 	if !ok {
 		return "", errors.New("request reached the status API without an identity")
 	}
-	if id.Allow&(auth.PermRead|auth.PermAdmin) == 0 {
+	if id.Allow&(auth.PermRead|auth.PermAdmin|auth.PermFleetStatus) == 0 {
 		return "", fmt.Errorf("this credential may not read: %w", errForbidden)
 	}
 	want := r.URL.Query().Get("tenant")
 	switch {
 	case want == "" || want == id.Tenant:
 		return id.Tenant, nil
-	case id.Allow&auth.PermAdmin == 0:
-		return "", fmt.Errorf("tenant %q: only an admin credential may read another tenant: %w", want, errForbidden)
+	case id.Allow&auth.PermFleetStatus == 0:
+		return "", fmt.Errorf("tenant %q: only a credential with fleet_status may read another tenant: %w", want, errForbidden)
 	case !auth.ValidTenant(want):
 		return "", fmt.Errorf("tenant %q is not a valid tenant name: %w", want, errBadRequest)
 	}
@@ -97,7 +98,8 @@ func (s *Status) tenantOf(r *http.Request) (string, error) {
 func (s *Status) tenants(r *http.Request, tenant string) (any, error) {
 	id, _ := auth.FromContext(r.Context())
 	names := []string{tenant}
-	if id.Allow&auth.PermAdmin != 0 {
+	fleet := id.Allow&auth.PermFleetStatus != 0
+	if fleet {
 		names = append(names, s.opts.Limiter.Tenants()...)
 		if s.opts.Tenants != nil {
 			names = append(names, s.opts.Tenants()...)
@@ -105,7 +107,7 @@ func (s *Status) tenants(r *http.Request, tenant string) (any, error) {
 		slices.Sort(names)
 		names = slices.Compact(names)
 	}
-	return map[string]any{"tenants": names, "current": tenant, "admin": id.Allow&auth.PermAdmin != 0}, nil
+	return map[string]any{"tenants": names, "current": tenant, "fleet_status": fleet}, nil
 }
 
 // figure is a number and where it comes from.

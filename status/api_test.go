@@ -112,7 +112,7 @@ func ids(p page) []string {
 
 var (
 	reader = &auth.Identity{Tenant: "acme", Allow: auth.PermRead}
-	admin  = &auth.Identity{Tenant: "ops", Allow: auth.PermAdmin}
+	admin  = &auth.Identity{Tenant: "ops", Allow: auth.PermFleetStatus}
 	writer = &auth.Identity{Tenant: "acme", ClusterID: "c001", Allow: auth.PermWrite}
 )
 
@@ -207,7 +207,15 @@ func TestTenantIsolation(t *testing.T) {
 	// A cluster credential may write, not read the fleet.
 	require.Equal(t, 403, get(t, s, writer, "/api/v1/status/overview").code)
 
-	// An admin reads any tenant, and lists them.
+	// A tenant's admin credential stays in its tenant (as in the erasure
+	// API); fleet_status reads any tenant, and lists them.
+	tenantAdmin := &auth.Identity{Tenant: "other", Allow: auth.PermAdmin}
+	require.Equal(t, 403, get(t, s, tenantAdmin, "/api/v1/status/clusters?tenant=acme").code)
+	require.Equal(t, 200, get(t, s, tenantAdmin, "/api/v1/status/clusters").code)
+	a = get(t, s, tenantAdmin, "/api/v1/status/tenants")
+	var own struct{ Tenants []string }
+	require.NoError(t, json.Unmarshal(a.body.Data, &own))
+	require.Equal(t, []string{"other"}, own.Tenants)
 	a = get(t, s, admin, "/api/v1/status/clusters?tenant=acme&limit=1")
 	require.Equal(t, 200, a.code)
 	require.NoError(t, json.Unmarshal(a.body.Data, &p))

@@ -54,7 +54,7 @@ type Options struct {
 	// Definition returns the version of the gathering definition in force
 	// for a tenant ("" for none).
 	Definition func(tenant string) string
-	// Tenants lists the tenants with storage, for admins.
+	// Tenants lists the tenants with storage, for fleet_status credentials.
 	Tenants func() []string
 	// Interval is the forwarders' collection interval (4m30s). A cluster
 	// seen within two intervals reports now; one not seen for
