@@ -177,3 +177,34 @@ func TestServerGracePeriodSurvivesRestart(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, entries, 1, "no temporary files left behind")
 }
+
+// TestServerTenantMovedOffTheDefaultKeepsItsGrace: a tenant given its own
+// definition (read at start: a restart) was served the default until then,
+// and its forwarders keep gathering the default's selectors until they poll:
+// those are accepted for the grace period, as after any other change.
+func TestServerTenantMovedOffTheDefaultKeepsItsGrace(t *testing.T) {
+	stateDir := t.TempDir()
+	now := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	opts := ServerOptions{StateDir: stateDir, GracePeriod: time.Hour, Now: func() time.Time { return now }}
+	const def = "version: d1\nselectors: [up, shared_metric]\n"
+	s, err := NewServer(discard(), prometheus.NewRegistry(), tenantFiles(t, def, nil), opts)
+	require.NoError(t, err)
+	require.Equal(t, "d1", s.Current("acme").Def.Version)
+
+	now = now.Add(time.Minute)
+	s, err = NewServer(discard(), prometheus.NewRegistry(), tenantFiles(t, def, map[string]string{"acme": "version: a1\nselectors: [acme_metric]\n"}), opts)
+	require.NoError(t, err)
+	_, tenants := s.Allowlists()
+	a := tenants["acme"]
+	require.False(t, a.Cur.Allows(labels.FromStrings("__name__", "up")))
+	require.NotNil(t, a.Prev, "the default's selectors are accepted meanwhile")
+	require.True(t, a.Prev.Allows(labels.FromStrings("__name__", "up")))
+	require.Equal(t, now.Add(time.Hour), a.PrevUntil)
+
+	// ...and only then: a restart later keeps the same grace, not a new one.
+	now = now.Add(10 * time.Minute)
+	s, err = NewServer(discard(), prometheus.NewRegistry(), tenantFiles(t, def, map[string]string{"acme": "version: a1\nselectors: [acme_metric]\n"}), opts)
+	require.NoError(t, err)
+	_, tenants = s.Allowlists()
+	require.Equal(t, now.Add(-10*time.Minute).Add(time.Hour), tenants["acme"].PrevUntil)
+}

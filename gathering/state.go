@@ -37,13 +37,24 @@ func statePath(dir, tenant string) string {
 //     definition and its replacement time are restored as they were;
 //   - the file changed while the receiver was down: what was in force
 //     before becomes the previous definition, replaced now;
-//   - no (usable) state file: there is no previous definition.
+//   - no state file: a tenant's own definition is new, and its forwarders
+//     were served the default until now, so the default's definition is
+//     the previous one, replaced now; the default's own has no previous;
+//   - an unusable state file: there is no previous definition.
 //
 // The state file is rewritten whenever it does not describe the result.
 func (s *Server) restore(src *source, cur *Compiled) *serverState {
 	st := &serverState{cur: cur}
 	b, err := os.ReadFile(src.statePath)
 	if errors.Is(err, fs.ErrNotExist) {
+		if src.tenant != DefaultTenant && s.def != nil { // NewServer opens the default first
+			if def := s.def.state.Load().cur; def.ETag != cur.ETag {
+				st.prev, st.changed = def, s.now()
+				s.logger.Info("tenant has its own gathering definition now; the default's selectors are accepted meanwhile", "tenant", src.tenant,
+					"file", src.path, "version", cur.Def.Version, "previous", def.Def.Version,
+					"previous_accepted_until", st.changed.Add(s.grace).UTC().Format(time.RFC3339))
+			}
+		}
 		s.persist(src, st)
 		return st
 	}
