@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/prometheus/model/labels"
@@ -75,4 +76,20 @@ func TestEraseDropsTheClusterFromHistogramLayouts(t *testing.T) {
 	other := "# TYPE install_seconds histogram\ninstall_seconds_bucket{le=\"5\"} 1\ninstall_seconds_bucket{le=\"+Inf\"} 1\ninstall_seconds_sum 0.5\ninstall_seconds_count 1\n"
 	code, b, _ = f.push(http.MethodPost, "/metrics/job/i", "tok-c1", "", other)
 	require.Equal(t, http.StatusOK, code, b)
+}
+
+// TestPushLogRefusesARecordReplayWouldCut: replay takes a record over
+// maxRecord for a torn tail and cuts it and everything after it, so none is
+// written (413); the log goes on.
+func TestPushLogRefusesARecordReplayWouldCut(t *testing.T) {
+	f := newFixture(t, testConfig())
+	big := &record{Tenant: "acme", Types: map[string]string{strings.Repeat("x", maxRecord): "counter"}}
+	f.gw.mu.Lock()
+	err := f.gw.appendLocked(big)
+	f.gw.mu.Unlock()
+	require.ErrorIs(t, err, errTooLarge)
+	code, b, _ := f.push(http.MethodPost, "/metrics/job/i", "tok-c1", "", counterText)
+	require.Equal(t, http.StatusOK, code, b)
+	f.reopen()
+	require.Len(t, f.state("acme"), 2)
 }

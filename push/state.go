@@ -306,6 +306,9 @@ func (l *durableLog) append(rec *record) error {
 	if err != nil {
 		return fmt.Errorf("encode push record: %w", err)
 	}
+	if len(payload) > maxRecord { // replay would take it for a torn tail and cut it, and all after it
+		return reject(reasonTooLarge, errTooLarge, "push of %d bytes once encoded, more than one push may hold (%d)", len(payload), maxRecord)
+	}
 	buf := make([]byte, 8, 8+len(payload))
 	binary.LittleEndian.PutUint32(buf[:4], uint32(len(payload)))
 	binary.LittleEndian.PutUint32(buf[4:], crc32.Checksum(payload, castagnoli))
