@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"log/slog"
 	"os"
+	"reflect"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,16 +22,26 @@ type ConfigReloader struct {
 	logger   *slog.Logger
 	path     string
 	apply    func(*Config)
+	started  *Config // the version the process started with
 	last     [sha256.Size]byte
 	reloads  *prometheus.CounterVec
 	lastGood prometheus.Gauge
+	restart  prometheus.Gauge
 }
+
+// hotReloaded are the sections of Config that a reload applies.
+var hotReloaded = map[string]bool{"limits": true, "allowlist": true, "elide_labels": true}
 
 // NewConfigReloader watches path, which was loaded once already.
 func NewConfigReloader(logger *slog.Logger, reg prometheus.Registerer, path string, apply func(*Config)) *ConfigReloader {
 	f := promauto.With(reg)
+	started, _ := LoadConfig(path) // the running version, as loaded: the caller may have changed its own
 	r := &ConfigReloader{
-		logger: logger, path: path, apply: apply,
+		logger: logger, path: path, apply: apply, started: started,
+		restart: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_receive_config_restart_required",
+			Help: "1 when the configuration file differs from the running one in sections a reload does not apply (all but limits, allowlist and elide_labels): a restart is needed for them.",
+		}),
 		reloads: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_receive_config_reloads_total",
 			Help: "Configuration reloads by result (success, failure).",
@@ -64,7 +76,33 @@ func (r *ConfigReloader) Reload() {
 	r.last = sha256.Sum256(b)
 	r.reloads.WithLabelValues("success").Inc()
 	r.lastGood.SetToCurrentTime()
+	if pending := restartSections(r.started, cfg); len(pending) > 0 {
+		r.restart.Set(1)
+		r.logger.Warn("configuration reloaded: limits, allowlist and elide_labels applied; these sections changed and need a restart", "file", r.path, "sections", pending)
+		return
+	}
+	r.restart.Set(0)
 	r.logger.Info("configuration reloaded", "file", r.path)
+}
+
+// restartSections names the top-level sections of cfg, by YAML key, that
+// differ from running and that a reload does not apply.
+func restartSections(running, cfg *Config) []string {
+	if running == nil {
+		return nil
+	}
+	var out []string
+	a, b := reflect.ValueOf(*running), reflect.ValueOf(*cfg)
+	for i := range a.NumField() {
+		key, _, _ := strings.Cut(a.Type().Field(i).Tag.Get("yaml"), ",")
+		if key == "" || key == "-" || hotReloaded[key] {
+			continue
+		}
+		if !reflect.DeepEqual(a.Field(i).Interface(), b.Field(i).Interface()) {
+			out = append(out, key)
+		}
+	}
+	return out
 }
 
 // Run reloads every interval and whenever hup delivers, until ctx is done.
