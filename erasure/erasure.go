@@ -155,6 +155,9 @@ type Options struct {
 	RetryMin, RetryMax time.Duration
 }
 
+// maxQueuedJobs bounds the jobs submitted and not yet run.
+const maxQueuedJobs = 1024
+
 // New returns an Eraser keeping job state in dir (created if needed) and
 // queues the unfinished jobs found there. reg may be nil.
 func New(logger *slog.Logger, reg prometheus.Registerer, local Local, bucket Bucket, dir string, opts Options) (*Eraser, error) {
@@ -170,7 +173,7 @@ func New(logger *slog.Logger, reg prometheus.Registerer, local Local, bucket Buc
 	e := &Eraser{
 		logger: logger, local: local, bucket: bucket, dir: dir, afterBucket: opts.AfterBucket, pushes: opts.Pushes, now: opts.Now,
 		backoff: [2]time.Duration{opts.RetryMin, opts.RetryMax},
-		m:       newMetrics(reg), jobs: map[string]*job{}, queue: make(chan string, 1024),
+		m:       newMetrics(reg), jobs: map[string]*job{},
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create erasure directory: %w", err)
@@ -179,6 +182,7 @@ func New(logger *slog.Logger, reg prometheus.Registerer, local Local, bucket Buc
 	if err != nil {
 		return nil, fmt.Errorf("list erasure jobs: %w", err)
 	}
+	var resumed []string
 	for _, de := range entries {
 		if strings.HasPrefix(de.Name(), ".") && strings.HasSuffix(de.Name(), ".tmp") {
 			// A state file half-written when the process died: it may hold
@@ -201,8 +205,12 @@ func New(logger *slog.Logger, reg prometheus.Registerer, local Local, bucket Buc
 		}
 		st.Status.NextAttempt = time.Time{}
 		e.jobs[st.Status.ID] = &job{req: st.Request, status: st.Status, pushed: st.Pushed, local: st.Local}
-		e.queue <- st.Status.ID
+		resumed = append(resumed, st.Status.ID)
 		logger.Info("resuming erasure", "job", st.Status.ID, "tenant", st.Status.Tenant, "state", st.Status.State, "local_done", st.Status.LocalDone)
+	}
+	e.queue = make(chan string, len(resumed)+maxQueuedJobs) // every job found is queued, however many
+	for _, id := range resumed {
+		e.queue <- id
 	}
 	e.updateGauges()
 	return e, nil
@@ -231,6 +239,9 @@ func (e *Eraser) holdsLocked(tenant string) bool {
 
 // ErrInvalid is a request that cannot be run.
 var ErrInvalid = errors.New("invalid erasure request")
+
+// ErrQueueFull refuses a job while maxQueuedJobs wait to run (503).
+var ErrQueueFull = errors.New("too many erasure jobs queued, retry later")
 
 // matchers returns the series to erase and the strings that must not be
 // left anywhere (the cluster's id).
@@ -302,8 +313,15 @@ func (e *Eraser) Submit(req Request) (Status, error) {
 	e.updateGauges()
 	select {
 	case e.queue <- st.ID:
-	default:
-		return Status{}, errors.New("too many erasure jobs queued")
+	default: // refused: nothing of it may stay (it would hold the tenant's shipping)
+		e.mu.Lock()
+		delete(e.jobs, st.ID)
+		e.mu.Unlock()
+		e.updateGauges()
+		if err := os.Remove(e.stateFile(st.ID)); err != nil {
+			e.logger.Error("remove refused erasure job", "job", st.ID, "err", err)
+		}
+		return Status{}, ErrQueueFull
 	}
 	e.logger.Info("erasure requested", "audit", true, "job", st.ID, "tenant", st.Tenant, "cluster_sha256", st.ClusterSHA256,
 		"selector", st.Selector, "requested_by", st.RequestedBy, "caller", st.Caller, "deny", *req.Deny)
@@ -409,7 +427,14 @@ func (e *Eraser) Do(ctx context.Context, id string) (err error) {
 	}
 	start := e.now()
 	defer func() {
-		if err != nil {
+		switch {
+		case err != nil && ctx.Err() != nil:
+			// Stopped (shutdown), not failed: resumed at the next start
+			// without counting as failing (the alert would fire for
+			// nothing after a rollout).
+			e.update(j, func(s *Status) { s.Error = "interrupted: " + err.Error() })
+			_ = e.save(j)
+		case err != nil:
 			e.m.jobs.WithLabelValues("failure").Inc()
 			e.update(j, func(s *Status) { s.State, s.Error, s.Failures = StateFailed, err.Error(), s.Failures+1 })
 			_ = e.save(j)

@@ -34,6 +34,9 @@ func (e *Eraser) Handler() http.Handler {
 		switch {
 		case errors.Is(err, ErrInvalid):
 			apiError(w, http.StatusBadRequest, err.Error())
+		case errors.Is(err, ErrQueueFull):
+			w.Header().Set("Retry-After", "60")
+			apiError(w, http.StatusServiceUnavailable, err.Error())
 		case err != nil:
 			apiError(w, http.StatusInternalServerError, err.Error())
 		default:

@@ -72,7 +72,11 @@ func (c *aggrChunk) NumSamples() int {
 		if n == 0 {
 			continue
 		}
-		if uint64(len(b)) < n+1 {
+		// The encoding byte and n bytes must be there (n+1 may wrap), and
+		// every Prometheus chunk starts with a 2-byte sample count, which
+		// its NumSamples reads unchecked: a malformed block must fail the
+		// rewrite, not crash the receiver.
+		if n < 2 || n >= uint64(len(b)) {
 			return 0
 		}
 		sub, err := chunkenc.FromData(chunkenc.Encoding(b[0]), b[1:n+1])

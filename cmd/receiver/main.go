@@ -177,6 +177,11 @@ func run(args []string, stderr io.Writer) int {
 		logger.Error("open storage", "path", *storagePath, "err", err)
 		return 1
 	}
+	// No tenant ships a block until the erasure jobs on disk are known: a
+	// start that fails before then flushes the heads at Close, and a job
+	// cut short after its head flush left blocks that still hold its
+	// cluster (tombstoned, not rewritten).
+	db.HoldShipping(func(string) bool { return true })
 	defer func() {
 		// Close flushes the head to a block and uploads it (as configured).
 		if err := db.Close(); err != nil {
@@ -213,6 +218,9 @@ func run(args []string, stderr io.Writer) int {
 		logger.Error("open erasure jobs", "err", err)
 		return 1
 	}
+	// A tenant's blocks are not shipped while one of its jobs has not
+	// erased the local storage.
+	db.HoldShipping(eraser.ShippingHeld)
 	// Fleet view: local data, the bucket and the peers' heads (remote read).
 	peerTLS, err := cfg.Peers.TLSConfig.TLSConfig() // validated with the config; the client certificate is re-read on change
 	if err != nil {
@@ -473,9 +481,7 @@ func run(args []string, stderr io.Writer) int {
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return bstore.Run(ctx) }, func(error) { cancel() })
 	}
-	{ // Erasure jobs (admin API), one at a time, failed ones retried; a tenant's
-		// blocks are not shipped while one of its jobs has not erased the local storage.
-		db.HoldShipping(eraser.ShippingHeld)
+	{ // Erasure jobs (admin API), one at a time, failed ones retried.
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return eraser.Run(ctx) }, func(error) { cancel() })
 	}
