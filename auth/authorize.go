@@ -42,9 +42,31 @@ func (t *Tokens) AuthorizeFleet(_ context.Context, token, clusterID string) (str
 		return "", fmt.Errorf("token may not authorize: %w", ErrForbidden)
 	}
 	if id.ClusterID != "" && id.ClusterID != clusterID {
-		return "", fmt.Errorf("token is bound to another cluster: %w", ErrForbidden)
+		return "", errOtherCluster
 	}
 	return id.Tenant, nil
+}
+
+var errOtherCluster = fmt.Errorf("token is bound to another cluster: %w", ErrForbidden)
+
+// PseudonymBound lets a tokens file bind a fleet token to a cluster by
+// either form of its id: the raw id a telemeter-client sends, or the
+// pseudonym the receiver stores with cluster_id_hash (and a forwarder
+// sends), which is what an operator reads in the fleet's data.
+type PseudonymBound struct {
+	FleetAuthorizer
+	Hasher *ClusterIDHasher
+}
+
+// AuthorizeFleet implements FleetAuthorizer.
+func (p PseudonymBound) AuthorizeFleet(ctx context.Context, token, clusterID string) (string, error) {
+	tenant, err := p.FleetAuthorizer.AuthorizeFleet(ctx, token, clusterID)
+	if errors.Is(err, errOtherCluster) && p.Hasher != nil {
+		if ps := p.Hasher.Pseudonym(clusterID); ps != clusterID {
+			return p.FleetAuthorizer.AuthorizeFleet(ctx, token, ps)
+		}
+	}
+	return tenant, err
 }
 
 // AuthorizeResponse is the JSON body of a successful POST /authorize. It
