@@ -3,6 +3,7 @@ package auth
 import (
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
@@ -44,10 +45,14 @@ func NewFileTokens(logger *slog.Logger, reg prometheus.Registerer, path string) 
 // Reload re-reads the file if its content changed.
 func (f *FileTokens) Reload() error {
 	b, err := os.ReadFile(f.path)
-	if err == nil && f.cur.Load() != nil && sha256.Sum256(b) == f.sum {
+	if err != nil {
+		f.reloads.WithLabelValues("failure").Inc()
+		return fmt.Errorf("read tokens file: %w", err)
+	}
+	if f.cur.Load() != nil && sha256.Sum256(b) == f.sum {
 		return nil
 	}
-	t, err := LoadTokensFile(f.path)
+	t, err := parseTokensFile(f.path, b) // the bytes hashed below: one read
 	if err != nil {
 		f.reloads.WithLabelValues("failure").Inc()
 		return err

@@ -59,6 +59,11 @@ func LoadTokensFile(path string) (*Tokens, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read tokens file: %w", err)
 	}
+	return parseTokensFile(path, b)
+}
+
+// parseTokensFile parses the content b of the tokens file at path.
+func parseTokensFile(path string, b []byte) (*Tokens, error) {
 	var f TokensFile
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
