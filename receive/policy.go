@@ -31,10 +31,10 @@ type gatherPolicy = gathering.Allowlists
 
 // WithGathering returns a copy of p that enforces gathering definitions:
 // a series of a tenant is kept if the config's allowlist (when set) or the
-// tenant's definition in force selects it, or — until its PrevUntil, the
-// grace period — the previous version of that definition. The tenant's
-// definition is its own in tenants, else def; with neither (def nil), only
-// the config's allowlist applies to it. The forwarders' own
+// tenant's definition in force selects it, or one of the versions that
+// definition replaced, each until its Until (its grace period). The
+// tenant's definition is its own in tenants, else def; with neither (def
+// nil), only the config's allowlist applies to it. The forwarders' own
 // gathering.InfoMetric series is always kept. tenants must not be
 // modified afterwards.
 func (p *Policy) WithGathering(def *gathering.Allowlists, tenants map[string]gathering.Allowlists) *Policy {
@@ -147,7 +147,12 @@ func (p *Policy) allows(tenant string, ls []prompb.Label) bool {
 		g.Cur.AllowsFunc(get):
 		return true
 	}
-	return g.Prev != nil && g.Prev.AllowsFunc(get) && time.Now().Before(g.PrevUntil)
+	for _, prev := range g.Prev {
+		if prev.Allow.AllowsFunc(get) && time.Now().Before(prev.Until) {
+			return true
+		}
+	}
+	return false
 }
 
 // labelValue returns the value of the label name in ls, or "".
