@@ -157,3 +157,128 @@ func TestServerReadsSingleStateFormat(t *testing.T) {
 	require.NotContains(t, ps, "previous")
 	require.Contains(t, ps, "previous_versions")
 }
+
+// TestServerRemovedTenantKeepsItsGrace: a tenant whose own file is removed
+// from the configuration (a restart) is served the default at once, but
+// its last own definition — and the versions that one replaced, each until
+// its own end — stay accepted on top of the default's selectors; its state
+// file keeps them across restarts and is deleted once their grace ends.
+func TestServerRemovedTenantKeepsItsGrace(t *testing.T) {
+	h := newHistory(t)
+	const def = "version: d1\nselectors: [up]\n"
+	withAcme := tenantFiles(t, def, map[string]string{"acme": "version: a1\nselectors: [a_metric]\n", "other": "version: o1\nselectors: [o_metric]\n"})
+	without := Files{Default: withAcme.Default, Tenants: map[string]string{"other": withAcme.Tenants["other"]}}
+	stateFile := filepath.Join(h.stateDir, "tenants", "acme.json")
+
+	s := h.open(withAcme)
+	t0 := h.now
+	h.now = t0.Add(20 * time.Minute)
+	writeDef(t, withAcme.Tenants["acme"], "version: a2\nselectors: [a_new]\n")
+	s.Reload()
+
+	// acme's file is removed, restart: the default is served at once.
+	h.now = t0.Add(30 * time.Minute)
+	removedAt := h.now
+	s = h.open(without)
+	require.Equal(t, "d1", s.Current("acme").Def.Version)
+	a, ok := tenantAllowlists(s, "acme")
+	require.True(t, ok, "acme is enforced during its grace period")
+	require.True(t, a.Cur.AllowsFunc(func(string) string { return "up" }), "the default's selectors")
+	require.Equal(t, removedAt.Add(time.Hour), acceptedUntil(a, "a_new"), "its last own definition")
+	require.Equal(t, t0.Add(20*time.Minute).Add(time.Hour), acceptedUntil(a, "a_metric"), "the one before, until its own end")
+	require.True(t, acceptedUntil(a, "o_metric").IsZero())
+	require.FileExists(t, stateFile)
+
+	// Restart within the grace: the same ends, not new ones.
+	h.now = t0.Add(50 * time.Minute)
+	s = h.open(without)
+	a, ok = tenantAllowlists(s, "acme")
+	require.True(t, ok)
+	require.Equal(t, removedAt.Add(time.Hour), acceptedUntil(a, "a_new"))
+	require.Equal(t, t0.Add(20*time.Minute).Add(time.Hour), acceptedUntil(a, "a_metric"))
+
+	// The default changes meanwhile: acme follows it, with the default's previous version.
+	writeDef(t, withAcme.Default, "version: d2\nselectors: [up2]\n")
+	s.Reload()
+	a, _ = tenantAllowlists(s, "acme")
+	require.True(t, a.Cur.AllowsFunc(func(string) string { return "up2" }))
+	require.Equal(t, h.now.Add(time.Hour), acceptedUntil(a, "up"))
+
+	// Reloads after the grace periods end delete the state file; acme is
+	// then held to the default alone.
+	h.now = removedAt.Add(time.Hour)
+	s.Reload()
+	require.NoFileExists(t, stateFile)
+	_, ok = tenantAllowlists(s, "acme")
+	require.False(t, ok)
+	s = h.open(without)
+	_, ok = tenantAllowlists(s, "acme")
+	require.False(t, ok)
+}
+
+// TestServerRemovedTenantStateExpiresAtStart: a receiver down for longer
+// than the grace period deletes the state of a tenant removed before.
+func TestServerRemovedTenantStateExpiresAtStart(t *testing.T) {
+	h := newHistory(t)
+	withAcme := tenantFiles(t, "version: d1\nselectors: [up]\n", map[string]string{"acme": "version: a1\nselectors: [a_metric]\n"})
+	without := Files{Default: withAcme.Default}
+	h.open(withAcme)
+	h.now = h.now.Add(time.Minute)
+	h.open(without)
+	require.FileExists(t, filepath.Join(h.stateDir, "tenants", "acme.json"))
+	h.now = h.now.Add(2 * time.Hour)
+	s := h.open(without)
+	_, ok := tenantAllowlists(s, "acme")
+	require.False(t, ok)
+	require.NoFileExists(t, filepath.Join(h.stateDir, "tenants", "acme.json"))
+
+	// An unusable one is deleted too; a file that is no tenant's is not touched.
+	require.NoError(t, os.WriteFile(filepath.Join(h.stateDir, "tenants", "acme.json"), []byte("{not json"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(h.stateDir, "tenants", "notes.txt"), []byte("x"), 0o600))
+	h.open(without)
+	require.NoFileExists(t, filepath.Join(h.stateDir, "tenants", "acme.json"))
+	require.FileExists(t, filepath.Join(h.stateDir, "tenants", "notes.txt"))
+}
+
+// TestServerRemovedTenantComesBack: a tenant removed and given its file
+// again within the grace period was served the default meanwhile: the
+// default is accepted, and its own versions until their ends.
+func TestServerRemovedTenantComesBack(t *testing.T) {
+	h := newHistory(t)
+	withAcme := tenantFiles(t, "version: d1\nselectors: [up]\n", map[string]string{"acme": "version: a1\nselectors: [a_metric]\n"})
+	h.open(withAcme)
+	h.now = h.now.Add(time.Minute)
+	removedAt := h.now
+	h.open(Files{Default: withAcme.Default})
+	h.now = h.now.Add(time.Minute)
+	writeDef(t, withAcme.Tenants["acme"], "version: a2\nselectors: [a_new]\n")
+	s := h.open(withAcme)
+	require.Equal(t, "a2", s.Current("acme").Def.Version)
+	a, _ := tenantAllowlists(s, "acme")
+	require.Equal(t, h.now.Add(time.Hour), acceptedUntil(a, "up"), "the default, served meanwhile")
+	require.Equal(t, removedAt.Add(time.Hour), acceptedUntil(a, "a_metric"))
+}
+
+// TestServerRemovedTenantWithoutDefault: without a default, a removed
+// tenant has no definition in force (Cur nil), only its last versions.
+func TestServerRemovedTenantWithoutDefault(t *testing.T) {
+	h := newHistory(t)
+	f := tenantFiles(t, "", map[string]string{"acme": "version: a1\nselectors: [a_metric]\n", "other": "version: o1\nselectors: [o_metric]\n"})
+	h.open(f)
+	s := h.open(Files{Tenants: map[string]string{"other": f.Tenants["other"]}})
+	require.Nil(t, s.Current("acme"))
+	a, ok := tenantAllowlists(s, "acme")
+	require.True(t, ok)
+	require.Nil(t, a.Cur)
+	require.Equal(t, h.now.Add(time.Hour), acceptedUntil(a, "a_metric"))
+
+	// Back with a new version, then removed again: that version is the
+	// one remembered.
+	h.now = h.now.Add(time.Minute)
+	writeDef(t, f.Tenants["acme"], "version: a2\nselectors: [a_new]\n")
+	h.open(f)
+	h.now = h.now.Add(time.Minute)
+	s = h.open(Files{Tenants: map[string]string{"other": f.Tenants["other"]}})
+	a, _ = tenantAllowlists(s, "acme")
+	require.Equal(t, h.now.Add(time.Hour), acceptedUntil(a, "a_new"))
+}

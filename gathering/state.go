@@ -8,9 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/phonehome/phonehome/atomicfile"
+	"github.com/phonehome/phonehome/auth"
 )
 
 // MaxPrevious bounds the versions of one definition accepted server-side
@@ -26,8 +28,9 @@ type replaced struct {
 	at  time.Time
 }
 
-// persistedState is a tenant's state file: the definition in force and
-// the versions it replaced within the grace period, each with when it was replaced.
+// persistedState is a tenant's state file: the definition in force (none
+// for a tenant whose own file is no longer configured) and the versions
+// it replaced within the grace period, each with when it was replaced.
 // Definitions are their canonical JSON bodies, decoded and validated again
 // when restored. Previous and ReplacedAt are the format that kept a single
 // previous version: read, no longer written.
@@ -122,8 +125,9 @@ func (s *Server) history(src *source, cur *Compiled, entries []replaced, now tim
 //   - cur is what was in force before the restart: nothing;
 //   - the file changed while the receiver was down: what was in force
 //     before, replaced now;
-//   - a tenant without a definition of its own before (no state file):
-//     its forwarders were served the default until now, so the default's
+//   - a tenant without a definition of its own before (no state file, or
+//     one left when its file was removed from the configuration): its
+//     forwarders were served the default until now, so the default's
 //     definition, replaced now, and the default's previous versions; the
 //     default's own file has nothing before it;
 //   - an unusable state file: nothing, and no previous version.
@@ -160,6 +164,83 @@ func (s *Server) restore(src *source, cur *Compiled) *serverState {
 		s.persist(src, st)
 	}
 	return st
+}
+
+// restoreOrphans returns a source for each tenant with a state file under
+// dir but no definition file in configured any more (its file was removed
+// from the configuration while the receiver was down): it has no
+// definition in force — it is served the default — but its last own one,
+// replaced now, and the versions that one replaced stay accepted, each
+// until its grace period ends (see Server.Allowlists). Its state file,
+// rewritten without a definition in force, keeps them across restarts,
+// and is deleted once all have ended (here, or by Reload).
+func (s *Server) restoreOrphans(dir string, configured map[string]string) map[string]*source {
+	entries, err := os.ReadDir(filepath.Join(dir, "tenants"))
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			s.logger.Warn("read gathering state, no grace period for tenants without a definition of their own any more", "dir", dir, "err", err)
+		}
+		return nil
+	}
+	now := s.now()
+	out := map[string]*source{}
+	for _, e := range entries {
+		tenant, ok := strings.CutSuffix(e.Name(), ".json")
+		if _, configured := configured[tenant]; !ok || configured || e.IsDir() || !auth.ValidTenant(tenant) {
+			continue
+		}
+		src := &source{tenant: tenant, statePath: statePath(dir, tenant)}
+		was, prev, err := loadState(src.statePath)
+		if err != nil {
+			s.logger.Warn("unusable gathering state of a tenant without a definition of its own, removed", "tenant", tenant, "file", src.statePath, "err", err)
+			if err := os.Remove(src.statePath); err != nil {
+				s.logger.Error("remove gathering state", "tenant", tenant, "file", src.statePath, "err", err)
+			}
+			continue
+		}
+		n := len(prev)
+		if was != nil {
+			prev = append(prev, replaced{def: was, at: now})
+		}
+		st := &serverState{prev: s.history(src, nil, prev, now)}
+		if len(st.prev) == 0 {
+			s.removeState(src)
+			continue
+		}
+		if was != nil {
+			s.logger.Info("tenant has no gathering definition of its own any more; its last one is accepted meanwhile", "tenant", tenant,
+				"previous", was.Def.Version, "previous_accepted_until", now.Add(s.grace).UTC().Format(time.RFC3339), "previous_versions", len(st.prev))
+		}
+		if was != nil || len(st.prev) != n {
+			s.persist(src, st)
+		}
+		src.state.Store(st)
+		out[tenant] = src
+	}
+	return out
+}
+
+// expire deletes the state file of src, a tenant without a definition of
+// its own, once the grace periods of all its versions have ended.
+func (s *Server) expire(src *source) {
+	src.reloadMu.Lock()
+	defer src.reloadMu.Unlock()
+	st := src.state.Load()
+	if len(st.prev) == 0 || len(s.history(src, nil, st.prev, s.now())) > 0 {
+		return
+	}
+	src.state.Store(&serverState{})
+	s.removeState(src)
+}
+
+// removeState deletes the state file of src, a tenant without a
+// definition of its own whose grace periods have all ended.
+func (s *Server) removeState(src *source) {
+	if err := os.Remove(src.statePath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.logger.Error("remove gathering state", "tenant", src.tenant, "file", src.statePath, "err", err)
+		return
+	}
+	s.logger.Info("grace period of a tenant without a gathering definition of its own ended, state removed", "tenant", src.tenant, "file", src.statePath)
 }
 
 func compileJSON(b []byte) (*Compiled, error) {

@@ -28,9 +28,10 @@ type GatheringConfig struct {
 	// Tenants maps a tenant to its own definition file.
 	Tenants map[string]string `yaml:"tenants"`
 	// GracePeriod: each version a definition replaced (up to
-	// gathering.MaxPrevious of them) is still accepted this long after its
-	// replacement, so forwarders that have not polled yet (or deliver a
-	// backlog) are not refused (default 6h).
+	// gathering.MaxPrevious of them), and a removed tenant's last own
+	// definition, is still accepted this long after its replacement, so
+	// forwarders that have not polled yet (or deliver a backlog) are not
+	// refused (default 6h).
 	GracePeriod    model.Duration `yaml:"grace_period"`
 	ReloadInterval model.Duration `yaml:"reload_interval"` // default 30s
 }

@@ -62,6 +62,17 @@ func TestPolicyWithGathering(t *testing.T) {
 		}}, nil), []check{
 			{"x", []string{"cur", "newer", "older"}, []string{"ended", "anything"}},
 		}},
+		{"removed tenant without a default", base.WithGathering(nil, map[string]gathering.Allowlists{
+			"gone": {Prev: []gathering.Previous{{Allow: mustList("gone_metric"), Until: time.Now().Add(time.Hour)}}},
+		}), []check{
+			{"gone", []string{"gone_metric", "static_metric", gathering.InfoMetric}, []string{"anything"}},
+			{"other", []string{"static_metric"}, []string{"gone_metric", "anything"}},
+		}},
+		{"removed tenant without a default nor allowlist", open.WithGathering(nil, map[string]gathering.Allowlists{
+			"gone": {Prev: []gathering.Previous{{Allow: mustList("gone_metric"), Until: time.Now().Add(time.Hour)}}},
+		}), []check{
+			{"gone", []string{"gone_metric", "anything"}, nil}, // no definition in force: as any tenant without one
+		}},
 		{"per tenant with a default", open.WithGathering(def("cur"), perTenant), []check{
 			{"a", []string{"a_metric", gathering.InfoMetric}, []string{"b_metric", "b_old", "cur"}},
 			{"b", []string{"b_metric", "b_old"}, []string{"a_metric", "cur"}},
@@ -131,8 +142,10 @@ func TestHandlerEnforcesTheTenantsGatheringDefinition(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, post("b", "a_metric"))
 }
 
-// Through the write path and restarts: A→B→C keeps A's series accepted.
-func TestHandlerGatheringGraceAcrossChanges(t *testing.T) {
+// Through the write path and restarts: A→B→C keeps A's series accepted,
+// and a tenant whose own file is removed keeps its last definition
+// accepted on top of the default's selectors.
+func TestHandlerGatheringGraceAcrossChangesAndRemoval(t *testing.T) {
 	dir, stateDir := t.TempDir(), t.TempDir()
 	write := func(name, body string) string {
 		p := filepath.Join(dir, name)
@@ -173,4 +186,12 @@ func TestHandlerGatheringGraceAcrossChanges(t *testing.T) {
 
 	_, post = open(withA) // restart
 	require.Equal(t, http.StatusNoContent, post("a", "a_metric"), "across a restart")
+
+	// a's file is removed: restart.
+	_, post = open(gathering.Files{Default: withA.Default})
+	require.Equal(t, http.StatusNoContent, post("a", "default_metric"), "the default's selectors")
+	require.Equal(t, http.StatusNoContent, post("a", "a_third"), "its last own definition")
+	require.Equal(t, http.StatusNoContent, post("a", "a_metric"), "and the versions before it")
+	require.Equal(t, http.StatusBadRequest, post("a", "anything"))
+	require.Equal(t, http.StatusBadRequest, post("b", "a_third"), "not another tenant's")
 }
