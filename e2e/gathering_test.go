@@ -379,3 +379,85 @@ func TestGatheringPerTenantE2E(t *testing.T) {
 	require.Equal(t, http.StatusNoContent, post(recv.URL(), credB, "b_metric"))
 	recv.Stop()
 }
+
+// Each replaced version keeps its own grace period (a1 → a2 → a3: a1's
+// series are still accepted), across a restart; a tenant whose own file is
+// removed from the configuration is served the default at once, but its
+// last own versions stay accepted on top of the default's selectors.
+func TestGatheringGraceHistoryE2E(t *testing.T) {
+	dir := t.TempDir()
+	writeSigningKey(t, dir, "k1")
+	write := func(name, body string) {
+		t.Helper()
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600))
+	}
+	write("tokens.yaml", "tokens:\n"+
+		"- {token: a-fleet, tenant: a, allow: [authorize]}\n- {token: a-read, tenant: a, allow: [read]}\n"+
+		"- {token: b-fleet, tenant: b, allow: [authorize]}\n")
+	write("default.yaml", "version: d1\nselectors: [default_metric]\n")
+	write("a.yaml", "version: a1\nselectors: [a_metric]\n")
+	const common = "auth:\n  tokens_file: tokens.yaml\n  keys_file: keys.yaml\n  credential_ttl: 1m\n" +
+		"gathering:\n  file: default.yaml\n  reload_interval: 1s\n  grace_period: 10m\n"
+	write("receiver.yaml", common+"  tenants:\n    a: a.yaml\n")
+	cfg := filepath.Join(dir, "receiver.yaml")
+	data := filepath.Join(dir, "data")
+	recv := startReceiver(t, cfg, data)
+
+	post := func(cred, name string) int {
+		t.Helper()
+		code, body, err := postWrite(http.DefaultClient, recv.URL(), cred, encodeWrite(t, oneSeries(name, time.Now().UnixMilli())), nil)
+		require.NoError(t, err)
+		t.Logf("write %s: %d %s", name, code, body)
+		return code
+	}
+	creds := func() (string, string) {
+		t.Helper()
+		code, a := authorize(t, recv.URL(), "a-fleet", "cluster-a")
+		require.Equal(t, http.StatusOK, code)
+		code, b := authorize(t, recv.URL(), "b-fleet", "cluster-b")
+		require.Equal(t, http.StatusOK, code)
+		return a, b
+	}
+	served := func(version string) {
+		t.Helper()
+		eventually(t, 30*time.Second, func() error {
+			if v := metricsValue(t, recv.URL(), "phonehome_gathering_served_definition_info", map[string]string{"tenant": "a", "version": version}); v != 1 {
+				return fmt.Errorf("%s not served yet", version)
+			}
+			return nil
+		})
+	}
+
+	// a1 → a2 (a typo) → a3, within seconds.
+	write("a.yaml", "version: a2\nselectors: [a_typo]\n")
+	served("a2")
+	write("a.yaml", "version: a3\nselectors: [a_third]\n")
+	served("a3")
+	credA, _ := creds()
+	require.Equal(t, http.StatusNoContent, post(credA, "a_third"))
+	require.Equal(t, http.StatusNoContent, post(credA, "a_metric"), "a1, two changes ago")
+	require.Equal(t, http.StatusBadRequest, post(credA, "secret_metric"))
+
+	// Restart: the same.
+	recv.Stop()
+	recv = startReceiver(t, cfg, data)
+	credA, _ = creds()
+	require.Equal(t, http.StatusNoContent, post(credA, "a_metric"), "a1, across the restart")
+	require.Equal(t, http.StatusNoContent, post(credA, "a_typo"))
+
+	// a's file is removed from the configuration: restart.
+	recv.Stop()
+	write("receiver.yaml", common)
+	recv = startReceiver(t, cfg, data)
+	credA, credB := creds()
+	code, body, _ := getGathering(t, recv.URL(), "a-read", "")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `"version":"d1"`, "the default is served at once")
+	require.Equal(t, http.StatusNoContent, post(credA, "default_metric"))
+	require.Equal(t, http.StatusNoContent, post(credA, "a_third"), "a's last own definition, within its grace period")
+	require.Equal(t, http.StatusNoContent, post(credA, "a_metric"), "and the versions before it")
+	require.Equal(t, http.StatusBadRequest, post(credA, "secret_metric"))
+	require.Equal(t, http.StatusBadRequest, post(credB, "a_third"), "a's versions are not b's")
+	require.FileExists(t, filepath.Join(data, "gathering", "tenants", "a.json"))
+	recv.Stop()
+}

@@ -7,8 +7,8 @@
 // The package holds the document (strict decoding with size limits and
 // validation, canonical encoding, strong ETag), the receiver's side (a file
 // hot-reloaded into an HTTP handler, keeping the last good definition and the
-// previous one for a grace period) and the forwarder's side (a poller with an
-// on-disk cache of the last good definition).
+// versions it replaced, each for a grace period) and the forwarder's side (a
+// poller with an on-disk cache of the last good definition).
 package gathering
 
 import (

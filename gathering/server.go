@@ -39,10 +39,13 @@ type Files struct {
 // Server is the receiver's side: it loads one definition per configured
 // tenant (and a default) from YAML files, re-reads each file when it changes
 // (Reload, Run), keeps a tenant's last good definition when a new version is
-// invalid (logged and counted), remembers each tenant's previous definition
-// for a grace period — persisted under ServerOptions.StateDir so that it
-// survives a restart — and serves the caller's tenant's definition over HTTP.
-// The set of tenants is fixed at construction. Safe for concurrent use.
+// invalid (logged and counted), remembers the versions each tenant's
+// definition replaced, each for a grace period from its replacement (at
+// most MaxPrevious) — persisted under ServerOptions.StateDir so that they
+// survive a restart, as do the last versions of a tenant whose own file
+// was removed from the configuration — and serves the caller's tenant's
+// definition over HTTP. The set of tenants is fixed at construction. Safe
+// for concurrent use.
 //
 // The reload, reload-timestamp and served-definition metrics carry a tenant
 // label: its values are the tenants named in the configuration (and
@@ -56,6 +59,10 @@ type Server struct {
 
 	def     *source            // nil without a default file
 	tenants map[string]*source // immutable after NewServer
+	// orphans are the tenants with a state file but no definition file
+	// (restoreOrphans): no definition in force, only previous versions.
+	// Immutable after NewServer.
+	orphans map[string]*source
 
 	reloads    *prometheus.CounterVec
 	lastReload *prometheus.GaugeVec
@@ -66,7 +73,7 @@ type Server struct {
 // source is one definition file and its state.
 type source struct {
 	tenant    string // the metrics' tenant label: the tenant, or DefaultTenant
-	path      string
+	path      string // "" for an orphan
 	statePath string // "" without ServerOptions.StateDir
 
 	reloadMu sync.Mutex // serializes reload; guards fileHash
@@ -75,33 +82,44 @@ type source struct {
 }
 
 type serverState struct {
-	cur, prev *Compiled // prev is nil until the first change
-	changed   time.Time // when cur replaced prev
+	cur  *Compiled  // nil for an orphan
+	prev []replaced // newest first: see Server.history
 }
 
 // ServerOptions configures a Server.
 type ServerOptions struct {
-	// GracePeriod is how long, after a change, the previous definition's
+	// GracePeriod is how long, after a change, the replaced definition's
 	// selectors are still accepted server-side (see Allowlists).
 	GracePeriod time.Duration
 	// OnChange is called after every change of a definition in force
 	// (not at construction), e.g. to recompute the server-side policy.
 	OnChange func()
-	// StateDir, when set, is where each tenant's current and previous
-	// definition, and when the previous one was replaced, are persisted
-	// (written atomically on every change) and restored from at
-	// construction, so the grace period survives a restart. Created if
-	// missing.
+	// StateDir, when set, is where each tenant's current definition and
+	// the versions it replaced, with when, are persisted (written
+	// atomically on every change) and restored from at construction, so
+	// the grace period survives a restart; a tenant's file there outlives
+	// the tenant's definition file by a grace period (see Allowlists).
+	// Created if missing.
 	StateDir string
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 }
 
 // Allowlists is one definition's selectors as enforced server-side: the
-// definition in force and, until PrevUntil, the previous one (nil if none).
+// definition in force and the versions it replaced that are still within
+// their grace period.
 type Allowlists struct {
-	Cur, Prev *allowlist.List
-	PrevUntil time.Time
+	// Cur is nil for a tenant whose own file was removed from the
+	// configuration, without a default: no definition is in force for it
+	// (the config's allowlist alone applies), only Prev.
+	Cur  *allowlist.List
+	Prev []Previous // newest first
+}
+
+// Previous is a replaced version's selectors, accepted until Until.
+type Previous struct {
+	Allow *allowlist.List
+	Until time.Time
 }
 
 // NewServer loads every file of files, each of which must hold a valid
@@ -163,6 +181,9 @@ func NewServer(logger *slog.Logger, reg prometheus.Registerer, files Files, opts
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	if opts.StateDir != "" {
+		s.orphans = s.restoreOrphans(opts.StateDir, files.Tenants)
+	}
 	return s, nil
 }
 
@@ -218,10 +239,15 @@ func (src *source) load() (*Compiled, [sha256.Size]byte, error) {
 // Reload re-reads every file whose bytes changed. An invalid version is
 // logged and counted, and that tenant's definition in force stays; the
 // other tenants are not affected. OnChange is called once if any changed.
+// It also deletes the state of tenants without a file of their own whose
+// grace periods have all ended.
 func (s *Server) Reload() {
 	changed := false
 	for _, src := range s.sources() {
 		changed = s.reload(src) || changed
+	}
+	for _, src := range s.orphans {
+		s.expire(src)
 	}
 	if changed && s.onChange != nil {
 		s.onChange()
@@ -258,7 +284,7 @@ func (s *Server) reload(src *source) bool {
 		return false
 	}
 	now := s.now()
-	st := &serverState{cur: c, prev: old.cur, changed: now}
+	st := &serverState{cur: c, prev: s.history(src, c, append([]replaced{{def: old.cur, at: now}}, old.prev...), now)}
 	src.state.Store(st)
 	s.persist(src, st)
 	s.info.DeletePartialMatch(prometheus.Labels{"tenant": src.tenant})
@@ -266,7 +292,7 @@ func (s *Server) reload(src *source) bool {
 	s.reloads.WithLabelValues(src.tenant, "success").Inc()
 	s.lastReload.WithLabelValues(src.tenant).Set(float64(now.UnixNano()) / 1e9)
 	s.logger.Info("gathering definition changed", "tenant", src.tenant, "file", src.path, "version", c.Def.Version,
-		"previous", old.cur.Def.Version, "previous_accepted_until", now.Add(s.grace).UTC().Format(time.RFC3339))
+		"previous", old.cur.Def.Version, "previous_accepted_until", now.Add(s.grace).UTC().Format(time.RFC3339), "previous_versions", len(st.prev))
 	return true
 }
 
@@ -306,25 +332,46 @@ func (s *Server) Current(tenant string) *Compiled {
 
 // Allowlists returns the selectors the receiver accepts: those of the
 // default definition (nil without one) and those of each tenant with a
-// definition of its own. The map is the caller's.
+// definition of its own, each with its versions still in their grace
+// period. A tenant whose own file was removed from the configuration is
+// in tenants until the grace periods of its last versions end: the
+// default's selectors (none without a default) and, in Prev, its own last
+// versions and the default's. The map is the caller's.
 func (s *Server) Allowlists() (def *Allowlists, tenants map[string]Allowlists) {
+	now := s.now()
 	if s.def != nil {
-		a := s.allowlists(s.def)
+		a := s.allowlists(s.def, now)
 		def = &a
 	}
-	tenants = make(map[string]Allowlists, len(s.tenants))
+	tenants = make(map[string]Allowlists, len(s.tenants)+len(s.orphans))
 	for t, src := range s.tenants {
-		tenants[t] = s.allowlists(src)
+		tenants[t] = s.allowlists(src, now)
+	}
+	for t, src := range s.orphans {
+		a := s.allowlists(src, now)
+		if len(a.Prev) == 0 {
+			continue // held to the default alone
+		}
+		if def != nil {
+			a.Cur, a.Prev = def.Cur, append(a.Prev, def.Prev...)
+		}
+		tenants[t] = a
 	}
 	return def, tenants
 }
 
-func (s *Server) allowlists(src *source) Allowlists {
+func (s *Server) allowlists(src *source, now time.Time) Allowlists {
 	st := src.state.Load()
-	if st.prev == nil {
-		return Allowlists{Cur: st.cur.Allow}
+	var a Allowlists
+	if st.cur != nil {
+		a.Cur = st.cur.Allow
 	}
-	return Allowlists{Cur: st.cur.Allow, Prev: st.prev.Allow, PrevUntil: st.changed.Add(s.grace)}
+	for _, r := range st.prev {
+		if until := r.at.Add(s.grace); now.Before(until) {
+			a.Prev = append(a.Prev, Previous{Allow: r.def.Allow, Until: until})
+		}
+	}
+	return a
 }
 
 // ServeHTTP serves GET (and HEAD) /api/v1/gathering: the definition in force

@@ -31,6 +31,18 @@ func tenantFiles(t *testing.T, def string, tenants map[string]string) Files {
 	return f
 }
 
+// acceptedUntil returns until when a's previous versions accept the series
+// named name (the latest of their Untils), or the zero time if none does.
+func acceptedUntil(a Allowlists, name string) time.Time {
+	var until time.Time
+	for _, p := range a.Prev {
+		if p.Allow.Allows(labels.FromStrings("__name__", name)) && p.Until.After(until) {
+			until = p.Until
+		}
+	}
+	return until
+}
+
 func TestServerPerTenantServing(t *testing.T) {
 	f := tenantFiles(t, "version: d1\nselectors: [up]\n", map[string]string{
 		"a": "version: a1\nselectors: [a_metric]\n",
@@ -108,8 +120,8 @@ func TestServerPerTenantReload(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(s.info.WithLabelValues("a", "a2", s.Current("a").ETag)))
 
 	_, tenants := s.Allowlists()
-	require.NotNil(t, tenants["a"].Prev, "a1 in its grace period")
-	require.Nil(t, tenants["b"].Prev, "b did not change")
+	require.Len(t, tenants["a"].Prev, 1, "a1 in its grace period")
+	require.Empty(t, tenants["b"].Prev, "b did not change")
 
 	// Fixed later: b moves on.
 	writeDef(t, f.Tenants["b"], "version: b2\nselectors: [b_metric, b_new]\n")
@@ -145,29 +157,28 @@ func TestServerGracePeriodSurvivesRestart(t *testing.T) {
 	s = open()
 	require.Equal(t, "a2", s.Current("a").Def.Version)
 	def, tenants := s.Allowlists()
-	require.Nil(t, def.Prev, "the default never changed")
+	require.Empty(t, def.Prev, "the default never changed")
 	a := tenants["a"]
-	require.NotNil(t, a.Prev)
-	require.True(t, is(a.Prev, "a_metric"))
 	require.True(t, is(a.Cur, "a_new"))
-	require.Equal(t, changedAt.Add(time.Hour), a.PrevUntil, "the grace period counts from the change, not the restart")
+	require.Equal(t, changedAt.Add(time.Hour), acceptedUntil(a, "a_metric"), "the grace period counts from the change, not the restart")
+	require.Equal(t, changedAt.Add(time.Hour), acceptedUntil(a, "up"), "the default a was served before a1, as long")
 
 	// The file changes while the receiver is down: what was in force (a2)
-	// is the previous version, replaced at the restart.
+	// is replaced at the restart; a1 stays until its own grace ends.
 	writeDef(t, f.Tenants["a"], "version: a3\nselectors: [a_third]\n")
 	now = now.Add(5 * time.Minute)
 	s = open()
 	a = func() Allowlists { _, ts := s.Allowlists(); return ts["a"] }()
 	require.Equal(t, "a3", s.Current("a").Def.Version)
-	require.True(t, is(a.Prev, "a_new"))
-	require.False(t, is(a.Prev, "a_metric"))
-	require.Equal(t, now.Add(time.Hour), a.PrevUntil)
+	require.Len(t, a.Prev, 3)
+	require.Equal(t, now.Add(time.Hour), acceptedUntil(a, "a_new"))
+	require.Equal(t, changedAt.Add(time.Hour), acceptedUntil(a, "a_metric"))
 
 	// An unusable state file is ignored (and replaced): no previous version.
 	require.NoError(t, os.WriteFile(filepath.Join(stateDir, "tenants", "a.json"), []byte("{not json"), 0o600))
 	s = open()
 	_, tenants = s.Allowlists()
-	require.Nil(t, tenants["a"].Prev)
+	require.Empty(t, tenants["a"].Prev)
 	var ps persistedState
 	b, err := os.ReadFile(filepath.Join(stateDir, "tenants", "a.json"))
 	require.NoError(t, err)
@@ -197,14 +208,15 @@ func TestServerTenantMovedOffTheDefaultKeepsItsGrace(t *testing.T) {
 	_, tenants := s.Allowlists()
 	a := tenants["acme"]
 	require.False(t, a.Cur.Allows(labels.FromStrings("__name__", "up")))
-	require.NotNil(t, a.Prev, "the default's selectors are accepted meanwhile")
-	require.True(t, a.Prev.Allows(labels.FromStrings("__name__", "up")))
-	require.Equal(t, now.Add(time.Hour), a.PrevUntil)
+	require.Len(t, a.Prev, 1, "the default's selectors are accepted meanwhile")
+	require.True(t, a.Prev[0].Allow.Allows(labels.FromStrings("__name__", "up")))
+	require.Equal(t, now.Add(time.Hour), a.Prev[0].Until)
 
 	// ...and only then: a restart later keeps the same grace, not a new one.
 	now = now.Add(10 * time.Minute)
 	s, err = NewServer(discard(), prometheus.NewRegistry(), tenantFiles(t, def, map[string]string{"acme": "version: a1\nselectors: [acme_metric]\n"}), opts)
 	require.NoError(t, err)
 	_, tenants = s.Allowlists()
-	require.Equal(t, now.Add(-10*time.Minute).Add(time.Hour), tenants["acme"].PrevUntil)
+	require.Len(t, tenants["acme"].Prev, 1)
+	require.Equal(t, now.Add(-10*time.Minute).Add(time.Hour), tenants["acme"].Prev[0].Until)
 }

@@ -102,10 +102,9 @@ func TestServerReloadKeepsLastGoodAndGrace(t *testing.T) {
 	require.NotEqual(t, etag1, s.Current("acme").ETag)
 	require.Equal(t, http.StatusOK, get(t, s, etag1).Code, "the old ETag no longer matches")
 	def, _ := s.Allowlists()
-	cur, prev, until := def.Cur, def.Prev, def.PrevUntil
-	require.True(t, cur.Allows(labels.FromStrings("__name__", "node_info")))
-	require.NotNil(t, prev)
-	require.Equal(t, now.Add(time.Hour), until)
+	require.True(t, def.Cur.Allows(labels.FromStrings("__name__", "node_info")))
+	require.Len(t, def.Prev, 1)
+	require.Equal(t, now.Add(time.Hour), def.Prev[0].Until)
 	require.Equal(t, 1.0, testutil.ToFloat64(s.info.WithLabelValues(DefaultTenant, "v2", s.Current("acme").ETag)))
 
 	// Same content reformatted: no change.

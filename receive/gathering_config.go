@@ -27,9 +27,11 @@ type GatheringConfig struct {
 	File string `yaml:"file"`
 	// Tenants maps a tenant to its own definition file.
 	Tenants map[string]string `yaml:"tenants"`
-	// GracePeriod: after a change, the previous definition's selectors are
-	// still accepted this long, so forwarders that have not polled yet (or
-	// deliver a backlog) are not refused (default 6h).
+	// GracePeriod: each version a definition replaced (up to
+	// gathering.MaxPrevious of them), and a removed tenant's last own
+	// definition, is still accepted this long after its replacement, so
+	// forwarders that have not polled yet (or deliver a backlog) are not
+	// refused (default 6h).
 	GracePeriod    model.Duration `yaml:"grace_period"`
 	ReloadInterval model.Duration `yaml:"reload_interval"` // default 30s
 }

@@ -31,11 +31,14 @@ type gatherPolicy = gathering.Allowlists
 
 // WithGathering returns a copy of p that enforces gathering definitions:
 // a series of a tenant is kept if the config's allowlist (when set) or the
-// tenant's definition in force selects it, or — until its PrevUntil, the
-// grace period — the previous version of that definition. The tenant's
-// definition is its own in tenants, else def; with neither (def nil), only
-// the config's allowlist applies to it. The forwarders' own
-// gathering.InfoMetric series is always kept. tenants must not be
+// tenant's definition in force selects it, or one of the versions that
+// definition replaced, each until its Until (its grace period). The
+// tenant's definition is its own in tenants, else def; with neither (def
+// nil), only the config's allowlist applies to it. An entry without Cur
+// (a tenant whose own file was removed, without a default) is the config's
+// allowlist and its Prev — or everything, without an allowlist, as for a
+// tenant without a definition. The forwarders' own gathering.InfoMetric
+// series is always kept where a definition applies. tenants must not be
 // modified afterwards.
 func (p *Policy) WithGathering(def *gathering.Allowlists, tenants map[string]gathering.Allowlists) *Policy {
 	q := *p
@@ -134,8 +137,8 @@ func (p *Policy) elideLabels(ls []prompb.Label) []prompb.Label {
 // allows reports whether the policy admits ls, a series of tenant.
 func (p *Policy) allows(tenant string, ls []prompb.Label) bool {
 	g := p.gatherFor(tenant)
-	if p.allow == nil && g == nil {
-		return true
+	if p.allow == nil && (g == nil || g.Cur == nil) {
+		return true // nothing selects: a tenant without a definition in force
 	}
 	get := func(name string) string { return labelValue(ls, name) }
 	if g == nil {
@@ -144,10 +147,15 @@ func (p *Policy) allows(tenant string, ls []prompb.Label) bool {
 	switch {
 	case get(model.MetricNameLabel) == gathering.InfoMetric,
 		p.allow != nil && p.allow.AllowsFunc(get),
-		g.Cur.AllowsFunc(get):
+		g.Cur.AllowsFunc(get): // a nil Cur allows nothing
 		return true
 	}
-	return g.Prev != nil && g.Prev.AllowsFunc(get) && time.Now().Before(g.PrevUntil)
+	for _, prev := range g.Prev {
+		if prev.Allow.AllowsFunc(get) && time.Now().Before(prev.Until) {
+			return true
+		}
+	}
+	return false
 }
 
 // labelValue returns the value of the label name in ls, or "".
