@@ -27,7 +27,9 @@ type peer struct {
 	self    atomic.Bool
 	chunked remote.ReadClient // streamed XOR chunks: Selects with samples
 	sampled remote.ReadClient // sampled: series-only Selects (streaming drops series without chunks)
-	query   *http.Client      // pushdown.Path
+	query   *http.Client      // pushdown.Path, metadata and label calls
+
+	labelFallback atomic.Bool // its label calls are read from its series (labels.go)
 
 	mu      sync.Mutex
 	horizon map[string]observation // by tenant
@@ -206,26 +208,8 @@ func (q *peerQuerier) Select(ctx context.Context, sortSeries bool, hints *promst
 	return &peerSeriesSet{SeriesSet: ss, q: q}
 }
 
-// LabelValues and LabelNames are answered from the peer's series (remote
-// read has no label calls).
-func (q *peerQuerier) LabelValues(ctx context.Context, name string, hints *promstorage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
-	seen := map[string]struct{}{}
-	ws, err := q.eachSeries(ctx, ms, func(ls labels.Labels) {
-		if v := ls.Get(name); v != "" {
-			seen[v] = struct{}{}
-		}
-	})
-	return sortedLimited(seen, hints), ws, err
-}
-
-func (q *peerQuerier) LabelNames(ctx context.Context, hints *promstorage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
-	seen := map[string]struct{}{}
-	ws, err := q.eachSeries(ctx, ms, func(ls labels.Labels) {
-		ls.Range(func(l labels.Label) { seen[l.Name] = struct{}{} })
-	})
-	return sortedLimited(seen, hints), ws, err
-}
-
+// eachSeries calls f with the labels of every series of the peer matching
+// ms: label calls to a peer without a label endpoint (labels.go).
 func (q *peerQuerier) eachSeries(ctx context.Context, ms []*labels.Matcher, f func(labels.Labels)) (annotations.Annotations, error) {
 	if len(ms) == 0 {
 		ms = []*labels.Matcher{labels.MustNewMatcher(labels.MatchRegexp, model.MetricNameLabel, ".+")}
