@@ -19,6 +19,8 @@ import (
 	promstorage "github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/storage/remote"
 	"github.com/prometheus/prometheus/util/annotations"
+
+	"github.com/phonehome/phonehome/query"
 )
 
 // peer is one other replica.
@@ -178,7 +180,9 @@ func (r *Reader) Querier(tenant string, mint, maxt int64) (promstorage.Querier, 
 	if len(qs) == 0 {
 		return iq, nil
 	}
-	return promstorage.NewMergeQuerier([]promstorage.Querier{iq}, qs, promstorage.ChainedSeriesMerge), nil
+	// Under a limit, label calls keep the smallest values everywhere (the
+	// peers do, LabelsHandler), so the merge is the first of the fleet's.
+	return query.LimitSmallest(promstorage.NewMergeQuerier([]promstorage.Querier{iq}, qs, promstorage.ChainedSeriesMerge)), nil
 }
 
 // peerQuerier reads one tenant's local data of one peer.

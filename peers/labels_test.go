@@ -57,7 +57,7 @@ func TestFleetLabelCallsAskPeersNotSeries(t *testing.T) {
 
 	reg := prometheus.NewRegistry()
 	a := f.set(t, reg, f.config(host(b), host(down)))
-	r := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}, nil)
+	r := a.NewReader(tenantDBs{"acme": openSeries(t, csv("w-op", "c1"), csv("v-op", "c1"), csv("a-op", "c1"))}, nil)
 	ctx := context.Background()
 	csvOnly := labels.MustNewMatcher(labels.MatchEqual, "__name__", "csv_succeeded")
 	call := func(tenant string, mint, maxt int64, f func(q promstorage.Querier) ([]string, error)) []string {
@@ -87,9 +87,9 @@ func TestFleetLabelCallsAskPeersNotSeries(t *testing.T) {
 		})
 	}
 
-	require.Equal(t, []string{"a-op", "b-op", "x-op", "y-op", "z-op"}, values("acme", 0, 10_000, "name", nil, csvOnly))
+	require.Equal(t, []string{"a-op", "b-op", "v-op", "w-op", "x-op", "y-op", "z-op"}, values("acme", 0, 10_000, "name", nil, csvOnly))
 	require.Equal(t, []string{"a-op", "b-op"}, values("acme", 0, 10_000, "name", &promstorage.LabelHints{Limit: 2}, csvOnly),
-		"the first of the fleet's under a limit")
+		"the first of the fleet's under a limit, the peer's and this receiver's")
 	require.Equal(t, []string{"kube-system"}, values("acme", 0, 10_000, "k8s.namespace", nil), "a UTF-8 name")
 	require.Empty(t, values("acme", 2000, 10_000, "name", nil), "the range is the peer's too")
 	require.Equal(t, []string{"hidden"}, values("globex", 0, 10_000, "name", nil), "the peer answers for the tenant asked, only")

@@ -42,8 +42,13 @@ func (s smallestFirst) Querier(tenant string, mint, maxt int64) (promstorage.Que
 	if err != nil {
 		return nil, err
 	}
-	return smallestQuerier{q}, nil
+	return LimitSmallest(q), nil
 }
+
+// LimitSmallest returns q with every label call under a limit asking for
+// the lexically smallest values (promstorage.LabelHints.LimitSmallest)
+// rather than any: over a merge, the answer is then the first of the union.
+func LimitSmallest(q promstorage.Querier) promstorage.Querier { return smallestQuerier{q} }
 
 type smallestQuerier struct{ promstorage.Querier }
 
