@@ -177,11 +177,12 @@ func (r *Reader) Querier(tenant string, mint, maxt int64) (promstorage.Querier, 
 		}
 		qs = append(qs, &peerQuerier{set: r.set, peer: p, tenant: tenant, mint: mint, maxt: maxt})
 	}
-	if len(qs) == 0 {
-		return iq, nil
-	}
 	// Under a limit, label calls keep the smallest values everywhere (the
-	// peers do, LabelsHandler), so the merge is the first of the fleet's.
+	// peers do, LabelsHandler), so the merge is the first of the fleet's,
+	// whichever peers are read.
+	if len(qs) == 0 {
+		return query.LimitSmallest(iq), nil
+	}
 	return query.LimitSmallest(promstorage.NewMergeQuerier([]promstorage.Querier{iq}, qs, promstorage.ChainedSeriesMerge)), nil
 }
 
