@@ -19,6 +19,8 @@ import (
 	promstorage "github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/storage/remote"
 	"github.com/prometheus/prometheus/util/annotations"
+
+	"github.com/phonehome/phonehome/query"
 )
 
 // peer is one other replica.
@@ -27,7 +29,9 @@ type peer struct {
 	self    atomic.Bool
 	chunked remote.ReadClient // streamed XOR chunks: Selects with samples
 	sampled remote.ReadClient // sampled: series-only Selects (streaming drops series without chunks)
-	query   *http.Client      // pushdown.Path
+	query   *http.Client      // pushdown.Path, metadata and label calls
+
+	labelFallback atomic.Bool // its label calls are read from its series (labels.go)
 
 	mu      sync.Mutex
 	horizon map[string]observation // by tenant
@@ -173,10 +177,13 @@ func (r *Reader) Querier(tenant string, mint, maxt int64) (promstorage.Querier, 
 		}
 		qs = append(qs, &peerQuerier{set: r.set, peer: p, tenant: tenant, mint: mint, maxt: maxt})
 	}
+	// Under a limit, label calls keep the smallest values everywhere (the
+	// peers do, LabelsHandler), so the merge is the first of the fleet's,
+	// whichever peers are read.
 	if len(qs) == 0 {
-		return iq, nil
+		return query.LimitSmallest(iq), nil
 	}
-	return promstorage.NewMergeQuerier([]promstorage.Querier{iq}, qs, promstorage.ChainedSeriesMerge), nil
+	return query.LimitSmallest(promstorage.NewMergeQuerier([]promstorage.Querier{iq}, qs, promstorage.ChainedSeriesMerge)), nil
 }
 
 // peerQuerier reads one tenant's local data of one peer.
@@ -206,26 +213,8 @@ func (q *peerQuerier) Select(ctx context.Context, sortSeries bool, hints *promst
 	return &peerSeriesSet{SeriesSet: ss, q: q}
 }
 
-// LabelValues and LabelNames are answered from the peer's series (remote
-// read has no label calls).
-func (q *peerQuerier) LabelValues(ctx context.Context, name string, hints *promstorage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
-	seen := map[string]struct{}{}
-	ws, err := q.eachSeries(ctx, ms, func(ls labels.Labels) {
-		if v := ls.Get(name); v != "" {
-			seen[v] = struct{}{}
-		}
-	})
-	return sortedLimited(seen, hints), ws, err
-}
-
-func (q *peerQuerier) LabelNames(ctx context.Context, hints *promstorage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
-	seen := map[string]struct{}{}
-	ws, err := q.eachSeries(ctx, ms, func(ls labels.Labels) {
-		ls.Range(func(l labels.Label) { seen[l.Name] = struct{}{} })
-	})
-	return sortedLimited(seen, hints), ws, err
-}
-
+// eachSeries calls f with the labels of every series of the peer matching
+// ms: label calls to a peer without a label endpoint (labels.go).
 func (q *peerQuerier) eachSeries(ctx context.Context, ms []*labels.Matcher, f func(labels.Labels)) (annotations.Annotations, error) {
 	if len(ms) == 0 {
 		ms = []*labels.Matcher{labels.MustNewMatcher(labels.MatchRegexp, model.MetricNameLabel, ".+")}

@@ -8,7 +8,9 @@
 // (promstorage.ChainedSeriesMerge). A peer that fails is a warning in the
 // response, never a failed query (Prometheus' partial response for remote
 // storage), and is counted. Metric metadata, which blocks do not carry, is
-// read from each peer's own and merged too (Metadata, MetadataHandler).
+// read from each peer's own and merged too (Metadata, MetadataHandler), and
+// label names and values are asked of each peer's label endpoint rather
+// than read from its series (LabelsHandler).
 //
 // A peer reports, with each answer, its horizon: the time before which all
 // it holds and can still accept is in the bucket. Queries that end before it
@@ -340,6 +342,7 @@ type metrics struct {
 	peers       prometheus.Gauge
 	discoveries *prometheus.CounterVec
 	reads       *prometheus.CounterVec
+	labelCalls  *prometheus.CounterVec
 	duration    prometheus.Histogram
 }
 
@@ -356,8 +359,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "phonehome_peers_reads_total",
 			Help: "Reads of a peer's local data by result: success, error (the query answered without that peer, with a warning), skipped (the range is in the bucket).",
 		}, []string{"result"}),
+		labelCalls: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_peers_label_calls_total",
+			Help: "Label names and values calls answered by a peer, by how: labels (its label endpoint), series (its series over remote read: a peer without the endpoint, as during a rolling upgrade).",
+		}, []string{"via"}),
 		duration: f.NewHistogram(prometheus.HistogramOpts{
-			Name: "phonehome_peers_read_duration_seconds", Help: "Time until a peer's answer started (remote read, pushdown, metadata).",
+			Name: "phonehome_peers_read_duration_seconds", Help: "Time until a peer's answer started (remote read, pushdown, metadata, label calls).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 9),
 		}),
 	}
@@ -366,6 +373,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	for _, r := range []string{"success", "error", "skipped"} {
 		m.reads.WithLabelValues(r)
+	}
+	for _, v := range []string{"labels", "series"} {
+		m.labelCalls.WithLabelValues(v)
 	}
 	return m
 }

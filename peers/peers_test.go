@@ -106,13 +106,31 @@ func (f *fixture) set(t *testing.T, reg prometheus.Registerer, cfg Config) *Set 
 	return s
 }
 
-// serve runs a replica's remote-read endpoint over local with s's identity.
+// serve runs a replica's remote-read endpoint (on every path) and label
+// calls over local with s's identity.
 func serve(t *testing.T, s *Set, local tenantDBs, horizon func(string) int64) *httptest.Server {
 	t.Helper()
-	h := auth.Middleware(s.Authenticator(tokens{}), auth.PermRead, nil, s.Handler(discard, nil, local, local, horizon, query.ReadOptions{}))
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
+	srv, _ := serveCounted(t, s, local, horizon)
 	return srv
+}
+
+// serveCounted is serve, also returning the count of remote reads served.
+func serveCounted(t *testing.T, s *Set, local tenantDBs, horizon func(string) int64) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	var reads atomic.Int64
+	read := s.Handler(discard, nil, local, local, horizon, query.ReadOptions{})
+	labelCalls := auth.Middleware(s.Authenticator(tokens{}), auth.PermRead, nil,
+		s.LabelsHandler(discard, query.NewLabelHandler(discard, local, nil), local, nil))
+	mux := http.NewServeMux()
+	mux.Handle("/", auth.Middleware(s.Authenticator(tokens{}), auth.PermRead, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reads.Add(1)
+		read.ServeHTTP(w, r)
+	})))
+	mux.Handle(query.LabelNamesPath, labelCalls)
+	mux.Handle(query.LabelValuesPath, labelCalls)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv, &reads
 }
 
 type sample struct {
@@ -174,7 +192,7 @@ func TestFleetReadMergesPeersOnceAndIsPartialWhenOneIsDown(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(a.m.reads.WithLabelValues("error")))
 	require.Equal(t, 1.0, testutil.ToFloat64(a.m.reads.WithLabelValues("success")))
 
-	// Label calls are answered from the peers' series too.
+	// Label calls ask the peers' label endpoints.
 	q, err = r.Querier("acme", 0, 10_000)
 	require.NoError(t, err)
 	names, _, err := q.LabelValues(context.Background(), "__name__", nil)
