@@ -14,6 +14,9 @@ type metrics struct {
 	flushedSamples prometheus.Counter
 	compactions    *prometheus.CounterVec // by result
 	expiredSeries  prometheus.Counter
+	logFailures    prometheus.Counter     // fsyncs or writes that left the log in doubt
+	recoveries     *prometheus.CounterVec // rewrites of the log after one, by result
+	logUnusable    prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer, seriesFn func() float64) *metrics { // nil reg: not registered (tests)
@@ -43,6 +46,18 @@ func newMetrics(reg prometheus.Registerer, seriesFn func() float64) *metrics { /
 		expiredSeries: f.NewCounter(prometheus.CounterOpts{
 			Name: "phonehome_push_expired_series_total", Help: "Aggregated push series dropped because no push touched them for push.series_ttl.",
 		}),
+		logFailures: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_push_log_failures_total",
+			Help: "Failed fsyncs (or writes that could not be undone) of the push log; the pushes not yet durable were refused and not counted.",
+		}),
+		recoveries: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_push_log_recoveries_total",
+			Help: "Rewrites of the push log from the acknowledged state after a failure, by result; pushes get 503 until one succeeds.",
+		}, []string{"result"}),
+		logUnusable: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_push_log_unusable",
+			Help: "1 while the push log failed and could not be rewritten yet (pushes get 503), else 0.",
+		}),
 	}
 	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "phonehome_push_series", Help: "Aggregated push series held, all tenants.",
@@ -53,6 +68,7 @@ func newMetrics(reg prometheus.Registerer, seriesFn func() float64) *metrics { /
 	for _, r := range []string{"success", "failure"} {
 		m.flushes.WithLabelValues(r)
 		m.compactions.WithLabelValues(r)
+		m.recoveries.WithLabelValues(r)
 	}
 	return m
 }

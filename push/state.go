@@ -40,8 +40,9 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// errRewind means a failed append could not be undone: the log's tail is
-// unknown, so no further push may be acknowledged.
+// errRewind means a failed append (or the truncation after a snapshot)
+// could not be completed or undone: the log's tail is unknown, so it takes
+// no further record until it is rewritten (durableLog.reset).
 var errRewind = errors.New("rewind push log")
 
 // record is one accepted push: the family types and histogram layouts it
@@ -165,11 +166,29 @@ type snapshotEntry struct {
 }
 
 // durableLog is the append-only log plus snapshot. Not safe for concurrent
-// use; the Gateway serialises access under its mutex.
+// use; the Gateway serialises access under its mutex, except sync (see there).
 type durableLog struct {
-	dir  string
-	f    *os.File
-	size int64
+	dir    string
+	f      logFileIO // nil after a failed reset
+	size   int64     // bytes written
+	synced int64     // bytes known durable: the size when the last successful fsync started
+	// open opens the log file afresh, emptied (reset). os.OpenFile; tests
+	// replace it to fail.
+	open func(path string) (logFileIO, error)
+}
+
+// logFileIO is what durableLog needs of its file: *os.File, or in tests a
+// wrapper that fails Sync.
+type logFileIO interface {
+	Write(b []byte) (int, error)
+	Seek(offset int64, whence int) (int64, error)
+	Truncate(size int64) error
+	Sync() error
+	Close() error
+}
+
+func openEmptyLog(path string) (logFileIO, error) {
+	return os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o640)
 }
 
 // openState loads the snapshot and replays the log in dir, creating dir if
@@ -258,7 +277,7 @@ func openState(logger *slog.Logger, dir string, now int64) (map[string]*tenantSt
 		return nil, 0, nil, fmt.Errorf("seek push log: %w", err)
 	}
 	logger.Info("push state recovered", "tenants", len(state), "seq", seq, "replayed", replayed, "skipped", skipped)
-	return state, seq, &durableLog{dir: dir, f: f, size: good}, nil
+	return state, seq, &durableLog{dir: dir, f: f, size: good, synced: good, open: openEmptyLog}, nil
 }
 
 // replay calls fn for every intact record with Seq > after and returns the
@@ -322,6 +341,8 @@ func (l *durableLog) append(rec *record) error {
 
 // sync makes every appended record durable. It may run concurrently with
 // append (a group commit covers whatever was written before it started).
+// After a failure nothing written since the last successful sync may be
+// trusted, nor a later sync of the same file: see reset.
 func (l *durableLog) sync() error {
 	if err := l.f.Sync(); err != nil {
 		return fmt.Errorf("sync push log: %w", err)
@@ -340,7 +361,29 @@ func (l *durableLog) rewind() error {
 }
 
 // compact writes the whole state as a snapshot at seq, then empties the log.
+// No record may be pending: the snapshot holds the state only. An error
+// wrapping errRewind means the snapshot was written but the log could not be
+// emptied cleanly; the log must then be reset.
 func (l *durableLog) compact(state map[string]*tenantState, seq uint64) error {
+	if err := l.writeSnapshot(state, seq); err != nil {
+		return err
+	}
+	// The snapshot holds every record now; a crash before the truncation
+	// below only leaves records that replay skips by Seq.
+	if err := l.f.Truncate(0); err != nil {
+		return fmt.Errorf("truncate push log: %w: %w", errRewind, err)
+	}
+	l.size, l.synced = 0, 0
+	if _, err := l.f.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("seek push log: %w: %w", errRewind, err)
+	}
+	if err := l.f.Sync(); err != nil {
+		return fmt.Errorf("sync push log: %w: %w", errRewind, err)
+	}
+	return nil
+}
+
+func (l *durableLog) writeSnapshot(state map[string]*tenantState, seq uint64) error {
 	s := snapshot{Seq: seq, Tenants: make(map[string]snapshotEntry, len(state))}
 	for name, ts := range state {
 		e := snapshotEntry{Types: ts.Types, Layouts: ts.Layouts, LayoutTouched: ts.LayoutTouched, Series: make([]aggItem, 0, len(ts.Series))}
@@ -353,22 +396,52 @@ func (l *durableLog) compact(state map[string]*tenantState, seq uint64) error {
 	if err != nil {
 		return fmt.Errorf("encode push snapshot: %w", err)
 	}
-	if err := atomicfile.Write(filepath.Join(l.dir, snapshotFile), b, 0o640); err != nil {
+	return atomicfile.Write(filepath.Join(l.dir, snapshotFile), b, 0o640)
+}
+
+// reset starts the log afresh after a failure that left its file in doubt:
+// an fsync failed, or a write could not be undone. After a failed fsync,
+// Linux may have dropped the file's dirty pages and marked them clean
+// (PostgreSQL's "fsyncgate"): neither what was written since the last good
+// fsync nor a retried fsync of the same file can be trusted. The records
+// written since were all refused (Gateway.settleLocked), and state holds
+// exactly the acknowledged pushes, so reset
+//
+//  1. cuts the file back to what was durable, so that a restart cannot
+//     replay a refused record even if the steps below fail (best effort:
+//     the file may be failing too, and the cut itself is not fsynced);
+//  2. writes state as a snapshot at seq, in a new file (atomicfile): every
+//     record written so far, refused ones included, has Seq ≤ seq, so
+//     replay skips whatever of them reached the disk;
+//  3. reopens the log emptied, in a new file description, and fsyncs it.
+//
+// No record may be pending. If reset fails, the log takes no record and the
+// Gateway calls it again later.
+func (l *durableLog) reset(state map[string]*tenantState, seq uint64) error {
+	if l.f != nil {
+		_ = l.f.Truncate(l.synced)
+		_ = l.f.Close()
+		l.f = nil
+	}
+	if err := l.writeSnapshot(state, seq); err != nil {
 		return err
 	}
-	// The snapshot holds every record now; a crash before the truncation
-	// below only leaves records that replay skips by Seq.
-	if err := l.f.Truncate(0); err != nil {
-		return fmt.Errorf("truncate push log: %w", err)
+	path := filepath.Join(l.dir, logFile)
+	f, err := l.open(path)
+	if err != nil {
+		return fmt.Errorf("reopen push log: %w", err)
 	}
-	if _, err := l.f.Seek(0, io.SeekStart); err != nil {
-		return fmt.Errorf("seek push log: %w", err)
-	}
-	if err := l.f.Sync(); err != nil {
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
 		return fmt.Errorf("sync push log: %w", err)
 	}
-	l.size = 0
+	l.f, l.size, l.synced = f, 0, 0
 	return nil
 }
 
-func (l *durableLog) close() error { return l.f.Close() }
+func (l *durableLog) close() error {
+	if l.f == nil {
+		return nil
+	}
+	return l.f.Close()
+}
