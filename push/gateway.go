@@ -10,6 +10,7 @@
 package push
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -116,16 +117,24 @@ func Open(logger *slog.Logger, reg prometheus.Registerer, dir string, w storage.
 	for _, n := range cfg.AllowedMetrics {
 		g.allowed[n] = true
 	}
-	g.metrics = newMetrics(reg, func() float64 { return float64(g.seriesCount()) })
+	g.metrics = newMetrics(reg, g.seriesByTenant)
 	return g, nil
 }
 
-func (g *Gateway) seriesCount() int {
+func (g *Gateway) seriesByTenant() map[string]int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	out := make(map[string]int, len(g.state))
+	for tenant, ts := range g.state {
+		out[tenant] = len(ts.Series)
+	}
+	return out
+}
+
+func (g *Gateway) seriesCount() int {
 	n := 0
-	for _, ts := range g.state {
-		n += len(ts.Series)
+	for _, c := range g.seriesByTenant() {
+		n += c
 	}
 	return n
 }
@@ -204,7 +213,9 @@ func (g *Gateway) settleLocked(grp *commitGroup, upto uint64, size int64, err er
 			ts = newTenantState()
 			g.state[rec.Tenant] = ts
 		}
-		ts.apply(rec)
+		if ev := ts.apply(rec); ev > 0 {
+			g.metrics.evicted.WithLabelValues(rec.Tenant).Add(float64(ev))
+		}
 		n++
 	}
 	g.pending = slices.Delete(g.pending, 0, n)
@@ -298,11 +309,15 @@ func (g *Gateway) appendLocked(rec *record) (*commitGroup, error) {
 		}
 		sums[k] = sum
 	}
-	if n := v.series() + len(newSeries); n > g.cfg.MaxSeriesPerTenant {
-		return nil, reject(reasonSeriesLimit, errInvalid, "push would create %d new series; the tenant's limit of %d aggregated series would be exceeded", len(newSeries), g.cfg.MaxSeriesPerTenant)
+	now := g.now().UnixMilli()
+	if need := v.series() + len(newSeries) - g.cfg.MaxSeriesPerTenant; need > 0 {
+		if err := g.makeRoomLocked(rec, v, sums, need, len(newSeries), now); err != nil {
+			g.metrics.budgetRefused.WithLabelValues(rec.Tenant).Inc()
+			return nil, err
+		}
 	}
 	rec.Seq = g.seq + 1
-	rec.Time = g.now().UnixMilli()
+	rec.Time = now
 	if err := g.log.append(rec); err != nil {
 		// The log was cut back; if that failed too, stop accepting.
 		if errors.Is(err, errRewind) {
@@ -318,6 +333,93 @@ func (g *Gateway) appendLocked(rec *record) (*commitGroup, error) {
 		g.group = &commitGroup{}
 	}
 	return g.group, nil
+}
+
+// makeRoomLocked sets rec.Evict to series whose eviction makes room for
+// need more, or says why there is none. The series budget is a cache, not a
+// wall: a full one would otherwise refuse every new label set until
+// series_ttl, and anyone holding the installer token can fill it with junk.
+// It evicts only series whose value is in the TSDB already (flushed, and
+// untouched by a pending record or by rec), so no acknowledged push is lost
+// from storage; a later push of an evicted series starts it again from zero,
+// as after expiry. First those pushed once — junk is typically pushed once,
+// and a legitimate label set pushed once has its single value stored —
+// then those pushed more often but untouched for EvictIdleAfter; least
+// recently pushed first. A histogram goes whole (its buckets, sum, count and
+// layout), or it would be left with buckets summed over different pushes.
+func (g *Gateway) makeRoomLocked(rec *record, v view, inPush map[string]float64, need, created int, now int64) error {
+	if created > g.cfg.MaxSeriesPerTenant {
+		return reject(reasonSeriesLimit, errInvalid, "push would create %d new series, more than the tenant's limit of %d aggregated series", created, g.cfg.MaxSeriesPerTenant)
+	}
+	type unit struct {
+		refs            []seriesRef
+		once, idle, out bool // pushed once; idle for EvictIdleAfter; not evictable
+		touched         int64
+		seq             uint64
+		key             string
+	}
+	idleBefore := now - time.Duration(g.cfg.EvictIdleAfter).Milliseconds()
+	units := map[string]*unit{}
+	soon := v.ps.delta > 0 // pending new series: evictable after the next flush
+	for k, it := range v.ts.Series {
+		uk := k
+		if lk, ok := layoutKeyOf(it.Labels); ok {
+			if _, hist := v.ts.Layouts[lk]; hist {
+				uk = "\xffh" + lk // not a series key: those start with a label name
+			}
+		}
+		u := units[uk]
+		if u == nil {
+			u = &unit{once: true, idle: true, key: uk}
+			units[uk] = u
+		}
+		_, pushed := inPush[k]
+		_, pending := v.ps.values[k]
+		unflushed := it.seq > v.ts.flushedSeq
+		soon = soon || (unflushed && it.Pushes == 1)
+		u.refs = append(u.refs, seriesRef{it.Labels})
+		u.out = u.out || pushed || pending || v.ps.gone[k] || unflushed
+		u.once = u.once && it.Pushes == 1
+		u.idle = u.idle && it.Touched < idleBefore
+		u.touched, u.seq = max(u.touched, it.Touched), max(u.seq, it.seq)
+	}
+	var cands []*unit
+	freeable := 0
+	for _, u := range units {
+		if !u.out && (u.once || u.idle) {
+			cands = append(cands, u)
+			freeable += len(u.refs)
+		}
+	}
+	if freeable < need {
+		rj := reject(reasonSeriesLimit, errInvalid, "push would create %d new series; the tenant's limit of %d aggregated series is reached and too few can be evicted (only series written to storage and pushed once, or idle for push.evict_idle_after)", created, g.cfg.MaxSeriesPerTenant)
+		if soon { // series pushed once since the last flush are evictable after the next
+			rj.class, rj.retryAfter = errRateLimited, time.Duration(g.cfg.FlushInterval)
+		}
+		return rj
+	}
+	slices.SortFunc(cands, func(a, b *unit) int {
+		switch {
+		case a.once != b.once:
+			if a.once {
+				return -1
+			}
+			return 1
+		case a.touched != b.touched:
+			return cmp.Compare(a.touched, b.touched)
+		case a.seq != b.seq:
+			return cmp.Compare(a.seq, b.seq)
+		}
+		return strings.Compare(a.key, b.key)
+	})
+	for _, u := range cands {
+		if need <= 0 {
+			break
+		}
+		rec.Evict = append(rec.Evict, u.refs...)
+		need -= len(u.refs)
+	}
+	return nil
 }
 
 // Run writes the aggregated state into storage now and every FlushInterval
@@ -344,7 +446,7 @@ func (g *Gateway) Flush(ctx context.Context) {
 	g.flushMu.Lock()
 	defer g.flushMu.Unlock()
 	ts := g.now().UnixMilli()
-	batches, err := g.compactAndCopy(ts)
+	batches, seq, err := g.compactAndCopy(ts)
 	if err != nil {
 		g.metrics.compactions.WithLabelValues("failure").Inc()
 		g.logger.Error("compact push log", "err", err)
@@ -358,10 +460,16 @@ func (g *Gateway) Flush(ctx context.Context) {
 			continue
 		}
 		g.metrics.flushes.WithLabelValues("success").Inc()
+		g.mu.Lock()
+		if st := g.state[tenant]; st != nil { // its series up to seq are stored: evictable
+			st.flushedSeq = seq
+		}
+		g.mu.Unlock()
 	}
 }
 
-func (g *Gateway) compactAndCopy(ts int64) (map[string][]prompb.TimeSeries, error) {
+// compactAndCopy returns what Flush writes and the Seq it holds the state at.
+func (g *Gateway) compactAndCopy(ts int64) (map[string][]prompb.TimeSeries, uint64, error) {
 	g.syncMu.Lock()
 	defer g.syncMu.Unlock()
 	g.mu.Lock()
@@ -411,7 +519,7 @@ func (g *Gateway) compactAndCopy(ts int64) (map[string][]prompb.TimeSeries, erro
 		}
 		out[tenant] = series
 	}
-	return out, err
+	return out, g.seq, err
 }
 
 // withReplica sets ReplicaLabel in the sorted labels pl.

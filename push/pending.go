@@ -12,11 +12,12 @@ type pendingState struct {
 	types   map[string]string
 	layouts map[string]string
 	values  map[string]float64 // by series key: the value after the pending records
+	gone    map[string]bool    // series keys a pending record evicts
 	delta   int                // series held after the pending records, minus the state's
 }
 
 func newPendingState() *pendingState {
-	return &pendingState{types: map[string]string{}, layouts: map[string]string{}, values: map[string]float64{}}
+	return &pendingState{types: map[string]string{}, layouts: map[string]string{}, values: map[string]float64{}, gone: map[string]bool{}}
 }
 
 // view is one tenant's state as the pending records will leave it. Neither
@@ -36,7 +37,7 @@ func (v view) typeOf(name string) (string, bool) {
 
 func (v view) layout(k string) (string, bool) {
 	if l, ok := v.ps.layouts[k]; ok {
-		return l, true
+		return l, l != "" // "": evicted
 	}
 	l, ok := v.ts.Layouts[k]
 	return l, ok
@@ -46,6 +47,9 @@ func (v view) layout(k string) (string, bool) {
 func (v view) value(k string) (float64, bool) {
 	if x, ok := v.ps.values[k]; ok {
 		return x, true
+	}
+	if v.ps.gone[k] {
+		return 0, false
 	}
 	if it, ok := v.ts.Series[k]; ok {
 		return it.Value, true
@@ -58,6 +62,19 @@ func (v view) series() int { return len(v.ts.Series) + v.ps.delta }
 
 // add notes what rec, validated against v, will change (as tenantState.apply).
 func (v view) add(rec *record) {
+	for _, e := range rec.Evict {
+		k := seriesKey(e.Labels)
+		if _, ok := v.value(k); ok {
+			v.ps.delta--
+		}
+		delete(v.ps.values, k)
+		v.ps.gone[k] = true
+		if lk, ok := layoutKeyOf(e.Labels); ok {
+			if _, has := v.layout(lk); has {
+				v.ps.layouts[lk] = "" // a histogram is evicted whole (victimsLocked)
+			}
+		}
+	}
 	for k, t := range rec.Types {
 		v.ps.types[k] = t
 	}

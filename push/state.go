@@ -54,6 +54,26 @@ type record struct {
 	Types   map[string]string `json:"types,omitempty"`   // family name → counter|gauge|histogram
 	Layouts map[string]string `json:"layouts,omitempty"` // histogram series key → bucket bounds
 	Samples []delta           `json:"samples"`
+	// Evict are the series dropped to make room for this push's new ones
+	// when the tenant's series budget is full (Gateway.victimsLocked),
+	// before its samples apply. Logged, so that a replay evicts them too and
+	// a refused push evicts nothing.
+	Evict []seriesRef `json:"evict,omitempty"`
+}
+
+// seriesRef names a series by its labels (JSON: a label map, decoded into
+// the shared symbol table as delta's labels).
+type seriesRef struct{ labels.Labels }
+
+func (r seriesRef) MarshalJSON() ([]byte, error) { return r.Labels.MarshalJSON() }
+
+func (r *seriesRef) UnmarshalJSON(b []byte) error {
+	var m map[string]string
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	r.Labels = labelsFromMap(m)
+	return nil
 }
 
 // delta is one sample of a push.
@@ -71,12 +91,22 @@ type tenantState struct {
 	// LayoutTouched is when a push last carried each histogram of Layouts
 	// (Unix ms), so a layout expires with its series.
 	LayoutTouched map[string]int64 `json:"-"`
+	// flushedSeq is the Seq up to which the series were last written into
+	// the tenant's TSDB: a series whose seq is not above it has its value
+	// there, and may be evicted without losing it. 0 until the first
+	// successful flush after a start.
+	flushedSeq uint64
 }
 
 type aggItem struct {
 	Labels  labels.Labels `json:"labels"`
 	Value   float64       `json:"value"`
 	Touched int64         `json:"touched,omitempty"` // last push that added to it, Unix ms
+	// Pushes is how many records added to it. A snapshot of an older
+	// version has none; its series load as pushed twice (more than once:
+	// the budget does not evict them first).
+	Pushes int64  `json:"pushes,omitempty"`
+	seq    uint64 // the last record that added to it (the snapshot's Seq if from one)
 }
 
 // MarshalJSON writes a non-finite value as Prometheus' JSON API does
@@ -98,6 +128,9 @@ func (it aggItem) MarshalJSON() ([]byte, error) {
 	if it.Touched != 0 {
 		b = strconv.AppendInt(append(b, `,"touched":`...), it.Touched, 10)
 	}
+	if it.Pushes != 0 {
+		b = strconv.AppendInt(append(b, `,"pushes":`...), it.Pushes, 10)
+	}
 	return append(b, '}'), nil
 }
 
@@ -105,8 +138,24 @@ func newTenantState() *tenantState {
 	return &tenantState{Types: map[string]string{}, Layouts: map[string]string{}, Series: map[string]*aggItem{}, LayoutTouched: map[string]int64{}}
 }
 
-// apply adds rec to the state. rec was validated against the state before.
-func (ts *tenantState) apply(rec *record) {
+// apply evicts what rec evicts and adds its samples to the state. rec was
+// validated against the state before. It returns how many series it evicted.
+func (ts *tenantState) apply(rec *record) int {
+	evicted, layouts := 0, false
+	for _, e := range rec.Evict {
+		k := seriesKey(e.Labels)
+		if _, ok := ts.Series[k]; ok {
+			delete(ts.Series, k)
+			evicted++
+		}
+		if lk, ok := layoutKeyOf(e.Labels); ok {
+			_, has := ts.Layouts[lk]
+			layouts = layouts || has
+		}
+	}
+	if layouts {
+		ts.dropOrphanLayouts()
+	}
 	for k, v := range rec.Types {
 		ts.Types[k] = v
 	}
@@ -127,7 +176,12 @@ func (ts *tenantState) apply(rec *record) {
 			it.Value += d.Value
 		}
 		it.Touched = rec.Time
+		if it.seq != rec.Seq { // once per record, however many samples it has for the series
+			it.Pushes++
+			it.seq = rec.Seq
+		}
 	}
+	return evicted
 }
 
 // expire drops the series and histogram layouts no push has touched since
@@ -228,6 +282,10 @@ func openState(logger *slog.Logger, dir string, now int64) (map[string]*tenantSt
 				it := it
 				if it.Touched == 0 {
 					it.Touched = now
+				}
+				it.seq = s.Seq
+				if it.Pushes == 0 {
+					it.Pushes = 2
 				}
 				ts.Series[seriesKey(it.Labels)] = &it
 			}
