@@ -26,8 +26,14 @@ type Config struct {
 	// MaxBodyBytes caps a push body. Default 1MiB.
 	MaxBodyBytes units.Base2Bytes `yaml:"max_body_bytes"`
 	// MaxSeriesPerTenant caps the aggregated series (histogram buckets count
-	// one each) one tenant may hold. Default 10000.
+	// one each) one tenant may hold. Default 10000. When a push would exceed
+	// it, series already written into the TSDB are evicted to make room:
+	// first those pushed only once, then those no push has touched for
+	// EvictIdleAfter, least recently pushed first (README "Series budget").
 	MaxSeriesPerTenant int `yaml:"max_series_per_tenant"`
+	// EvictIdleAfter is how long a series pushed more than once must go
+	// untouched before the series budget may evict it. Default 1d.
+	EvictIdleAfter model.Duration `yaml:"evict_idle_after"`
 	// MaxSeriesPerPush caps the samples of one push. Default 1000.
 	MaxSeriesPerPush int `yaml:"max_series_per_push"`
 	// MaxLabelsPerSeries, MaxLabelNameLength and MaxLabelValueLength bound
@@ -74,6 +80,7 @@ const (
 	defaultRequestsPerSecond   = 50
 	defaultBurst               = 100
 	defaultSeriesTTL           = 30 * 24 * time.Hour
+	defaultEvictIdleAfter      = 24 * time.Hour
 )
 
 // SetDefaults fills every unset field.
@@ -114,6 +121,9 @@ func (c *Config) SetDefaults() {
 	if c.SeriesTTL == 0 {
 		c.SeriesTTL = model.Duration(defaultSeriesTTL)
 	}
+	if c.EvictIdleAfter == 0 {
+		c.EvictIdleAfter = model.Duration(defaultEvictIdleAfter)
+	}
 }
 
 // Validate reports every problem with its YAML path.
@@ -137,6 +147,9 @@ func (c *Config) Validate() error {
 	}
 	if c.SeriesTTL < c.FlushInterval {
 		errs = append(errs, fmt.Errorf("push.series_ttl: %s is shorter than push.flush_interval (%s)", c.SeriesTTL, c.FlushInterval))
+	}
+	if c.EvictIdleAfter < c.FlushInterval {
+		errs = append(errs, fmt.Errorf("push.evict_idle_after: %s is shorter than push.flush_interval (%s)", c.EvictIdleAfter, c.FlushInterval))
 	}
 	positive := func(path string, v int64) {
 		if v <= 0 {

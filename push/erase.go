@@ -1,6 +1,7 @@
 package push
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
@@ -19,8 +20,11 @@ import (
 func (g *Gateway) Erase(tenant string, ms []*labels.Matcher) (int, error) {
 	g.flushMu.Lock()
 	defer g.flushMu.Unlock()
+	g.syncMu.Lock()
+	defer g.syncMu.Unlock()
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.commitLocked() // a pending record of the cluster would come back after the erasure
 	st := g.state[tenant]
 	if st == nil {
 		return 0, nil
@@ -36,11 +40,20 @@ func (g *Gateway) Erase(tenant string, ms []*labels.Matcher) (int, error) {
 		return 0, nil
 	}
 	st.dropOrphanLayouts()
+	if g.broken == nil {
+		err := g.log.compact(g.state, g.seq)
+		if err == nil {
+			return n, nil
+		}
+		if !errors.Is(err, errRewind) {
+			return n, fmt.Errorf("erase from push state: %w", err)
+		}
+		g.logFailedLocked(err) // rewrites the snapshot, erasure included, if it can
+	} else {
+		g.recoverLocked()
+	}
 	if g.broken != nil {
 		return n, fmt.Errorf("erase from push state: %w", g.broken)
-	}
-	if err := g.log.compact(g.state, g.seq); err != nil {
-		return n, fmt.Errorf("erase from push state: %w", err)
 	}
 	return n, nil
 }

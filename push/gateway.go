@@ -10,6 +10,7 @@
 package push
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -51,7 +52,9 @@ type Options struct {
 // Gateway is the push endpoint. It is an http.Handler that must be mounted
 // behind auth.Middleware (it reads the tenant from auth.FromContext).
 // ServeHTTP is safe for concurrent use; accepted pushes are serialised
-// through one mutex and share fsyncs (group commit). Run writes the state into storage
+// through one mutex and share fsyncs (group commit), and a push is applied
+// to the state only once its fsync has succeeded: one that fails refuses
+// every push not yet durable, and the log is rewritten (durableLog.reset). Run writes the state into storage
 // periodically; Close releases the log file after Run has returned.
 type Gateway struct {
 	logger  *slog.Logger
@@ -64,18 +67,27 @@ type Gateway struct {
 	allowed map[string]bool
 	limiter *limiter
 
-	syncMu sync.Mutex // serialises fsyncs; held while waiting for one
-	synced uint64     // the last Seq known durable (under syncMu)
+	// syncMu serialises fsyncs and settles their groups; held while waiting
+	// for one. Lock order: flushMu, syncMu, mu.
+	syncMu sync.Mutex
 
 	// flushMu is held through a whole Flush, copy and write, so that Erase
 	// never runs between a flush's copy of the state and its write.
 	flushMu sync.Mutex
 
-	mu     sync.Mutex
-	state  map[string]*tenantState // by tenant
-	seq    uint64
-	log    *durableLog
-	broken error // set when the log can no longer be trusted
+	mu    sync.Mutex
+	state map[string]*tenantState // by tenant; durable records only
+	seq   uint64                  // the last Seq written to the log, durable or not
+	log   *durableLog
+	// broken is set while the log cannot take records: an fsync failed, or
+	// a failed write could not be undone. Cleared by recoverLocked.
+	broken error
+	// pending are the records written but not yet durable, in Seq order;
+	// pendingBy is what they will make of each tenant's state; group is the
+	// commit group new records join (nil if none is open).
+	pending   []*record
+	pendingBy map[string]*pendingState
+	group     *commitGroup
 }
 
 // Open recovers the durable state from dir (created if missing) and returns
@@ -89,31 +101,40 @@ func Open(logger *slog.Logger, reg prometheus.Registerer, dir string, w storage.
 		return nil, err
 	}
 	g := &Gateway{
-		logger:  logger,
-		w:       w,
-		cfg:     cfg,
-		now:     opts.Now,
-		replica: opts.Replica,
-		denied:  opts.Denied,
-		allowed: make(map[string]bool, len(cfg.AllowedMetrics)),
-		limiter: newLimiter(cfg.RateLimit),
-		state:   state,
-		seq:     seq,
-		log:     l,
+		logger:    logger,
+		w:         w,
+		cfg:       cfg,
+		now:       opts.Now,
+		replica:   opts.Replica,
+		denied:    opts.Denied,
+		allowed:   make(map[string]bool, len(cfg.AllowedMetrics)),
+		limiter:   newLimiter(cfg.RateLimit),
+		state:     state,
+		seq:       seq,
+		log:       l,
+		pendingBy: map[string]*pendingState{},
 	}
 	for _, n := range cfg.AllowedMetrics {
 		g.allowed[n] = true
 	}
-	g.metrics = newMetrics(reg, func() float64 { return float64(g.seriesCount()) })
+	g.metrics = newMetrics(reg, g.seriesByTenant)
 	return g, nil
 }
 
-func (g *Gateway) seriesCount() int {
+func (g *Gateway) seriesByTenant() map[string]int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	out := make(map[string]int, len(g.state))
+	for tenant, ts := range g.state {
+		out[tenant] = len(ts.Series)
+	}
+	return out
+}
+
+func (g *Gateway) seriesCount() int {
 	n := 0
-	for _, ts := range g.state {
-		n += len(ts.Series)
+	for _, c := range g.seriesByTenant() {
+		n += c
 	}
 	return n
 }
@@ -122,97 +143,282 @@ func (g *Gateway) seriesCount() int {
 // and applies it. Nothing changes unless it returns nil.
 func (g *Gateway) accept(rec *record) error {
 	g.mu.Lock()
-	err := g.appendLocked(rec)
+	grp, err := g.appendLocked(rec)
 	g.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	return g.waitDurable(rec.Seq)
-}
-
-// waitDurable returns once record seq is fsynced. Callers queue on syncMu;
-// one fsync covers every record written before it started, so the pushes
-// that waited behind it return without another (group commit).
-func (g *Gateway) waitDurable(seq uint64) error {
 	g.syncMu.Lock()
 	defer g.syncMu.Unlock()
-	if g.synced >= seq {
-		return nil
+	if !grp.done { // else the fsync of a push queued before this one covered it
+		g.commit()
 	}
-	g.mu.Lock()
-	target, broken := g.seq, g.broken
-	g.mu.Unlock()
-	if broken != nil {
-		return fmt.Errorf("push log unusable: %w: %w", broken, errNotReady)
-	}
-	if err := g.log.sync(); err != nil {
-		// What was written may or may not be on disk: stop acknowledging.
-		g.mu.Lock()
-		g.broken = err
-		g.mu.Unlock()
-		return err
-	}
-	g.synced = target
-	return nil
+	return grp.err
 }
 
-// appendLocked validates rec against the tenant's state, writes it to the
-// log and applies it. It is not durable until waitDurable(rec.Seq).
-func (g *Gateway) appendLocked(rec *record) error {
+// commit makes every record written so far durable with one fsync (group
+// commit) and settles them. Called with syncMu held; mu is released during
+// the fsync, so pushes go on writing records (the next group) meanwhile.
+// The open group is the only one not settled, so it is the caller's.
+func (g *Gateway) commit() {
+	g.mu.Lock()
+	grp, upto, size := g.group, g.seq, g.log.size
+	g.group = nil
+	g.mu.Unlock()
+	err := g.log.sync()
+	g.mu.Lock()
+	g.settleLocked(grp, upto, size, err)
+	g.mu.Unlock()
+}
+
+// commitLocked is commit holding mu throughout, for Flush and Erase: no
+// record may be pending while they read or snapshot the state (a snapshot
+// empties the log, pending records included). Called with syncMu and mu held.
+func (g *Gateway) commitLocked() {
+	if g.group == nil {
+		return
+	}
+	grp, upto, size := g.group, g.seq, g.log.size
+	g.group = nil
+	g.settleLocked(grp, upto, size, g.log.sync())
+}
+
+// settleLocked ends the group whose fsync covered the records up to Seq upto
+// (size bytes of the log). On success those records are applied to the
+// state, in Seq order, and acknowledged. On failure every pending record is
+// refused, those written after the fsync started too: the file can no longer
+// be trusted (see durableLog.reset), so they could not be made durable
+// there. None is applied, so the state holds exactly the acknowledged
+// pushes, and the log is rewritten from it. Called with syncMu and mu held.
+func (g *Gateway) settleLocked(grp *commitGroup, upto uint64, size int64, err error) {
+	if err != nil {
+		err = fmt.Errorf("push not stored: %w", err)
+		for _, c := range []*commitGroup{grp, g.group} {
+			if c != nil {
+				c.done, c.err = true, err
+			}
+		}
+		g.group, g.pending, g.pendingBy = nil, nil, map[string]*pendingState{}
+		g.logFailedLocked(err)
+		return
+	}
+	g.log.synced = size
+	n := 0
+	for _, rec := range g.pending {
+		if rec.Seq > upto {
+			break
+		}
+		ts := g.state[rec.Tenant]
+		if ts == nil {
+			ts = newTenantState()
+			g.state[rec.Tenant] = ts
+		}
+		if ev := ts.apply(rec); ev > 0 {
+			g.metrics.evicted.WithLabelValues(rec.Tenant).Add(float64(ev))
+		}
+		n++
+	}
+	g.pending = slices.Delete(g.pending, 0, n)
+	g.pendingBy = map[string]*pendingState{}
+	for _, rec := range g.pending {
+		v := g.viewLocked(rec.Tenant)
+		v.add(rec)
+		g.pendingBy[rec.Tenant] = v.ps
+	}
+	grp.done = true
+	if g.broken != nil && len(g.pending) == 0 {
+		g.recoverLocked()
+	}
+}
+
+// logFailedLocked stops the log taking records after a failure that leaves
+// its content in doubt, and rewrites it at once if no record is pending
+// (otherwise once the pending ones are settled: a rewrite holds the state
+// only, and would drop them).
+func (g *Gateway) logFailedLocked(err error) {
+	g.broken = err
+	g.metrics.logFailures.Inc()
+	g.metrics.logUnusable.Set(1)
+	if len(g.pending) == 0 {
+		g.recoverLocked()
+	}
+}
+
+// recoverLocked rewrites the log from the state (durableLog.reset) so that
+// pushes are accepted again. If that fails too, pushes are refused with 503
+// and the next Flush (or Erase) tries again. Called with mu held and no
+// record pending.
+func (g *Gateway) recoverLocked() {
+	if err := g.log.reset(g.state, g.seq); err != nil {
+		g.metrics.recoveries.WithLabelValues("failure").Inc()
+		g.logger.Error("push log unusable, pushes refused until it is rewritten", "cause", g.broken, "err", err)
+		return
+	}
+	g.metrics.recoveries.WithLabelValues("success").Inc()
+	g.metrics.logUnusable.Set(0)
+	g.logger.Warn("push log rewritten after a failure; the pushes it refused were not counted", "cause", g.broken)
+	g.broken = nil
+}
+
+// viewLocked is the tenant's state as the pending records will leave it.
+func (g *Gateway) viewLocked(tenant string) view {
+	v := view{ts: g.state[tenant], ps: g.pendingBy[tenant]}
+	if v.ts == nil {
+		v.ts = newTenantState()
+	}
+	if v.ps == nil {
+		v.ps = newPendingState()
+	}
+	return v
+}
+
+// appendLocked validates rec against the tenant's state and the records
+// pending before it, and writes it to the log. It is applied to the state
+// once the returned group's fsync succeeds (accept).
+func (g *Gateway) appendLocked(rec *record) (*commitGroup, error) {
 	if g.broken != nil {
-		return fmt.Errorf("push log unusable: %w: %w", g.broken, errNotReady)
+		return nil, fmt.Errorf("push log unusable: %w: %w", g.broken, errNotReady)
 	}
-	ts := g.state[rec.Tenant]
-	if ts == nil {
-		ts = newTenantState()
-	}
+	v := g.viewLocked(rec.Tenant)
 	for name, typ := range rec.Types {
-		if have, ok := ts.Types[name]; ok && have != typ {
-			return reject(reasonTypeMismatch, errInvalid, "metric %s was pushed as a %s before; this push has it as a %s", name, have, typ)
+		if have, ok := v.typeOf(name); ok && have != typ {
+			return nil, reject(reasonTypeMismatch, errInvalid, "metric %s was pushed as a %s before; this push has it as a %s", name, have, typ)
 		}
 	}
 	for k, layout := range rec.Layouts {
-		if have, ok := ts.Layouts[k]; ok && have != layout {
-			return reject(reasonBucketMismatch, errInvalid, "histogram %s has buckets [%s] in the aggregate; this push has [%s]", k, have, layout)
+		if have, ok := v.layout(k); ok && have != layout {
+			return nil, reject(reasonBucketMismatch, errInvalid, "histogram %s has buckets [%s] in the aggregate; this push has [%s]", k, have, layout)
 		}
 	}
 	newSeries := map[string]bool{}
 	sums := map[string]float64{} // what apply will store, to refuse an overflow before the log
 	for _, d := range rec.Samples {
 		k := seriesKey(d.Labels)
-		it, ok := ts.Series[k]
-		if !ok {
-			newSeries[k] = true
-		}
 		sum, seen := sums[k]
-		if !seen && ok {
-			sum = it.Value
+		if !seen {
+			var held bool
+			if sum, held = v.value(k); !held {
+				newSeries[k] = true
+			}
 		}
 		if d.Set {
 			sum = 0
 		}
 		if sum += d.Value; math.IsInf(sum, 0) || math.IsNaN(sum) {
-			return reject(reasonInvalidValue, errInvalid, "the aggregate of %s would overflow to %v; push smaller values", d.Labels, sum)
+			return nil, reject(reasonInvalidValue, errInvalid, "the aggregate of %s would overflow to %v; push smaller values", d.Labels, sum)
 		}
 		sums[k] = sum
 	}
-	if n := len(ts.Series) + len(newSeries); n > g.cfg.MaxSeriesPerTenant {
-		return reject(reasonSeriesLimit, errInvalid, "push would create %d new series; the tenant's limit of %d aggregated series would be exceeded", len(newSeries), g.cfg.MaxSeriesPerTenant)
+	now := g.now().UnixMilli()
+	if need := v.series() + len(newSeries) - g.cfg.MaxSeriesPerTenant; need > 0 {
+		if err := g.makeRoomLocked(rec, v, sums, need, len(newSeries), now); err != nil {
+			g.metrics.budgetRefused.WithLabelValues(rec.Tenant).Inc()
+			return nil, err
+		}
 	}
 	rec.Seq = g.seq + 1
-	rec.Time = g.now().UnixMilli()
+	rec.Time = now
 	if err := g.log.append(rec); err != nil {
-		// The log was rewound; if that failed too, stop accepting.
+		// The log was cut back; if that failed too, stop accepting.
 		if errors.Is(err, errRewind) {
-			g.broken = err
+			g.logFailedLocked(err)
 		}
-		return err
+		return nil, err
 	}
 	g.seq = rec.Seq
-	if g.state[rec.Tenant] == nil {
-		g.state[rec.Tenant] = ts
+	g.pending = append(g.pending, rec)
+	v.add(rec)
+	g.pendingBy[rec.Tenant] = v.ps
+	if g.group == nil {
+		g.group = &commitGroup{}
 	}
-	ts.apply(rec)
+	return g.group, nil
+}
+
+// makeRoomLocked sets rec.Evict to series whose eviction makes room for
+// need more, or says why there is none. The series budget is a cache, not a
+// wall: a full one would otherwise refuse every new label set until
+// series_ttl, and anyone holding the installer token can fill it with junk.
+// It evicts only series whose value is in the TSDB already (flushed, and
+// untouched by a pending record or by rec), so no acknowledged push is lost
+// from storage; a later push of an evicted series starts it again from zero,
+// as after expiry. First those pushed once — junk is typically pushed once,
+// and a legitimate label set pushed once has its single value stored —
+// then those pushed more often but untouched for EvictIdleAfter; least
+// recently pushed first. A histogram goes whole (its buckets, sum, count and
+// layout), or it would be left with buckets summed over different pushes.
+func (g *Gateway) makeRoomLocked(rec *record, v view, inPush map[string]float64, need, created int, now int64) error {
+	if created > g.cfg.MaxSeriesPerTenant {
+		return reject(reasonSeriesLimit, errInvalid, "push would create %d new series, more than the tenant's limit of %d aggregated series", created, g.cfg.MaxSeriesPerTenant)
+	}
+	type unit struct {
+		refs            []seriesRef
+		once, idle, out bool // pushed once; idle for EvictIdleAfter; not evictable
+		touched         int64
+		seq             uint64
+		key             string
+	}
+	idleBefore := now - time.Duration(g.cfg.EvictIdleAfter).Milliseconds()
+	units := map[string]*unit{}
+	soon := v.ps.delta > 0 // pending new series: evictable after the next flush
+	for k, it := range v.ts.Series {
+		uk := k
+		if lk, ok := layoutKeyOf(it.Labels); ok {
+			if _, hist := v.ts.Layouts[lk]; hist {
+				uk = "\xffh" + lk // not a series key: those start with a label name
+			}
+		}
+		u := units[uk]
+		if u == nil {
+			u = &unit{once: true, idle: true, key: uk}
+			units[uk] = u
+		}
+		_, pushed := inPush[k]
+		_, pending := v.ps.values[k]
+		unflushed := it.seq > v.ts.flushedSeq
+		soon = soon || (unflushed && it.Pushes == 1)
+		u.refs = append(u.refs, seriesRef{it.Labels})
+		u.out = u.out || pushed || pending || v.ps.gone[k] || unflushed
+		u.once = u.once && it.Pushes == 1
+		u.idle = u.idle && it.Touched < idleBefore
+		u.touched, u.seq = max(u.touched, it.Touched), max(u.seq, it.seq)
+	}
+	var cands []*unit
+	freeable := 0
+	for _, u := range units {
+		if !u.out && (u.once || u.idle) {
+			cands = append(cands, u)
+			freeable += len(u.refs)
+		}
+	}
+	if freeable < need {
+		rj := reject(reasonSeriesLimit, errInvalid, "push would create %d new series; the tenant's limit of %d aggregated series is reached and too few can be evicted (only series written to storage and pushed once, or idle for push.evict_idle_after)", created, g.cfg.MaxSeriesPerTenant)
+		if soon { // series pushed once since the last flush are evictable after the next
+			rj.class, rj.retryAfter = errRateLimited, time.Duration(g.cfg.FlushInterval)
+		}
+		return rj
+	}
+	slices.SortFunc(cands, func(a, b *unit) int {
+		switch {
+		case a.once != b.once:
+			if a.once {
+				return -1
+			}
+			return 1
+		case a.touched != b.touched:
+			return cmp.Compare(a.touched, b.touched)
+		case a.seq != b.seq:
+			return cmp.Compare(a.seq, b.seq)
+		}
+		return strings.Compare(a.key, b.key)
+	})
+	for _, u := range cands {
+		if need <= 0 {
+			break
+		}
+		rec.Evict = append(rec.Evict, u.refs...)
+		need -= len(u.refs)
+	}
 	return nil
 }
 
@@ -240,7 +446,7 @@ func (g *Gateway) Flush(ctx context.Context) {
 	g.flushMu.Lock()
 	defer g.flushMu.Unlock()
 	ts := g.now().UnixMilli()
-	batches, err := g.compactAndCopy(ts)
+	batches, seq, err := g.compactAndCopy(ts)
 	if err != nil {
 		g.metrics.compactions.WithLabelValues("failure").Inc()
 		g.logger.Error("compact push log", "err", err)
@@ -254,12 +460,26 @@ func (g *Gateway) Flush(ctx context.Context) {
 			continue
 		}
 		g.metrics.flushes.WithLabelValues("success").Inc()
+		g.mu.Lock()
+		if st := g.state[tenant]; st != nil { // its series up to seq are stored: evictable
+			st.flushedSeq = seq
+		}
+		g.mu.Unlock()
 	}
 }
 
-func (g *Gateway) compactAndCopy(ts int64) (map[string][]prompb.TimeSeries, error) {
+// compactAndCopy returns what Flush writes and the Seq it holds the state at.
+func (g *Gateway) compactAndCopy(ts int64) (map[string][]prompb.TimeSeries, uint64, error) {
+	g.syncMu.Lock()
+	defer g.syncMu.Unlock()
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	// The snapshot and the copy hold exactly the acknowledged pushes: none
+	// is pending. A log that failed before is rewritten now if it can be.
+	g.commitLocked()
+	if g.broken != nil {
+		g.recoverLocked()
+	}
 	expired := 0
 	cutoff := ts - time.Duration(g.cfg.SeriesTTL).Milliseconds()
 	for tenant, st := range g.state {
@@ -273,8 +493,11 @@ func (g *Gateway) compactAndCopy(ts int64) (map[string][]prompb.TimeSeries, erro
 	// Expiry changes the state without a log record: snapshot it too, or
 	// a restart would bring the expired series back until the next flush.
 	if (g.log.size > 0 || expired > 0) && g.broken == nil {
-		if err = g.log.compact(g.state, g.seq); err == nil {
+		switch err = g.log.compact(g.state, g.seq); {
+		case err == nil:
 			g.metrics.compactions.WithLabelValues("success").Inc()
+		case errors.Is(err, errRewind):
+			g.logFailedLocked(err)
 		}
 	}
 	out := make(map[string][]prompb.TimeSeries, len(g.state))
@@ -296,7 +519,7 @@ func (g *Gateway) compactAndCopy(ts int64) (map[string][]prompb.TimeSeries, erro
 		}
 		out[tenant] = series
 	}
-	return out, err
+	return out, g.seq, err
 }
 
 // withReplica sets ReplicaLabel in the sorted labels pl.

@@ -14,9 +14,29 @@ type metrics struct {
 	flushedSamples prometheus.Counter
 	compactions    *prometheus.CounterVec // by result
 	expiredSeries  prometheus.Counter
+	logFailures    prometheus.Counter     // fsyncs or writes that left the log in doubt
+	recoveries     *prometheus.CounterVec // rewrites of the log after one, by result
+	logUnusable    prometheus.Gauge
+	evicted        *prometheus.CounterVec // by tenant
+	budgetRefused  *prometheus.CounterVec // by tenant
 }
 
-func newMetrics(reg prometheus.Registerer, seriesFn func() float64) *metrics { // nil reg: not registered (tests)
+// seriesCollector exports the series each tenant holds. Tenants are the
+// configured ones (a bounded set), as in phonehome_gathering_*.
+type seriesCollector struct {
+	desc   *prometheus.Desc
+	series func() map[string]int
+}
+
+func (c seriesCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c seriesCollector) Collect(ch chan<- prometheus.Metric) {
+	for tenant, n := range c.series() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), tenant)
+	}
+}
+
+func newMetrics(reg prometheus.Registerer, series func() map[string]int) *metrics { // nil reg: not registered (tests)
 	f := promauto.With(reg)
 	m := &metrics{
 		requests: f.NewCounterVec(prometheus.CounterOpts{
@@ -43,16 +63,40 @@ func newMetrics(reg prometheus.Registerer, seriesFn func() float64) *metrics { /
 		expiredSeries: f.NewCounter(prometheus.CounterOpts{
 			Name: "phonehome_push_expired_series_total", Help: "Aggregated push series dropped because no push touched them for push.series_ttl.",
 		}),
+		logFailures: f.NewCounter(prometheus.CounterOpts{
+			Name: "phonehome_push_log_failures_total",
+			Help: "Failed fsyncs (or writes that could not be undone) of the push log; the pushes not yet durable were refused and not counted.",
+		}),
+		recoveries: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_push_log_recoveries_total",
+			Help: "Rewrites of the push log from the acknowledged state after a failure, by result; pushes get 503 until one succeeds.",
+		}, []string{"result"}),
+		logUnusable: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_push_log_unusable",
+			Help: "1 while the push log failed and could not be rewritten yet (pushes get 503), else 0.",
+		}),
+		evicted: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_push_evicted_series_total",
+			Help: "Aggregated push series evicted, by tenant, to make room for new ones when push.max_series_per_tenant was reached (their last value is in the TSDB).",
+		}, []string{"tenant"}),
+		budgetRefused: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_push_series_limit_refusals_total",
+			Help: "Pushes refused, by tenant, because push.max_series_per_tenant was reached and no series could be evicted (also in phonehome_push_rejected_total{reason=\"series_limit\"}).",
+		}, []string{"tenant"}),
 	}
-	f.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "phonehome_push_series", Help: "Aggregated push series held, all tenants.",
-	}, seriesFn)
+	if reg != nil {
+		reg.MustRegister(seriesCollector{
+			desc:   prometheus.NewDesc("phonehome_push_series", "Aggregated push series held, by tenant (at most push.max_series_per_tenant each).", []string{"tenant"}, nil),
+			series: series,
+		})
+	}
 	for _, r := range allReasons {
 		m.rejected.WithLabelValues(r)
 	}
 	for _, r := range []string{"success", "failure"} {
 		m.flushes.WithLabelValues(r)
 		m.compactions.WithLabelValues(r)
+		m.recoveries.WithLabelValues(r)
 	}
 	return m
 }

@@ -85,7 +85,7 @@ func TestPushLogRefusesARecordReplayWouldCut(t *testing.T) {
 	f := newFixture(t, testConfig())
 	big := &record{Tenant: "acme", Types: map[string]string{strings.Repeat("x", maxRecord): "counter"}}
 	f.gw.mu.Lock()
-	err := f.gw.appendLocked(big)
+	_, err := f.gw.appendLocked(big)
 	f.gw.mu.Unlock()
 	require.ErrorIs(t, err, errTooLarge)
 	code, b, _ := f.push(http.MethodPost, "/metrics/job/i", "tok-c1", "", counterText)

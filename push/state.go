@@ -40,8 +40,9 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// errRewind means a failed append could not be undone: the log's tail is
-// unknown, so no further push may be acknowledged.
+// errRewind means a failed append (or the truncation after a snapshot)
+// could not be completed or undone: the log's tail is unknown, so it takes
+// no further record until it is rewritten (durableLog.reset).
 var errRewind = errors.New("rewind push log")
 
 // record is one accepted push: the family types and histogram layouts it
@@ -53,6 +54,26 @@ type record struct {
 	Types   map[string]string `json:"types,omitempty"`   // family name → counter|gauge|histogram
 	Layouts map[string]string `json:"layouts,omitempty"` // histogram series key → bucket bounds
 	Samples []delta           `json:"samples"`
+	// Evict are the series dropped to make room for this push's new ones
+	// when the tenant's series budget is full (Gateway.victimsLocked),
+	// before its samples apply. Logged, so that a replay evicts them too and
+	// a refused push evicts nothing.
+	Evict []seriesRef `json:"evict,omitempty"`
+}
+
+// seriesRef names a series by its labels (JSON: a label map, decoded into
+// the shared symbol table as delta's labels).
+type seriesRef struct{ labels.Labels }
+
+func (r seriesRef) MarshalJSON() ([]byte, error) { return r.Labels.MarshalJSON() }
+
+func (r *seriesRef) UnmarshalJSON(b []byte) error {
+	var m map[string]string
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	r.Labels = labelsFromMap(m)
+	return nil
 }
 
 // delta is one sample of a push.
@@ -70,12 +91,22 @@ type tenantState struct {
 	// LayoutTouched is when a push last carried each histogram of Layouts
 	// (Unix ms), so a layout expires with its series.
 	LayoutTouched map[string]int64 `json:"-"`
+	// flushedSeq is the Seq up to which the series were last written into
+	// the tenant's TSDB: a series whose seq is not above it has its value
+	// there, and may be evicted without losing it. 0 until the first
+	// successful flush after a start.
+	flushedSeq uint64
 }
 
 type aggItem struct {
 	Labels  labels.Labels `json:"labels"`
 	Value   float64       `json:"value"`
 	Touched int64         `json:"touched,omitempty"` // last push that added to it, Unix ms
+	// Pushes is how many records added to it. A snapshot of an older
+	// version has none; its series load as pushed twice (more than once:
+	// the budget does not evict them first).
+	Pushes int64  `json:"pushes,omitempty"`
+	seq    uint64 // the last record that added to it (the snapshot's Seq if from one)
 }
 
 // MarshalJSON writes a non-finite value as Prometheus' JSON API does
@@ -97,6 +128,9 @@ func (it aggItem) MarshalJSON() ([]byte, error) {
 	if it.Touched != 0 {
 		b = strconv.AppendInt(append(b, `,"touched":`...), it.Touched, 10)
 	}
+	if it.Pushes != 0 {
+		b = strconv.AppendInt(append(b, `,"pushes":`...), it.Pushes, 10)
+	}
 	return append(b, '}'), nil
 }
 
@@ -104,8 +138,24 @@ func newTenantState() *tenantState {
 	return &tenantState{Types: map[string]string{}, Layouts: map[string]string{}, Series: map[string]*aggItem{}, LayoutTouched: map[string]int64{}}
 }
 
-// apply adds rec to the state. rec was validated against the state before.
-func (ts *tenantState) apply(rec *record) {
+// apply evicts what rec evicts and adds its samples to the state. rec was
+// validated against the state before. It returns how many series it evicted.
+func (ts *tenantState) apply(rec *record) int {
+	evicted, layouts := 0, false
+	for _, e := range rec.Evict {
+		k := seriesKey(e.Labels)
+		if _, ok := ts.Series[k]; ok {
+			delete(ts.Series, k)
+			evicted++
+		}
+		if lk, ok := layoutKeyOf(e.Labels); ok {
+			_, has := ts.Layouts[lk]
+			layouts = layouts || has
+		}
+	}
+	if layouts {
+		ts.dropOrphanLayouts()
+	}
 	for k, v := range rec.Types {
 		ts.Types[k] = v
 	}
@@ -126,7 +176,12 @@ func (ts *tenantState) apply(rec *record) {
 			it.Value += d.Value
 		}
 		it.Touched = rec.Time
+		if it.seq != rec.Seq { // once per record, however many samples it has for the series
+			it.Pushes++
+			it.seq = rec.Seq
+		}
 	}
+	return evicted
 }
 
 // expire drops the series and histogram layouts no push has touched since
@@ -165,11 +220,29 @@ type snapshotEntry struct {
 }
 
 // durableLog is the append-only log plus snapshot. Not safe for concurrent
-// use; the Gateway serialises access under its mutex.
+// use; the Gateway serialises access under its mutex, except sync (see there).
 type durableLog struct {
-	dir  string
-	f    *os.File
-	size int64
+	dir    string
+	f      logFileIO // nil after a failed reset
+	size   int64     // bytes written
+	synced int64     // bytes known durable: the size when the last successful fsync started
+	// open opens the log file afresh, emptied (reset). os.OpenFile; tests
+	// replace it to fail.
+	open func(path string) (logFileIO, error)
+}
+
+// logFileIO is what durableLog needs of its file: *os.File, or in tests a
+// wrapper that fails Sync.
+type logFileIO interface {
+	Write(b []byte) (int, error)
+	Seek(offset int64, whence int) (int64, error)
+	Truncate(size int64) error
+	Sync() error
+	Close() error
+}
+
+func openEmptyLog(path string) (logFileIO, error) {
+	return os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o640)
 }
 
 // openState loads the snapshot and replays the log in dir, creating dir if
@@ -209,6 +282,10 @@ func openState(logger *slog.Logger, dir string, now int64) (map[string]*tenantSt
 				it := it
 				if it.Touched == 0 {
 					it.Touched = now
+				}
+				it.seq = s.Seq
+				if it.Pushes == 0 {
+					it.Pushes = 2
 				}
 				ts.Series[seriesKey(it.Labels)] = &it
 			}
@@ -258,7 +335,7 @@ func openState(logger *slog.Logger, dir string, now int64) (map[string]*tenantSt
 		return nil, 0, nil, fmt.Errorf("seek push log: %w", err)
 	}
 	logger.Info("push state recovered", "tenants", len(state), "seq", seq, "replayed", replayed, "skipped", skipped)
-	return state, seq, &durableLog{dir: dir, f: f, size: good}, nil
+	return state, seq, &durableLog{dir: dir, f: f, size: good, synced: good, open: openEmptyLog}, nil
 }
 
 // replay calls fn for every intact record with Seq > after and returns the
@@ -322,6 +399,8 @@ func (l *durableLog) append(rec *record) error {
 
 // sync makes every appended record durable. It may run concurrently with
 // append (a group commit covers whatever was written before it started).
+// After a failure nothing written since the last successful sync may be
+// trusted, nor a later sync of the same file: see reset.
 func (l *durableLog) sync() error {
 	if err := l.f.Sync(); err != nil {
 		return fmt.Errorf("sync push log: %w", err)
@@ -340,7 +419,29 @@ func (l *durableLog) rewind() error {
 }
 
 // compact writes the whole state as a snapshot at seq, then empties the log.
+// No record may be pending: the snapshot holds the state only. An error
+// wrapping errRewind means the snapshot was written but the log could not be
+// emptied cleanly; the log must then be reset.
 func (l *durableLog) compact(state map[string]*tenantState, seq uint64) error {
+	if err := l.writeSnapshot(state, seq); err != nil {
+		return err
+	}
+	// The snapshot holds every record now; a crash before the truncation
+	// below only leaves records that replay skips by Seq.
+	if err := l.f.Truncate(0); err != nil {
+		return fmt.Errorf("truncate push log: %w: %w", errRewind, err)
+	}
+	l.size, l.synced = 0, 0
+	if _, err := l.f.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("seek push log: %w: %w", errRewind, err)
+	}
+	if err := l.f.Sync(); err != nil {
+		return fmt.Errorf("sync push log: %w: %w", errRewind, err)
+	}
+	return nil
+}
+
+func (l *durableLog) writeSnapshot(state map[string]*tenantState, seq uint64) error {
 	s := snapshot{Seq: seq, Tenants: make(map[string]snapshotEntry, len(state))}
 	for name, ts := range state {
 		e := snapshotEntry{Types: ts.Types, Layouts: ts.Layouts, LayoutTouched: ts.LayoutTouched, Series: make([]aggItem, 0, len(ts.Series))}
@@ -353,22 +454,52 @@ func (l *durableLog) compact(state map[string]*tenantState, seq uint64) error {
 	if err != nil {
 		return fmt.Errorf("encode push snapshot: %w", err)
 	}
-	if err := atomicfile.Write(filepath.Join(l.dir, snapshotFile), b, 0o640); err != nil {
+	return atomicfile.Write(filepath.Join(l.dir, snapshotFile), b, 0o640)
+}
+
+// reset starts the log afresh after a failure that left its file in doubt:
+// an fsync failed, or a write could not be undone. After a failed fsync,
+// Linux may have dropped the file's dirty pages and marked them clean
+// (PostgreSQL's "fsyncgate"): neither what was written since the last good
+// fsync nor a retried fsync of the same file can be trusted. The records
+// written since were all refused (Gateway.settleLocked), and state holds
+// exactly the acknowledged pushes, so reset
+//
+//  1. cuts the file back to what was durable, so that a restart cannot
+//     replay a refused record even if the steps below fail (best effort:
+//     the file may be failing too, and the cut itself is not fsynced);
+//  2. writes state as a snapshot at seq, in a new file (atomicfile): every
+//     record written so far, refused ones included, has Seq ≤ seq, so
+//     replay skips whatever of them reached the disk;
+//  3. reopens the log emptied, in a new file description, and fsyncs it.
+//
+// No record may be pending. If reset fails, the log takes no record and the
+// Gateway calls it again later.
+func (l *durableLog) reset(state map[string]*tenantState, seq uint64) error {
+	if l.f != nil {
+		_ = l.f.Truncate(l.synced)
+		_ = l.f.Close()
+		l.f = nil
+	}
+	if err := l.writeSnapshot(state, seq); err != nil {
 		return err
 	}
-	// The snapshot holds every record now; a crash before the truncation
-	// below only leaves records that replay skips by Seq.
-	if err := l.f.Truncate(0); err != nil {
-		return fmt.Errorf("truncate push log: %w", err)
+	path := filepath.Join(l.dir, logFile)
+	f, err := l.open(path)
+	if err != nil {
+		return fmt.Errorf("reopen push log: %w", err)
 	}
-	if _, err := l.f.Seek(0, io.SeekStart); err != nil {
-		return fmt.Errorf("seek push log: %w", err)
-	}
-	if err := l.f.Sync(); err != nil {
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
 		return fmt.Errorf("sync push log: %w", err)
 	}
-	l.size = 0
+	l.f, l.size, l.synced = f, 0, 0
 	return nil
 }
 
-func (l *durableLog) close() error { return l.f.Close() }
+func (l *durableLog) close() error {
+	if l.f == nil {
+		return nil
+	}
+	return l.f.Close()
+}
