@@ -2,10 +2,8 @@ package peers
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -24,10 +22,6 @@ import (
 	"github.com/phonehome/phonehome/query"
 )
 
-// maxLabelsAnswer bounds a peer's answer to a label call (as
-// maxMetadataAnswer bounds its metadata); a larger one is a failed peer.
-const maxLabelsAnswer = 50 << 20
-
 // truncatedWarning is the warning Prometheus' label handlers add when they
 // cut an answer at limit. A peer's is not passed on: the querier asks it for
 // the caller's limit, and the API that asked warns itself if the merge is
@@ -42,15 +36,7 @@ const truncatedWarning = "results truncated due to limit"
 // each other's series to list labels; any other is fleet's (the query API).
 // Every answer carries InstanceHeader.
 func (s *Set) LabelsHandler(logger *slog.Logger, fleet http.Handler, local query.Reader, ready func() bool) http.Handler {
-	localH := query.NewLabelHandler(logger, local, ready)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set(InstanceHeader, s.instance)
-		if r.Header.Get(ScopeHeader) == ScopeLocal {
-			localH.ServeHTTP(w, r)
-			return
-		}
-		fleet.ServeHTTP(w, r)
-	})
+	return s.scoped(query.NewLabelHandler(logger, local, ready), fleet)
 }
 
 // errNoLabelCalls means a peer refused its label endpoint to this replica in
@@ -158,46 +144,16 @@ func labelParams(mint, maxt int64, hints *promstorage.LabelHints, ms []*labels.M
 // distinct values and its warnings (truncatedWarning left out).
 func (s *Set) getLabels(ctx context.Context, p *peer, path string, params url.Values) ([]string, annotations.Annotations, error) {
 	// GET: Prometheus serves label values on GET only.
-	u := s.cfg.Scheme + "://" + p.addr + path + "?" + params.Encode()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return nil, nil, err
-	}
-	resp, err := p.query.Do(req)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer func() {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-		_ = resp.Body.Close()
-	}()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
-		err := fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(msg)))
-		switch resp.StatusCode {
+	out, err := getAPI[[]string](ctx, s, p, path, params)
+	var se *statusError
+	if errors.As(err, &se) {
+		switch se.code {
 		case http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusUnauthorized, http.StatusForbidden:
 			return nil, nil, fmt.Errorf("%w: %w", errNoLabelCalls, err)
 		}
-		return nil, nil, err
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxLabelsAnswer+1))
 	if err != nil {
 		return nil, nil, err
-	}
-	if len(body) > maxLabelsAnswer {
-		return nil, nil, fmt.Errorf("answer exceeds %d bytes", maxLabelsAnswer)
-	}
-	var out struct {
-		Status   string   `json:"status"`
-		Data     []string `json:"data"`
-		Warnings []string `json:"warnings"`
-		Infos    []string `json:"infos"`
-	}
-	if err := json.Unmarshal(body, &out); err != nil {
-		return nil, nil, fmt.Errorf("decode answer: %w", err)
-	}
-	if out.Status != "success" {
-		return nil, nil, fmt.Errorf("answer status %q", out.Status)
 	}
 	var ws annotations.Annotations
 	for _, w := range out.Warnings {

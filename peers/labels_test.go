@@ -225,7 +225,7 @@ func TestPeerLabelAnswerIsBounded(t *testing.T) {
 		// Valid JSON, but larger than any peer may answer.
 		_, _ = io.WriteString(w, `{"status":"success","data":["up"]`)
 		pad := strings.Repeat(" ", 1<<20)
-		for range maxLabelsAnswer>>20 + 1 {
+		for range maxAPIAnswer>>20 + 1 {
 			if _, err := io.WriteString(w, pad); err != nil {
 				return
 			}

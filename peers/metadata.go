@@ -2,11 +2,8 @@ package peers
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
@@ -20,25 +17,13 @@ import (
 // any reader, its own to a peer (ScopeHeader "local"). See MetadataHandler.
 const MetadataPath = "/api/v1/metadata"
 
-// maxMetadataAnswer bounds a peer's metadata answer (as ChunkedReadLimit
-// bounds a remote-read frame); a larger one is a failed peer.
-const maxMetadataAnswer = 50 << 20
-
 // MetadataHandler serves GET MetadataPath (auth.Middleware with
 // auth.PermRead in front, authenticating with Authenticator): a request with
 // ScopeHeader "local" — a peer's — gets local, this receiver's own
 // metadata, so that peers never recurse; any other is fleet's (the query
 // API, whose metadata is Metadata's). Every answer carries InstanceHeader.
 func (s *Set) MetadataHandler(fleet http.Handler, local query.MetadataReader, ready func() bool) http.Handler {
-	localH := query.NewMetadataHandler(local, ready)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set(InstanceHeader, s.instance)
-		if r.Header.Get(ScopeHeader) == ScopeLocal {
-			localH.ServeHTTP(w, r)
-			return
-		}
-		fleet.ServeHTTP(w, r)
-	})
+	return s.scoped(query.NewMetadataHandler(local, ready), fleet)
 }
 
 // Metadata returns the fleet's metadata: local's (this receiver's own;
@@ -93,39 +78,6 @@ func (s *Set) peerMetadata(ctx context.Context, p *peer, tenant string, q query.
 }
 
 func (s *Set) getMetadata(ctx context.Context, p *peer, q query.MetadataQuery) (map[string][]metadata.Metadata, error) {
-	u := s.cfg.Scheme + "://" + p.addr + MetadataPath + "?" + q.Values().Encode()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := p.query.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-		_ = resp.Body.Close()
-	}()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
-		return nil, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(msg)))
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxMetadataAnswer+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(body) > maxMetadataAnswer {
-		return nil, fmt.Errorf("answer exceeds %d bytes", maxMetadataAnswer)
-	}
-	var out struct {
-		Status string                         `json:"status"`
-		Data   map[string][]metadata.Metadata `json:"data"`
-	}
-	if err := json.Unmarshal(body, &out); err != nil {
-		return nil, fmt.Errorf("decode answer: %w", err)
-	}
-	if out.Status != "success" {
-		return nil, fmt.Errorf("answer status %q", out.Status)
-	}
-	return out.Data, nil
+	out, err := getAPI[map[string][]metadata.Metadata](ctx, s, p, MetadataPath, q.Values())
+	return out.Data, err
 }

@@ -145,7 +145,7 @@ func TestPeerMetadataAnswerIsBounded(t *testing.T) {
 		// Valid JSON, but larger than any peer may answer.
 		_, _ = io.WriteString(w, `{"status":"success","data":{"up":[{"type":"gauge","help":"Up.","unit":""}]}`)
 		pad := strings.Repeat(" ", 1<<20)
-		for range maxMetadataAnswer>>20 + 1 {
+		for range maxAPIAnswer>>20 + 1 {
 			if _, err := io.WriteString(w, pad); err != nil {
 				return
 			}
