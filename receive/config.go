@@ -154,7 +154,7 @@ func (a *AuthConfig) Validate() error {
 		errs = append(errs, fmt.Errorf("auth.telemeter.token_cache_ttl: %s, want between 0 and 1h (a revoked token writes that long)", a.Telemeter.TokenCacheTTL))
 	}
 	if a.Telemeter.TokenCacheNegativeTTL < 0 || a.Telemeter.TokenCacheNegativeTTL > model.Duration(time.Hour) {
-		errs = append(errs, fmt.Errorf("auth.telemeter.token_cache_negative_ttl: %s, want between 0 and 1h (a refused token stays refused that long after it becomes valid)", a.Telemeter.TokenCacheNegativeTTL))
+		errs = append(errs, fmt.Errorf("auth.telemeter.token_cache_negative_ttl: %s, want at most 1h, or 0 for the default 30s (a refused token stays refused that long after it becomes valid; refusals cannot be left uncached)", a.Telemeter.TokenCacheNegativeTTL))
 	}
 	if a.Telemeter.TokenCacheSize < 0 {
 		errs = append(errs, fmt.Errorf("auth.telemeter.token_cache_size: %d is negative", a.Telemeter.TokenCacheSize))
