@@ -3,7 +3,10 @@ package erasure
 import (
 	"context"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +14,7 @@ import (
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/stretchr/testify/require"
 
+	"github.com/phonehome/phonehome/auth"
 	"github.com/phonehome/phonehome/storage/lifecycle"
 )
 
@@ -29,6 +33,11 @@ func TestRefusedSubmitLeavesNothing(t *testing.T) {
 	require.ErrorIs(t, err, ErrQueueFull)
 	require.False(t, e.ShippingHeld("other"), "a refused job holds its tenant's shipping")
 	require.Empty(t, e.List("other"))
+	h := auth.Middleware(auth.Insecure{Tenant: "other"}, 0, nil, e.Handler())
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/api/v1/admin/erase", strings.NewReader(`{"cluster_id":"x"}`)))
+	require.Equal(t, http.StatusServiceUnavailable, rec.Code, "the API's answer: retry later")
+	require.NotEmpty(t, rec.Header().Get("Retry-After"))
 	files, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	require.Len(t, files, maxQueuedJobs, "the refused job's state file is gone")
