@@ -107,7 +107,7 @@ func decodeFamilies(raw []byte, d *familyRequest, now int64, restamp bool) error
 	d.restamp = restamp
 	if err := d.decode(raw, now); err != nil {
 		d.reset()
-		if errors.Is(err, errTooLarge) || errors.Is(err, errOverloadedBytes) { // from emit: not malformed
+		if limitErr(err) { // from emit: not malformed
 			return fmt.Errorf("metric families: %w", err)
 		}
 		return fmt.Errorf("metric families: %w: %w", errBadRequest, err)

@@ -55,7 +55,7 @@ var (
 func decodeV1(raw []byte, d *v1Request) error {
 	if err := d.decode(raw); err != nil {
 		d.reset()
-		if errors.Is(err, errTooLarge) || errors.Is(err, errOverloadedBytes) { // a limit, not a malformed body
+		if limitErr(err) {
 			return fmt.Errorf("protobuf decode: %w", err)
 		}
 		return fmt.Errorf("protobuf decode: %w: %w", errBadRequest, err)

@@ -1,7 +1,6 @@
 package receive
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -48,7 +47,7 @@ type v2Request struct {
 func decodeV2(raw []byte, d *v2Request) error {
 	if err := d.decode(raw); err != nil {
 		d.reset()
-		if errors.Is(err, errTooLarge) || errors.Is(err, errOverloadedBytes) { // a limit, not a malformed body
+		if limitErr(err) {
 			return fmt.Errorf("protobuf decode: %w", err)
 		}
 		return fmt.Errorf("protobuf decode: %w: %w", errBadRequest, err)

@@ -1,6 +1,7 @@
 package receive
 
 import (
+	"errors"
 	"fmt"
 	"unsafe"
 
@@ -66,6 +67,13 @@ var (
 	errExpands   = fmt.Errorf("decoded, the request would take too many times its size in memory; send fewer series or samples per request: %w", errTooLarge)
 	errOverBurst = fmt.Errorf("more samples than the burst limit admits in one request: %w", errTooLarge)
 )
+
+// limitErr reports whether a decoder's err is a limit the request met
+// (expansion, burst, in-flight bytes), which keeps its own status, rather
+// than a malformed body (400).
+func limitErr(err error) bool {
+	return errors.Is(err, errTooLarge) || errors.Is(err, errOverloadedBytes)
+}
 
 // newExpansion starts the budget of decoding decoded bytes. res may be nil.
 func newExpansion(decoded int, factor int64, maxSamples int, res *reservation) expansion {
