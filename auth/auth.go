@@ -51,6 +51,9 @@ const (
 
 var permNames = map[string]Permission{"write": PermWrite, "read": PermRead, "authorize": PermAuthorize, "push": PermPush, "admin": PermAdmin, "fleet_status": PermFleetStatus}
 
+// permOrder is permNames' keys in the order they are listed to people.
+var permOrder = []string{"write", "read", "authorize", "push", "admin", "fleet_status"}
+
 // ErrForbidden means the credential is valid but may not do this.
 var ErrForbidden = errors.New("forbidden")
 
@@ -137,7 +140,7 @@ func RejectStatus(err error) int {
 
 func (p Permission) String() string {
 	var names []string
-	for _, n := range []string{"write", "read", "authorize", "push", "admin", "fleet_status"} {
+	for _, n := range permOrder {
 		if p&permNames[n] != 0 {
 			names = append(names, n)
 		}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"strings"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -22,7 +23,7 @@ import (
 //	  - token: plaintext-token     # or the token itself
 //	    tenant: acme
 //	    cluster_id: 3kq...         # optional: bind writes to this _id
-//	    allow: [authorize]         # optional: write, read, authorize, push, admin (default: all but admin)
+//	    allow: [authorize]         # optional: write, read, authorize, push, admin, fleet_status (default: the first four)
 type TokensFile struct {
 	Tokens []TokenEntry `yaml:"tokens"`
 }
@@ -117,7 +118,7 @@ func NewTokens(entries []TokenEntry) (*Tokens, error) {
 			for k, a := range e.Allow {
 				p, ok := permNames[a]
 				if !ok {
-					errs = append(errs, fmt.Errorf("%s.allow[%d]: %q, want write, read, authorize, push or admin", path, k, a))
+					errs = append(errs, fmt.Errorf("%s.allow[%d]: %q, want one of %s", path, k, a, strings.Join(permOrder, ", ")))
 				}
 				allow |= p
 			}
