@@ -26,6 +26,9 @@ func TestReceiverInflightLimitAndReadTimeout(t *testing.T) {
 	require.NoError(t, os.WriteFile(cfg, []byte("auth:\n  tokens_file: tokens.yaml\n"), 0o600))
 	recv := startReceiver(t, cfg, filepath.Join(dir, "data"), "--receive.max-inflight-requests=1", "--web.read-timeout=2s")
 
+	// --receive.max-inflight-bytes is on by default (its gauge exists only then).
+	require.GreaterOrEqual(t, metricValue(scrapeMetrics(t, recv.URL()), "phonehome_receive_inflight_bytes", nil), 0.0)
+
 	// A write whose body never completes: its handler waits in the body.
 	pw, slowDone := trickle(t, recv.URL(), -1)
 	defer pw.Close()
