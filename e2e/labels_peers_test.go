@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -55,11 +53,7 @@ func TestLabelCallsAcrossReplicas(t *testing.T) {
 		rdir := filepath.Join(dir, name)
 		require.NoError(t, os.MkdirAll(rdir, 0o755))
 		cfg := writeReceiverConfig(t, rdir, "", "")
-		f, err := os.OpenFile(cfg, os.O_APPEND|os.O_WRONLY, 0)
-		require.NoError(t, err)
-		_, err = f.WriteString("peers:\n  endpoints: [" + strings.Join(peers, ", ") + "]\n  replica_token_file: " + replicaToken + "\n  timeout: 5s\n  pushdown: false\n")
-		require.NoError(t, err)
-		require.NoError(t, f.Close())
+		appendPeers(t, cfg, peers, replicaToken, "  pushdown: false\n")
 		return startReceiver(t, cfg, filepath.Join(rdir, "data"), "--web.listen-address="+addr)
 	}
 	a := start("a", aAddr, aAddr, bAddr)
@@ -133,21 +127,7 @@ func TestLabelCallsAcrossReplicas(t *testing.T) {
 // and warnings.
 func labelCall(t *testing.T, p *Process, token, path string, params url.Values) ([]string, []string) {
 	t.Helper()
-	r, err := http.NewRequest(http.MethodGet, p.URL()+path+"?"+params.Encode(), nil)
-	require.NoError(t, err)
-	r.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(r)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
-	var env struct {
-		Status   string   `json:"status"`
-		Data     []string `json:"data"`
-		Warnings []string `json:"warnings"`
-	}
-	require.NoError(t, json.Unmarshal(body, &env), "%s", body)
-	require.Equal(t, "success", env.Status)
-	return env.Data, env.Warnings
+	var data []string
+	ws := apiData(t, p.URL(), token, path, params, &data)
+	return data, ws
 }

@@ -1,13 +1,10 @@
 package e2e
 
 import (
-	"encoding/json"
-	"io"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -33,11 +30,7 @@ func TestMetadataAcrossReplicas(t *testing.T) {
 		rdir := filepath.Join(dir, name)
 		require.NoError(t, os.MkdirAll(rdir, 0o755))
 		cfg := writeReceiverConfig(t, rdir, "", "")
-		f, err := os.OpenFile(cfg, os.O_APPEND|os.O_WRONLY, 0)
-		require.NoError(t, err)
-		_, err = f.WriteString("peers:\n  endpoints: [" + strings.Join(addrs, ", ") + "]\n  replica_token_file: " + replicaToken + "\n  timeout: 5s\n")
-		require.NoError(t, err)
-		require.NoError(t, f.Close())
+		appendPeers(t, cfg, addrs, replicaToken, "")
 		replicas = append(replicas, startReceiver(t, cfg, filepath.Join(rdir, "data"), "--web.listen-address="+addrs[i]))
 	}
 	a, b := replicas[0], replicas[1]
@@ -104,21 +97,7 @@ func writeMetadata(t *testing.T, p *Process, token string, byName map[string]met
 // and warnings.
 func getMetadata(t *testing.T, p *Process, token string, params url.Values) (map[string][]metadata.Metadata, []string) {
 	t.Helper()
-	r, err := http.NewRequest(http.MethodGet, p.URL()+"/api/v1/metadata?"+params.Encode(), nil)
-	require.NoError(t, err)
-	r.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(r)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
-	var env struct {
-		Status   string                         `json:"status"`
-		Data     map[string][]metadata.Metadata `json:"data"`
-		Warnings []string                       `json:"warnings"`
-	}
-	require.NoError(t, json.Unmarshal(body, &env), "%s", body)
-	require.Equal(t, "success", env.Status)
-	return env.Data, env.Warnings
+	var data map[string][]metadata.Metadata
+	ws := apiData(t, p.URL(), token, "/api/v1/metadata", params, &data)
+	return data, ws
 }

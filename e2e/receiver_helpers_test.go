@@ -122,6 +122,7 @@ type apiResponse struct {
 	Data      json.RawMessage `json:"data"`
 	ErrorType string          `json:"errorType"`
 	Error     string          `json:"error"`
+	Warnings  []string        `json:"warnings"`
 }
 
 // apiGet calls a Prometheus HTTP API endpoint and returns the HTTP status
@@ -147,13 +148,26 @@ func apiGet(t *testing.T, base, token, path string, params url.Values) (int, api
 	return resp.StatusCode, out
 }
 
-// apiData calls an endpoint, requires success and decodes data into v.
-func apiData(t *testing.T, base, token, path string, params url.Values, v any) {
+// apiData calls an endpoint, requires success, decodes data into v and
+// returns the warnings.
+func apiData(t *testing.T, base, token, path string, params url.Values, v any) []string {
 	t.Helper()
 	code, resp := apiGet(t, base, token, path, params)
 	require.Equal(t, http.StatusOK, code, "%s %v: %s %s", path, params, resp.ErrorType, resp.Error)
 	require.Equal(t, "success", resp.Status)
 	require.NoError(t, json.Unmarshal(resp.Data, v), "%s: %s", path, resp.Data)
+	return resp.Warnings
+}
+
+// appendPeers adds a peers section (the replica token file, a 5s timeout,
+// and extra lines under peers:) to the receiver config at cfg.
+func appendPeers(t *testing.T, cfg string, endpoints []string, replicaToken, extra string) {
+	t.Helper()
+	f, err := os.OpenFile(cfg, os.O_APPEND|os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteString("peers:\n  endpoints: [" + strings.Join(endpoints, ", ") + "]\n  replica_token_file: " + replicaToken + "\n  timeout: 5s\n" + extra)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
 }
 
 // queryResult is the data of /api/v1/query and query_range.
