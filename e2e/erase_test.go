@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -328,4 +329,57 @@ func TestEraseOffline(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, code, msg)
 	r.Stop()
 	require.Empty(t, grepTree(t, data, []byte(gone)))
+}
+
+// TestFailedStartShipsNoBlock: a receiver whose start fails before the
+// erasure jobs on disk are read (here, a job it cannot decode) flushes its
+// head at exit, but ships no block: the job it could not read may be for a
+// cluster in that head. Once the job is readable again, the data is all
+// there and ships as usual.
+func TestFailedStartShipsNoBlock(t *testing.T) {
+	dir := t.TempDir()
+	cfg := writeReceiverConfig(t, dir, "", "")
+	data := filepath.Join(dir, "data")
+	now := time.Now()
+	r := startReceiver(t, cfg, data)
+	mustWrite(t, r.URL(), tokenAcme, &prompb.WriteRequest{Timeseries: []prompb.TimeSeries{
+		{Labels: labelsOf("__name__", "held_samples", "_id", "held"), Samples: []prompb.Sample{{Timestamp: now.Add(-3 * time.Hour).UnixMilli(), Value: 1}}},
+		{Labels: labelsOf("__name__", "held_samples", "_id", "held"), Samples: []prompb.Sample{{Timestamp: now.Add(-time.Minute).UnixMilli(), Value: 2}}},
+	}})
+	r.Kill() // the samples stay in the WAL only
+
+	job := filepath.Join(data, "erasure", "unreadable.json")
+	require.NoError(t, os.WriteFile(job, []byte("{"), 0o600))
+	out, err := exec.Command(filepath.Join(binDir, "receiver"), "--config.file="+cfg, "--storage.path="+data,
+		"--web.listen-address=127.0.0.1:0").CombinedOutput()
+	require.Error(t, err, "%s", out)
+	require.Contains(t, string(out), "decode erasure job unreadable.json", "%s", out)
+	require.Empty(t, bucketMetas(t, filepath.Join(data, "bucket")), "a block was shipped while an erasure job was unread")
+
+	// Readable again: everything was kept and ships at the next stop.
+	require.NoError(t, os.Remove(job))
+	r = startReceiver(t, cfg, data)
+	require.Equal(t, map[string]string{"held": "2"}, countSamples(t, r.URL(), tokenAcme, "held_samples", "1d", now))
+	r.Stop()
+	require.NotEmpty(t, bucketMetas(t, filepath.Join(data, "bucket")))
+}
+
+// bucketMetas lists the meta.json files of a filesystem bucket.
+func bucketMetas(t *testing.T, root string) []string {
+	t.Helper()
+	var metas []string
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Name() == "meta.json" {
+			metas = append(metas, p)
+		}
+		return nil
+	})
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	require.NoError(t, err)
+	return metas
 }
