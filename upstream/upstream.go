@@ -58,7 +58,8 @@ type Writer struct {
 	client *http.Client
 	m      *metrics
 
-	appendMtx sync.Mutex // makes "fits?" and Append one step
+	appendMtx sync.Mutex                     // makes "fits?" and Append one step
+	appendQ   func(payloads ...[]byte) error // q.Append; tests fail its fsync
 	sleep     func(ctx context.Context, d time.Duration) error
 }
 
@@ -81,6 +82,7 @@ func New(logger *slog.Logger, reg prometheus.Registerer, local storage.Writer, q
 		client: &http.Client{Timeout: time.Duration(cfg.Timeout)},
 		sleep:  forward.Sleep,
 	}
+	w.appendQ = q.Append
 	w.m = newMetrics(reg, q)
 	return w, nil
 }
@@ -138,7 +140,7 @@ func (w *Writer) enqueue(rec []byte) error {
 	if _, used := w.q.Len(); used+int64(len(rec))+64 > int64(w.cfg.Queue.MaxBytes) {
 		return ErrQueueFull
 	}
-	return w.q.Append(rec)
+	return w.appendQ(rec)
 }
 
 // encodeRecord is | uvarint samples | uvarint len(tenant) | tenant | snappy(protobuf WriteRequest) |.
@@ -346,7 +348,7 @@ func newMetrics(reg prometheus.Registerer, q *forward.Queue) *metrics {
 			Name: "phonehome_upstream_retries_total", Help: "Upstream requests retried after a retryable failure.",
 		}),
 		refused: f.NewCounter(prometheus.CounterOpts{
-			Name: "phonehome_upstream_refused_requests_total", Help: "Writes refused with 503 because the upstream queue was full (forward_only mode).",
+			Name: "phonehome_upstream_refused_requests_total", Help: "Writes refused because the upstream queue could not hold them durably (forward_only mode): full (503) or a disk error (500).",
 		}),
 		dropped: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_upstream_dropped_samples_total", Help: "Samples not forwarded, by reason.",

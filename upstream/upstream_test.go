@@ -214,3 +214,59 @@ func TestMisconfiguredUpstreamKeepsTheData(t *testing.T) {
 		})
 	}
 }
+
+// TestFailedQueueSyncCountsQueuedRecords: a record written to the queue whose
+// fsync failed is delivered unless the process dies first. forward_only
+// refuses the write (not durable, so not acknowledged: the client retries,
+// and the second copy is a no-op upstream); also acknowledges it as the local
+// write decides. Either way its samples count as queued, then as sent, and
+// never as dropped.
+func TestFailedQueueSyncCountsQueuedRecords(t *testing.T) {
+	for _, mode := range []string{upstream.ModeForwardOnly, upstream.ModeAlso} {
+		t.Run(mode, func(t *testing.T) {
+			up := &fakeUpstream{}
+			srv := httptest.NewServer(up)
+			defer srv.Close()
+			cfg := config(srv.URL)
+			cfg.Mode = mode
+			reg := prometheus.NewRegistry()
+			local := &fakeLocal{}
+			w, err := upstream.New(discard, reg, local, t.TempDir(), cfg)
+			require.NoError(t, err)
+			w.FailSyncs()
+			_, err = w.Write(context.Background(), "acme", ts("a"))
+			if mode == upstream.ModeForwardOnly {
+				require.ErrorContains(t, err, "sync queue")
+				require.Equal(t, 1.0, counter(t, reg, "phonehome_upstream_refused_requests_total", ""))
+			} else {
+				require.NoError(t, err)
+				require.Equal(t, 1, local.n)
+			}
+			require.Equal(t, 1.0, counter(t, reg, "phonehome_upstream_queued_samples_total", ""))
+
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error)
+			go func() { done <- w.Run(ctx) }()
+			require.Eventually(t, func() bool { return len(up.received()) == 1 }, 10*time.Second, 10*time.Millisecond)
+			cancel()
+			require.NoError(t, <-done)
+			require.NoError(t, w.Close())
+			require.Equal(t, 1.0, counter(t, reg, "phonehome_upstream_sent_samples_total", ""))
+			requireNoCounter(t, reg, "phonehome_upstream_dropped_samples_total")
+		})
+	}
+}
+
+// requireNoCounter fails if reg has a sample of the counter name.
+func requireNoCounter(t *testing.T, reg *prometheus.Registry, name string) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				require.Zero(t, m.GetCounter().GetValue(), "%s%v", name, m.GetLabel())
+			}
+		}
+	}
+}
