@@ -30,7 +30,8 @@ const DefaultTenant = "*"
 // Files names the definition files a Server serves: Default for every
 // tenant without a file of its own in Tenants (tenant → file). Either may
 // be empty; a tenant with neither is served 404 and nothing is enforced
-// for it.
+// for it (but the grace periods of removed definitions, see
+// ServerOptions.StateDir).
 type Files struct {
 	Default string
 	Tenants map[string]string
@@ -42,10 +43,10 @@ type Files struct {
 // invalid (logged and counted), remembers the versions each tenant's
 // definition replaced, each for a grace period from its replacement (at
 // most MaxPrevious) — persisted under ServerOptions.StateDir so that they
-// survive a restart, as do the last versions of a tenant whose own file
-// was removed from the configuration — and serves the caller's tenant's
-// definition over HTTP. The set of tenants is fixed at construction. Safe
-// for concurrent use.
+// survive a restart, as do the last versions of a definition whose file
+// was removed from the configuration (a tenant's own, or the default) —
+// and serves the caller's tenant's definition over HTTP. The set of
+// tenants is fixed at construction. Safe for concurrent use.
 //
 // The reload, reload-timestamp and served-definition metrics carry a tenant
 // label: its values are the tenants named in the configuration (and
@@ -57,7 +58,10 @@ type Server struct {
 	onChange func()
 	now      func() time.Time
 
-	def     *source            // nil without a default file
+	// def is the default: its file, or an orphan (its file removed from
+	// the configuration, restoreOrphan) while its state lasts; nil if
+	// neither.
+	def     *source
 	tenants map[string]*source // immutable after NewServer
 	// orphans are the tenants with a state file but no definition file
 	// (restoreOrphans): no definition in force, only previous versions.
@@ -75,11 +79,20 @@ type source struct {
 	tenant    string // the metrics' tenant label: the tenant, or DefaultTenant
 	path      string // "" for an orphan
 	statePath string // "" without ServerOptions.StateDir
+	// stopped is when the previous run stopped serving this definition
+	// (savedState.stoppedAt): what it served then counts as replaced then.
+	// Set at construction.
+	stopped time.Time
 
-	reloadMu sync.Mutex // serializes reload; guards fileHash
+	reloadMu sync.Mutex // serializes reload and persist; guards fileHash, served
 	fileHash [sha256.Size]byte
+	served   time.Time // last recorded in the state file (markServed)
 	state    atomic.Pointer[serverState]
 }
+
+// orphan reports whether src is a definition no longer configured: no
+// file, no definition in force, only previous versions.
+func (src *source) orphan() bool { return src.path == "" }
 
 type serverState struct {
 	cur  *Compiled  // nil for an orphan
@@ -91,15 +104,17 @@ type ServerOptions struct {
 	// GracePeriod is how long, after a change, the replaced definition's
 	// selectors are still accepted server-side (see Allowlists).
 	GracePeriod time.Duration
-	// OnChange is called after every change of a definition in force
-	// (not at construction), e.g. to recompute the server-side policy.
+	// OnChange is called after every change of a definition in force, and
+	// when the last grace period of a removed one ends (not at
+	// construction), e.g. to recompute the server-side policy.
 	OnChange func()
-	// StateDir, when set, is where each tenant's current definition and
-	// the versions it replaced, with when, are persisted (written
-	// atomically on every change) and restored from at construction, so
-	// the grace period survives a restart; a tenant's file there outlives
-	// the tenant's definition file by a grace period (see Allowlists).
-	// Created if missing.
+	// StateDir, when set, is where each tenant's current definition (with
+	// when it was last served) and the versions it replaced, with when,
+	// are persisted (written atomically on every change, at start, every
+	// servedRefresh and when Run ends) and restored from at construction,
+	// so the grace period survives a restart; a file there outlives its
+	// definition file (a tenant's, or the default's) by a grace period
+	// (see Allowlists). Created if missing.
 	StateDir string
 	// Now is the clock (default time.Now).
 	Now func() time.Time
@@ -109,9 +124,10 @@ type ServerOptions struct {
 // definition in force and the versions it replaced that are still within
 // their grace period.
 type Allowlists struct {
-	// Cur is nil for a tenant whose own file was removed from the
-	// configuration, without a default: no definition is in force for it
-	// (the config's allowlist alone applies), only Prev.
+	// Cur is nil for a definition whose file was removed from the
+	// configuration (the default's, or a tenant's own without a default):
+	// no definition is in force (the config's allowlist alone applies),
+	// only Prev.
 	Cur  *allowlist.List
 	Prev []Previous // newest first
 }
@@ -124,9 +140,9 @@ type Previous struct {
 
 // NewServer loads every file of files, each of which must hold a valid
 // definition, and restores the previous definitions from opts.StateDir.
-// reg may be nil.
+// files may be empty only with a StateDir (see HasState). reg may be nil.
 func NewServer(logger *slog.Logger, reg prometheus.Registerer, files Files, opts ServerOptions) (*Server, error) {
-	if files.Default == "" && len(files.Tenants) == 0 {
+	if files.Default == "" && len(files.Tenants) == 0 && opts.StateDir == "" {
 		return nil, errors.New("no gathering definition file")
 	}
 	f := promauto.With(reg)
@@ -172,8 +188,11 @@ func NewServer(logger *slog.Logger, reg prometheus.Registerer, files Files, opts
 		}
 		return src
 	}
-	if files.Default != "" {
+	switch {
+	case files.Default != "":
 		s.def = add(DefaultTenant, files.Default)
+	case opts.StateDir != "":
+		s.def = s.restoreOrphan(opts.StateDir, DefaultTenant) // before the tenants, as add is
 	}
 	for _, t := range slices.Sorted(maps.Keys(files.Tenants)) {
 		s.tenants[t] = add(t, files.Tenants[t])
@@ -238,25 +257,27 @@ func (src *source) load() (*Compiled, [sha256.Size]byte, error) {
 
 // Reload re-reads every file whose bytes changed. An invalid version is
 // logged and counted, and that tenant's definition in force stays; the
-// other tenants are not affected. OnChange is called once if any changed.
-// It also deletes the state of tenants without a file of their own whose
-// grace periods have all ended.
+// other tenants are not affected. It also deletes the state of the
+// definitions no longer configured whose grace periods have all ended.
+// OnChange is called once if any of this happened.
 func (s *Server) Reload() {
 	changed := false
 	for _, src := range s.sources() {
 		changed = s.reload(src) || changed
 	}
-	for _, src := range s.orphans {
-		s.expire(src)
+	for _, src := range s.orphanSources() {
+		changed = s.expire(src) || changed
 	}
 	if changed && s.onChange != nil {
 		s.onChange()
 	}
 }
 
+// sources returns the configured definitions: the default's, then the
+// tenants' in order.
 func (s *Server) sources() []*source {
 	out := make([]*source, 0, len(s.tenants)+1)
-	if s.def != nil {
+	if s.def != nil && !s.def.orphan() {
 		out = append(out, s.def)
 	}
 	for _, t := range slices.Sorted(maps.Keys(s.tenants)) {
@@ -265,10 +286,21 @@ func (s *Server) sources() []*source {
 	return out
 }
 
+// orphanSources returns the definitions no longer configured.
+func (s *Server) orphanSources() []*source {
+	out := slices.Collect(maps.Values(s.orphans))
+	if s.def != nil && s.def.orphan() {
+		out = append(out, s.def)
+	}
+	return out
+}
+
 // reload reports whether src's definition in force changed.
 func (s *Server) reload(src *source) bool {
 	src.reloadMu.Lock()
 	defer src.reloadMu.Unlock()
+	now := s.now()
+	defer s.markServed(src, now, false) // unless the change below just did
 	if b, err := os.ReadFile(src.path); err == nil && sha256.Sum256(b) == src.fileHash {
 		return false
 	}
@@ -283,7 +315,6 @@ func (s *Server) reload(src *source) bool {
 	if c.ETag == old.cur.ETag { // reformatted, same content
 		return false
 	}
-	now := s.now()
 	st := &serverState{cur: c, prev: s.history(src, c, append([]replaced{{def: old.cur, at: now}}, old.prev...), now)}
 	src.state.Store(st)
 	s.persist(src, st)
@@ -296,19 +327,33 @@ func (s *Server) reload(src *source) bool {
 	return true
 }
 
-// Run reloads every interval and whenever hup delivers, until ctx ends.
+// Run reloads every interval and whenever hup delivers, until ctx ends;
+// then it records in the state files that the definitions in force were
+// served until now (a file changed before the next start replaces them
+// as of now).
 func (s *Server) Run(ctx context.Context, interval time.Duration, hup <-chan os.Signal) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			s.stop()
 			return nil
 		case <-t.C:
 			s.Reload()
 		case <-hup:
 			s.Reload()
 		}
+	}
+}
+
+// stop records that every definition in force was served until now.
+func (s *Server) stop() {
+	now := s.now()
+	for _, src := range s.sources() {
+		src.reloadMu.Lock()
+		s.markServed(src, now, true)
+		src.reloadMu.Unlock()
 	}
 }
 
@@ -333,15 +378,18 @@ func (s *Server) Current(tenant string) *Compiled {
 // Allowlists returns the selectors the receiver accepts: those of the
 // default definition (nil without one) and those of each tenant with a
 // definition of its own, each with its versions still in their grace
-// period. A tenant whose own file was removed from the configuration is
-// in tenants until the grace periods of its last versions end: the
-// default's selectors (none without a default) and, in Prev, its own last
-// versions and the default's. The map is the caller's.
+// period. A default whose file was removed from the configuration is def
+// without Cur until the grace periods of its last versions end, then nil.
+// A tenant whose own file was removed is in tenants until the grace
+// periods of its last versions end: the default's selectors (none without
+// a default) and, in Prev, its own last versions and the default's. The
+// map is the caller's.
 func (s *Server) Allowlists() (def *Allowlists, tenants map[string]Allowlists) {
 	now := s.now()
 	if s.def != nil {
-		a := s.allowlists(s.def, now)
-		def = &a
+		if a := s.allowlists(s.def, now); a.Cur != nil || len(a.Prev) > 0 {
+			def = &a
+		}
 	}
 	tenants = make(map[string]Allowlists, len(s.tenants)+len(s.orphans))
 	for t, src := range s.tenants {

@@ -22,6 +22,12 @@ import (
 // change per GracePeriod/MaxPrevious (22.5 minutes for 6h) to get there.
 const MaxPrevious = 16
 
+// servedRefresh is how often a running receiver records, in each state
+// file, that its definition in force is still served: after a crash, the
+// grace period of a version replaced while the receiver was down is at
+// most this much shorter than the grace period.
+const servedRefresh = time.Minute
+
 // replaced is a definition that was in force until at.
 type replaced struct {
 	def *Compiled
@@ -29,13 +35,18 @@ type replaced struct {
 }
 
 // persistedState is a tenant's state file: the definition in force (none
-// for a tenant whose own file is no longer configured) and the versions
-// it replaced within the grace period, each with when it was replaced.
-// Definitions are their canonical JSON bodies, decoded and validated again
-// when restored. Previous and ReplacedAt are the format that kept a single
-// previous version: read, no longer written.
+// for a definition no longer configured) with when it was last served,
+// and the versions it replaced within the grace period, each with when it
+// was replaced. Definitions are their canonical JSON bodies, decoded and
+// validated again when restored. Previous and ReplacedAt are the format
+// that kept a single previous version: read, no longer written.
 type persistedState struct {
-	Current    json.RawMessage    `json:"current,omitempty"`
+	Current json.RawMessage `json:"current,omitempty"`
+	// Served is when the receiver last served Current (written at every
+	// change, at start, every servedRefresh and when it stops): if Current
+	// is replaced while the receiver is down, it was replaced then. Files
+	// written before it was recorded lack it (see savedState.stoppedAt).
+	Served     time.Time          `json:"served,omitzero"`
 	Versions   []persistedVersion `json:"previous_versions,omitempty"` // newest first
 	Previous   json.RawMessage    `json:"previous,omitempty"`
 	ReplacedAt time.Time          `json:"replaced,omitzero"`
@@ -44,6 +55,24 @@ type persistedState struct {
 type persistedVersion struct {
 	Definition json.RawMessage `json:"definition"`
 	Replaced   time.Time       `json:"replaced"`
+}
+
+// savedState is a state file as read back.
+type savedState struct {
+	was    *Compiled // the definition in force before the restart; nil if none
+	served time.Time // when was was last served; zero if not recorded
+	prev   []replaced
+}
+
+// stoppedAt is when the previous run stopped serving was: what it served
+// and is no longer in force counts as replaced then, so a state file left
+// for longer than the grace period gives nothing more. A file that does
+// not say (written before this was recorded) counts as now.
+func (ss savedState) stoppedAt(now time.Time) time.Time {
+	if ss.served.IsZero() || ss.served.After(now) {
+		return now
+	}
+	return ss.served
 }
 
 // statePath is <dir>/default.json for the default definition and
@@ -56,21 +85,32 @@ func statePath(dir, tenant string) string {
 	return filepath.Join(dir, "tenants", tenant+".json")
 }
 
-// loadState reads the state file at path: the definition that was in
-// force (nil if none) and the versions it had replaced. A missing file is
+// HasState reports whether dir, a ServerOptions.StateDir, holds the state
+// of any definition: a receiver configured without definition files still
+// needs a Server then, for the grace periods of the ones removed.
+func HasState(dir string) bool {
+	if _, err := os.Stat(statePath(dir, DefaultTenant)); err == nil {
+		return true
+	}
+	tenants, _ := filepath.Glob(filepath.Join(dir, "tenants", "*.json"))
+	return len(tenants) > 0
+}
+
+// loadState reads the state file at path. A missing file is
 // fs.ErrNotExist.
-func loadState(path string) (was *Compiled, prev []replaced, err error) {
+func loadState(path string) (savedState, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, nil, err
+		return savedState{}, err
 	}
 	var ps persistedState
 	if err := json.Unmarshal(b, &ps); err != nil {
-		return nil, nil, err
+		return savedState{}, err
 	}
+	ss := savedState{served: ps.Served}
 	if len(ps.Current) > 0 {
-		if was, err = compileJSON(ps.Current); err != nil {
-			return nil, nil, fmt.Errorf("current: %w", err)
+		if ss.was, err = compileJSON(ps.Current); err != nil {
+			return savedState{}, fmt.Errorf("current: %w", err)
 		}
 	}
 	if len(ps.Previous) > 0 { // the single-previous format
@@ -79,14 +119,14 @@ func loadState(path string) (was *Compiled, prev []replaced, err error) {
 	for i, v := range ps.Versions {
 		c, err := compileJSON(v.Definition)
 		if err != nil {
-			return nil, nil, fmt.Errorf("previous_versions[%d]: %w", i, err)
+			return savedState{}, fmt.Errorf("previous_versions[%d]: %w", i, err)
 		}
-		prev = append(prev, replaced{def: c, at: v.Replaced})
+		ss.prev = append(ss.prev, replaced{def: c, at: v.Replaced})
 	}
-	if was == nil && len(prev) == 0 {
-		return nil, nil, errors.New("no definition")
+	if ss.was == nil && len(ss.prev) == 0 {
+		return savedState{}, errors.New("no definition")
 	}
-	return was, prev, nil
+	return ss, nil
 }
 
 // history returns the versions of src to keep accepting besides cur (nil
@@ -124,56 +164,55 @@ func (s *Server) history(src *source, cur *Compiled, entries []replaced, now tim
 // until its own grace period ends), plus:
 //   - cur is what was in force before the restart: nothing;
 //   - the file changed while the receiver was down: what was in force
-//     before, replaced now;
+//     before, replaced when the previous run stopped serving it;
 //   - a tenant without a definition of its own before (no state file, or
 //     one left when its file was removed from the configuration): its
-//     forwarders were served the default until now, so the default's
-//     definition, replaced now, and the default's previous versions; the
-//     default's own file has nothing before it;
+//     forwarders were served the default until the previous run stopped,
+//     so the default's definition, replaced then, and the default's
+//     previous versions; the default's own file has nothing before it;
 //   - an unusable state file: nothing, and no previous version.
 //
-// The state file is rewritten whenever it does not describe the result.
+// The state file is rewritten: cur is served from now on.
 func (s *Server) restore(src *source, cur *Compiled) *serverState {
 	now := s.now()
 	st := &serverState{cur: cur}
-	was, prev, err := loadState(src.statePath)
+	src.stopped = now
+	saved, err := loadState(src.statePath)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		s.logger.Warn("unusable gathering state, no previous definition", "tenant", src.tenant, "file", src.statePath, "err", err)
 		s.persist(src, st)
 		return st
 	}
-	n := len(prev)
-	msg, previous := "", ""
+	src.stopped = saved.stoppedAt(now)
+	prev := saved.prev
+	var last replaced // what the forwarders were served before, if not cur
+	msg := ""
 	switch {
-	case was != nil && was.ETag == cur.ETag: // as before the restart
-	case was != nil:
-		prev = append(prev, replaced{def: was, at: now})
-		msg, previous = "gathering definition changed while stopped", was.Def.Version
+	case saved.was != nil && saved.was.ETag == cur.ETag: // as before the restart
+	case saved.was != nil:
+		last = replaced{def: saved.was, at: src.stopped}
+		prev = append(prev, last)
+		msg = "gathering definition changed while stopped"
 	case src.tenant != DefaultTenant && s.def != nil: // NewServer opens the default first
 		def := s.def.state.Load()
-		prev = append(prev, replaced{def: def.cur, at: now})
+		if def.cur != nil {
+			last = replaced{def: def.cur, at: s.def.stopped}
+			prev = append(prev, last)
+		}
 		prev = append(prev, def.prev...)
-		msg, previous = "tenant has its own gathering definition now; the default's selectors are accepted meanwhile", def.cur.Def.Version
+		msg = "tenant has its own gathering definition now; the default's selectors are accepted meanwhile"
 	}
 	st.prev = s.history(src, cur, prev, now)
-	if msg != "" && len(st.prev) > 0 && st.prev[0].at.Equal(now) {
-		s.logger.Info(msg, "tenant", src.tenant, "file", src.path, "version", cur.Def.Version, "previous", previous,
-			"previous_accepted_until", now.Add(s.grace).UTC().Format(time.RFC3339), "previous_versions", len(st.prev))
+	if until := last.at.Add(s.grace); last.def != nil && now.Before(until) {
+		s.logger.Info(msg, "tenant", src.tenant, "file", src.path, "version", cur.Def.Version, "previous", last.def.Def.Version,
+			"previous_accepted_until", until.UTC().Format(time.RFC3339), "previous_versions", len(st.prev))
 	}
-	if was == nil || was.ETag != cur.ETag || len(st.prev) != n {
-		s.persist(src, st)
-	}
+	s.persist(src, st)
 	return st
 }
 
 // restoreOrphans returns a source for each tenant with a state file under
-// dir but no definition file in configured any more (its file was removed
-// from the configuration while the receiver was down): it has no
-// definition in force — it is served the default — but its last own one,
-// replaced now, and the versions that one replaced stay accepted, each
-// until its grace period ends (see Server.Allowlists). Its state file,
-// rewritten without a definition in force, keeps them across restarts,
-// and is deleted once all have ended (here, or by Reload).
+// dir but no definition file in configured any more (see restoreOrphan).
 func (s *Server) restoreOrphans(dir string, configured map[string]string) map[string]*source {
 	entries, err := os.ReadDir(filepath.Join(dir, "tenants"))
 	if err != nil {
@@ -182,65 +221,102 @@ func (s *Server) restoreOrphans(dir string, configured map[string]string) map[st
 		}
 		return nil
 	}
-	now := s.now()
 	out := map[string]*source{}
 	for _, e := range entries {
 		tenant, ok := strings.CutSuffix(e.Name(), ".json")
 		if _, configured := configured[tenant]; !ok || configured || e.IsDir() || !auth.ValidTenant(tenant) {
 			continue
 		}
-		src := &source{tenant: tenant, statePath: statePath(dir, tenant)}
-		was, prev, err := loadState(src.statePath)
-		if err != nil {
-			s.logger.Warn("unusable gathering state of a tenant without a definition of its own, removed", "tenant", tenant, "file", src.statePath, "err", err)
-			if err := os.Remove(src.statePath); err != nil {
-				s.logger.Error("remove gathering state", "tenant", tenant, "file", src.statePath, "err", err)
-			}
-			continue
+		if src := s.restoreOrphan(dir, tenant); src != nil {
+			out[tenant] = src
 		}
-		n := len(prev)
-		if was != nil {
-			prev = append(prev, replaced{def: was, at: now})
-		}
-		st := &serverState{prev: s.history(src, nil, prev, now)}
-		if len(st.prev) == 0 {
-			s.removeState(src)
-			continue
-		}
-		if was != nil {
-			s.logger.Info("tenant has no gathering definition of its own any more; its last one is accepted meanwhile", "tenant", tenant,
-				"previous", was.Def.Version, "previous_accepted_until", now.Add(s.grace).UTC().Format(time.RFC3339), "previous_versions", len(st.prev))
-		}
-		if was != nil || len(st.prev) != n {
-			s.persist(src, st)
-		}
-		src.state.Store(st)
-		out[tenant] = src
 	}
 	return out
 }
 
-// expire deletes the state file of src, a tenant without a definition of
-// its own, once the grace periods of all its versions have ended.
-func (s *Server) expire(src *source) {
+// restoreOrphan returns the source of tenant (or of the default), whose
+// definition file is no longer configured (removed while the receiver was
+// down), from its state file under dir, or nil if nothing of it is still
+// within its grace period. It has no definition in force — a tenant is
+// served the default, the default's tenants nothing (404) — but its last
+// definition, replaced when the previous run stopped serving it, and the
+// versions that one replaced stay accepted, each until its grace period
+// ends (see Server.Allowlists). Its state file, rewritten without a
+// definition in force, keeps them across restarts, and is deleted once
+// all have ended (here, or by Reload).
+func (s *Server) restoreOrphan(dir, tenant string) *source {
+	src := &source{tenant: tenant, statePath: statePath(dir, tenant)}
+	saved, err := loadState(src.statePath)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		s.logger.Warn("unusable gathering state of a definition no longer configured, removed", "tenant", tenant, "file", src.statePath, "err", err)
+		if err := os.Remove(src.statePath); err != nil {
+			s.logger.Error("remove gathering state", "tenant", tenant, "file", src.statePath, "err", err)
+		}
+		return nil
+	}
+	now := s.now()
+	src.stopped = saved.stoppedAt(now)
+	prev := saved.prev
+	if saved.was != nil {
+		prev = append(prev, replaced{def: saved.was, at: src.stopped})
+	}
+	st := &serverState{prev: s.history(src, nil, prev, now)}
+	if len(st.prev) == 0 {
+		s.removeState(src)
+		return nil
+	}
+	if until := src.stopped.Add(s.grace); saved.was != nil && now.Before(until) {
+		msg := "tenant has no gathering definition of its own any more; its last one is accepted meanwhile"
+		if tenant == DefaultTenant {
+			msg = "no default gathering definition any more; its last one is accepted meanwhile"
+		}
+		s.logger.Info(msg, "tenant", tenant, "previous", saved.was.Def.Version,
+			"previous_accepted_until", until.UTC().Format(time.RFC3339), "previous_versions", len(st.prev))
+	}
+	if saved.was != nil || len(st.prev) != len(saved.prev) {
+		s.persist(src, st)
+	}
+	src.state.Store(st)
+	return src
+}
+
+// expire deletes the state file of src, a definition no longer
+// configured, once the grace periods of all its versions have ended, and
+// reports whether it did.
+func (s *Server) expire(src *source) bool {
 	src.reloadMu.Lock()
 	defer src.reloadMu.Unlock()
 	st := src.state.Load()
 	if len(st.prev) == 0 || len(s.history(src, nil, st.prev, s.now())) > 0 {
-		return
+		return false
 	}
 	src.state.Store(&serverState{})
 	s.removeState(src)
+	return true
 }
 
-// removeState deletes the state file of src, a tenant without a
-// definition of its own whose grace periods have all ended.
+// removeState deletes the state file of src, a definition no longer
+// configured whose grace periods have all ended.
 func (s *Server) removeState(src *source) {
 	if err := os.Remove(src.statePath); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		s.logger.Error("remove gathering state", "tenant", src.tenant, "file", src.statePath, "err", err)
 		return
 	}
-	s.logger.Info("grace period of a tenant without a gathering definition of its own ended, state removed", "tenant", src.tenant, "file", src.statePath)
+	s.logger.Info("grace period of a gathering definition no longer configured ended, state removed", "tenant", src.tenant, "file", src.statePath)
+}
+
+// markServed records in src's state file that its definition in force is
+// served at now, if it was last recorded servedRefresh ago or more (or
+// always, with force: the receiver stops). The caller holds src.reloadMu
+// or is the only user of src.
+func (s *Server) markServed(src *source, now time.Time, force bool) {
+	if src.orphan() || (!force && now.Sub(src.served) < servedRefresh) {
+		return
+	}
+	s.persist(src, src.state.Load())
 }
 
 func compileJSON(b []byte) (*Compiled, error) {
@@ -260,7 +336,9 @@ func (s *Server) persist(src *source, st *serverState) {
 	}
 	var ps persistedState
 	if st.cur != nil {
-		ps.Current = st.cur.Body
+		now := s.now()
+		ps.Current, ps.Served = st.cur.Body, now.UTC()
+		src.served = now
 	}
 	for _, r := range st.prev {
 		ps.Versions = append(ps.Versions, persistedVersion{Definition: r.def.Body, Replaced: r.at.UTC()})

@@ -17,7 +17,8 @@ import (
 // GatheringConfig is the `gathering:` section: the gathering definition
 // files (see package gathering) served at GET /api/v1/gathering and
 // enforced server-side, per tenant. Without File nor Tenants, neither
-// happens.
+// happens — except that the versions of definitions removed from it (the
+// whole section included) stay accepted for GracePeriod.
 type GatheringConfig struct {
 	// File is the default definition, for every tenant not in Tenants.
 	// Each file is hot-reloaded every ReloadInterval and on SIGHUP; an
@@ -28,10 +29,10 @@ type GatheringConfig struct {
 	// Tenants maps a tenant to its own definition file.
 	Tenants map[string]string `yaml:"tenants"`
 	// GracePeriod: each version a definition replaced (up to
-	// gathering.MaxPrevious of them), and a removed tenant's last own
-	// definition, is still accepted this long after its replacement, so
-	// forwarders that have not polled yet (or deliver a backlog) are not
-	// refused (default 6h).
+	// gathering.MaxPrevious of them), and the last version of a removed
+	// definition (a tenant's own, or the default), is still accepted this
+	// long after its replacement, so forwarders that have not polled yet
+	// (or deliver a backlog) are not refused (default 6h).
 	GracePeriod    model.Duration `yaml:"grace_period"`
 	ReloadInterval model.Duration `yaml:"reload_interval"` // default 30s
 }

@@ -35,9 +35,9 @@ type gatherPolicy = gathering.Allowlists
 // definition replaced, each until its Until (its grace period). The
 // tenant's definition is its own in tenants, else def; with neither (def
 // nil), only the config's allowlist applies to it. An entry without Cur
-// (a tenant whose own file was removed, without a default) is the config's
-// allowlist and its Prev — or everything, without an allowlist, as for a
-// tenant without a definition. The forwarders' own gathering.InfoMetric
+// (a definition whose file was removed: the default, or a tenant's own
+// without a default) is the config's allowlist and its Prev — or
+// everything, without an allowlist, as for a tenant without a definition. The forwarders' own gathering.InfoMetric
 // series is always kept where a definition applies. tenants must not be
 // modified afterwards.
 func (p *Policy) WithGathering(def *gathering.Allowlists, tenants map[string]gathering.Allowlists) *Policy {

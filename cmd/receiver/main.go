@@ -270,17 +270,19 @@ func run(args []string, stderr io.Writer) int {
 		MaxInflightBytes:   *maxInflightBytes,
 	})
 	// The gathering definitions (per tenant), served and enforced with the
-	// config's policy; each one's previous version is kept under the
-	// storage path, so the grace period survives a restart.
+	// config's policy; each one's previous versions are kept under the
+	// storage path, so the grace period survives a restart — also that of
+	// definitions removed from the configuration, the whole section
+	// included.
 	var (
 		policies *receive.PolicyUpdater
 		defs     *gathering.Server
 	)
-	if cfg.Gathering.Enabled() {
+	if gatheringState := filepath.Join(*storagePath, "gathering"); cfg.Gathering.Enabled() || gathering.HasState(gatheringState) {
 		defs, err = gathering.NewServer(logger.With("component", "gathering"), reg, cfg.Gathering.Files(), gathering.ServerOptions{
 			GracePeriod: time.Duration(cfg.Gathering.GracePeriod),
 			OnChange:    func() { policies.GatheringChanged() }, // called by defs.Run only, once policies is set
-			StateDir:    filepath.Join(*storagePath, "gathering"),
+			StateDir:    gatheringState,
 		})
 		if err != nil {
 			logger.Error("invalid configuration", "file", *configFile, "err", fmt.Errorf("gathering: %w", err))
