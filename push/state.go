@@ -55,7 +55,7 @@ type record struct {
 	Layouts map[string]string `json:"layouts,omitempty"` // histogram series key → bucket bounds
 	Samples []delta           `json:"samples"`
 	// Evict are the series dropped to make room for this push's new ones
-	// when the tenant's series budget is full (Gateway.victimsLocked),
+	// when the tenant's series budget is full (Gateway.makeRoomLocked),
 	// before its samples apply. Logged, so that a replay evicts them too and
 	// a refused push evicts nothing.
 	Evict []seriesRef `json:"evict,omitempty"`
@@ -96,6 +96,13 @@ type tenantState struct {
 	// there, and may be evicted without losing it. 0 until the first
 	// successful flush after a start.
 	flushedSeq uint64
+	// evict is the order in which the series budget evicts, as of the
+	// flush at flushedSeq; built when first needed (evictOrder).
+	evict *evictOrder
+	// fresh holds the series pushed once since the last flush (and some
+	// that no longer are: see isFresh), which the next flush makes
+	// evictable (Gateway.makeRoomLocked tells 429 from 400 by them).
+	fresh []freshSeries
 }
 
 type aggItem struct {
@@ -169,6 +176,7 @@ func (ts *tenantState) apply(rec *record) int {
 		if !ok {
 			it = &aggItem{Labels: intern(d.Labels)}
 			ts.Series[k] = it
+			ts.fresh = append(ts.fresh, freshSeries{k, it})
 		}
 		if d.Set {
 			it.Value = d.Value
@@ -287,7 +295,11 @@ func openState(logger *slog.Logger, dir string, now int64) (map[string]*tenantSt
 				if it.Pushes == 0 {
 					it.Pushes = 2
 				}
-				ts.Series[seriesKey(it.Labels)] = &it
+				k := seriesKey(it.Labels)
+				ts.Series[k] = &it
+				if it.Pushes == 1 { // unflushed until the first flush after the start
+					ts.fresh = append(ts.fresh, freshSeries{k, &it})
+				}
 			}
 			state[name] = ts
 		}
