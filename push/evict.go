@@ -15,8 +15,11 @@ import (
 // therefore built once per flush, by the first push that needs room
 // (evictOrder), and consumed by the pushes until the next flush, instead of
 // scanning and sorting the tenant's series under the Gateway's mutex for
-// every push: at a full budget of 100k series, 73 ms a push before, about 1 µs after,
-// plus one build per flush of 70 ms (BenchmarkPushEvict, push/testdata/bench-evict.txt).
+// every push. At a full budget of 100k series a push took 75-455 ms
+// before, about 90 µs after (BenchmarkPushEvict, medians of 6 on a loaded
+// 2-core box: push/testdata/bench-evict.txt); the build, once per flush,
+// about 130 ms there, less than the flush's own copy of the state under
+// the same mutex.
 
 // evictUnit is what the budget evicts at once: one series, or a histogram
 // whole (its buckets, sum and count), or it would be left with buckets summed
@@ -47,28 +50,31 @@ func (ts *tenantState) evictOrder() *evictOrder {
 		return ts.evict
 	}
 	o := &evictOrder{flushedSeq: ts.flushedSeq}
-	hists := map[string]*evictUnit{}
-	var units []*evictUnit
+	// Allocated once for all the units and their series (a histogram
+	// appends its further series), not per series: the build holds the
+	// Gateway's mutex.
+	units := make([]evictUnit, 0, len(ts.Series))
+	keys, items := make([]string, len(ts.Series)), make([]*aggItem, len(ts.Series))
+	hists := map[string]int{} // layout key → index in units
 	for k, it := range ts.Series {
-		var u *evictUnit
-		if lk, ok := layoutKeyOf(it.Labels); ok {
-			if _, hist := ts.Layouts[lk]; hist {
-				if u = hists[lk]; u == nil {
-					u = &evictUnit{key: "\xffh" + lk, once: true}
-					hists[lk] = u
-					units = append(units, u)
-				}
+		uk := k
+		if lk, ok := ts.layoutOf(it); ok {
+			if i, seen := hists[lk]; seen {
+				u := &units[i]
+				u.keys, u.items = append(u.keys, k), append(u.items, it)
+				u.once = u.once && it.Pushes == 1
+				u.touched, u.seq = max(u.touched, it.Touched), max(u.seq, it.seq)
+				continue
 			}
+			hists[lk] = len(units)
+			uk = "\xffh" + lk
 		}
-		if u == nil {
-			u = &evictUnit{key: k, once: true}
-			units = append(units, u)
-		}
-		u.keys, u.items = append(u.keys, k), append(u.items, it)
-		u.once = u.once && it.Pushes == 1
-		u.touched, u.seq = max(u.touched, it.Touched), max(u.seq, it.seq)
+		i := len(units)
+		keys[i], items[i] = k, it
+		units = append(units, evictUnit{key: uk, keys: keys[i : i+1 : i+1], items: items[i : i+1 : i+1], once: it.Pushes == 1, touched: it.Touched, seq: it.seq})
 	}
-	for _, u := range units {
+	for i := range units {
+		u := &units[i]
 		switch {
 		case u.seq > o.flushedSeq: // not in the TSDB yet
 		case u.once:
@@ -90,6 +96,20 @@ func (ts *tenantState) evictOrder() *evictOrder {
 	slices.SortFunc(o.often, byAge)
 	ts.evict = o
 	return o
+}
+
+// layoutOf is the key of the histogram layout the series belongs to, if it
+// belongs to one.
+func (ts *tenantState) layoutOf(it *aggItem) (string, bool) {
+	if len(ts.Layouts) == 0 { // no histogram: spare decoding the name
+		return "", false
+	}
+	lk, ok := layoutKeyOf(it.Labels)
+	if !ok {
+		return "", false
+	}
+	_, hist := ts.Layouts[lk]
+	return lk, hist
 }
 
 // current reports whether none of u's series was dropped or pushed since

@@ -53,7 +53,7 @@ func BenchmarkPushEvict(b *testing.B) {
 			}
 			flushed := func() {
 				g.mu.Lock()
-				g.state["bench"].flushedSeq = g.seq
+				g.state["bench"].flushed(g.seq)
 				g.mu.Unlock()
 			}
 			flushed()
@@ -66,6 +66,32 @@ func BenchmarkPushEvict(b *testing.B) {
 				if next++; next%flushEvery == 0 {
 					flushed()
 				}
+			}
+		})
+	}
+}
+
+// BenchmarkEvictOrderBuild is the once-per-flush part of BenchmarkPushEvict:
+// building a tenant's eviction order, under the Gateway's mutex, at the
+// first push after a flush that needs room.
+func BenchmarkEvictOrderBuild(b *testing.B) {
+	for _, n := range []int{10_000, 100_000} {
+		b.Run(fmt.Sprintf("series=%d", n), func(b *testing.B) {
+			ts := newTenantState()
+			sb := labels.NewScratchBuilderWithSymbolTable(labels.NewSymbolTable(), 3)
+			for i := range n {
+				sb.Reset()
+				sb.Add("__name__", "installs_total")
+				sb.Add("job", "i")
+				sb.Add("junk", strconv.Itoa(i))
+				it := &aggItem{Labels: sb.Labels(), Value: 1, Touched: int64(i), Pushes: 1 + int64(i%2), seq: uint64(i + 1)}
+				ts.Series[seriesKey(it.Labels)] = it
+			}
+			ts.flushedSeq = uint64(n)
+			b.ReportAllocs()
+			for b.Loop() {
+				ts.evict = nil
+				ts.evictOrder()
 			}
 		})
 	}
