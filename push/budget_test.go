@@ -135,3 +135,40 @@ func TestConfigValidateEvictIdleAfter(t *testing.T) {
 	def.SetDefaults()
 	require.Equal(t, "1d", def.EvictIdleAfter.String())
 }
+
+// A push the budget refuses gets 429 only if the next flush makes room for
+// it (series pushed once since the last one become evictable then), else
+// 400 at once: never a 429 it cannot win followed by a 400.
+func TestPushSeriesBudget429OnlyWhenAFlushMakesRoom(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxSeriesPerTenant = 4
+	cfg.RateLimit = RateLimit{RequestsPerSecond: 1e6, Burst: 1e6}
+	f := newFixture(t, cfg)
+	push := func(body string) (int, string, http.Header) {
+		return f.push(http.MethodPost, "/metrics/job/i", "tok-a", "", body)
+	}
+	for range 2 { // two established series
+		code, body, _ := push(counterText)
+		require.Equal(t, http.StatusOK, code, body)
+	}
+	code, body, _ := push(counterPush(`junk="1"`))
+	require.Equal(t, http.StatusOK, code, body)
+	f.state("acme") // junk 1 is stored: evictable
+	code, body, _ = push(counterPush(`junk="2"`))
+	require.Equal(t, http.StatusOK, code, body) // fresh: evictable after the next flush
+
+	code, body, hdr := push(counterPush(`new="1"`, `new="2"`, `new="3"`))
+	require.Equal(t, http.StatusBadRequest, code, "junk 1 now and junk 2 after the flush make room for two, not three: %s", body)
+	require.Empty(t, hdr.Get("Retry-After"))
+	code, body, _ = push(counterPush(`junk="2"`, `new="1"`, `new="2"`))
+	require.Equal(t, http.StatusBadRequest, code, "junk 2 is pushed again by this push, so the flush does not make it evictable for it: %s", body)
+
+	code, body, hdr = push(counterPush(`new="1"`, `new="2"`))
+	require.Equal(t, http.StatusTooManyRequests, code, body)
+	require.Equal(t, "30", hdr.Get("Retry-After"))
+	f.state("acme")
+	code, body, _ = push(counterPush(`new="1"`, `new="2"`))
+	require.Equal(t, http.StatusOK, code, "the retry after the flush wins: %s", body)
+	require.NotContains(t, f.held("acme"), junk(1))
+	require.NotContains(t, f.held("acme"), junk(2))
+}

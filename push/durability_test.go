@@ -115,7 +115,13 @@ func TestPushFailedFsyncRefusesItsWholeGroup(t *testing.T) {
 	cfg.RateLimit = RateLimit{RequestsPerSecond: 1e6, Burst: 1e6}
 	f := newFixture(t, cfg)
 	syncs := make(chan chan error)
+	var failed atomic.Bool
+	var resetSyncs atomic.Int32
 	f.injectSync(func() error { // each fsync waits for the test to decide its result
+		if failed.Load() { // the reset's fsync of the cut (durableLog.cut)
+			resetSyncs.Add(1)
+			return nil
+		}
 		c := make(chan error)
 		syncs <- c
 		return <-c
@@ -131,10 +137,12 @@ func TestPushFailedFsyncRefusesItsWholeGroup(t *testing.T) {
 	syncBC := <-syncs // one fsync for b and c
 	d := f.pushAsync("tok-a")
 	f.waitSeq(4) // written while the fsync runs
+	failed.Store(true)
 	syncBC <- errDisk
 	for _, ch := range []<-chan int{b, c, d} {
 		require.Equal(t, http.StatusInternalServerError, <-ch)
 	}
+	require.Equal(t, int32(1), resetSyncs.Load(), "the cut back to a is fsynced, once")
 	require.Equal(t, 1.0, f.state("acme")[awsKey], "only a counts")
 
 	code, body, _ := f.push(http.MethodPost, "/metrics/job/i", "tok-a", "", counterText)

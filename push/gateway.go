@@ -10,7 +10,6 @@
 package push
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -335,93 +334,6 @@ func (g *Gateway) appendLocked(rec *record) (*commitGroup, error) {
 	return g.group, nil
 }
 
-// makeRoomLocked sets rec.Evict to series whose eviction makes room for
-// need more, or says why there is none. The series budget is a cache, not a
-// wall: a full one would otherwise refuse every new label set until
-// series_ttl, and anyone holding the installer token can fill it with junk.
-// It evicts only series whose value is in the TSDB already (flushed, and
-// untouched by a pending record or by rec), so no acknowledged push is lost
-// from storage; a later push of an evicted series starts it again from zero,
-// as after expiry. First those pushed once — junk is typically pushed once,
-// and a legitimate label set pushed once has its single value stored —
-// then those pushed more often but untouched for EvictIdleAfter; least
-// recently pushed first. A histogram goes whole (its buckets, sum, count and
-// layout), or it would be left with buckets summed over different pushes.
-func (g *Gateway) makeRoomLocked(rec *record, v view, inPush map[string]float64, need, created int, now int64) error {
-	if created > g.cfg.MaxSeriesPerTenant {
-		return reject(reasonSeriesLimit, errInvalid, "push would create %d new series, more than the tenant's limit of %d aggregated series", created, g.cfg.MaxSeriesPerTenant)
-	}
-	type unit struct {
-		refs            []seriesRef
-		once, idle, out bool // pushed once; idle for EvictIdleAfter; not evictable
-		touched         int64
-		seq             uint64
-		key             string
-	}
-	idleBefore := now - time.Duration(g.cfg.EvictIdleAfter).Milliseconds()
-	units := map[string]*unit{}
-	soon := v.ps.delta > 0 // pending new series: evictable after the next flush
-	for k, it := range v.ts.Series {
-		uk := k
-		if lk, ok := layoutKeyOf(it.Labels); ok {
-			if _, hist := v.ts.Layouts[lk]; hist {
-				uk = "\xffh" + lk // not a series key: those start with a label name
-			}
-		}
-		u := units[uk]
-		if u == nil {
-			u = &unit{once: true, idle: true, key: uk}
-			units[uk] = u
-		}
-		_, pushed := inPush[k]
-		_, pending := v.ps.values[k]
-		unflushed := it.seq > v.ts.flushedSeq
-		soon = soon || (unflushed && it.Pushes == 1)
-		u.refs = append(u.refs, seriesRef{it.Labels})
-		u.out = u.out || pushed || pending || v.ps.gone[k] || unflushed
-		u.once = u.once && it.Pushes == 1
-		u.idle = u.idle && it.Touched < idleBefore
-		u.touched, u.seq = max(u.touched, it.Touched), max(u.seq, it.seq)
-	}
-	var cands []*unit
-	freeable := 0
-	for _, u := range units {
-		if !u.out && (u.once || u.idle) {
-			cands = append(cands, u)
-			freeable += len(u.refs)
-		}
-	}
-	if freeable < need {
-		rj := reject(reasonSeriesLimit, errInvalid, "push would create %d new series; the tenant's limit of %d aggregated series is reached and too few can be evicted (only series written to storage and pushed once, or idle for push.evict_idle_after)", created, g.cfg.MaxSeriesPerTenant)
-		if soon { // series pushed once since the last flush are evictable after the next
-			rj.class, rj.retryAfter = errRateLimited, time.Duration(g.cfg.FlushInterval)
-		}
-		return rj
-	}
-	slices.SortFunc(cands, func(a, b *unit) int {
-		switch {
-		case a.once != b.once:
-			if a.once {
-				return -1
-			}
-			return 1
-		case a.touched != b.touched:
-			return cmp.Compare(a.touched, b.touched)
-		case a.seq != b.seq:
-			return cmp.Compare(a.seq, b.seq)
-		}
-		return strings.Compare(a.key, b.key)
-	})
-	for _, u := range cands {
-		if need <= 0 {
-			break
-		}
-		rec.Evict = append(rec.Evict, u.refs...)
-		need -= len(u.refs)
-	}
-	return nil
-}
-
 // Run writes the aggregated state into storage now and every FlushInterval
 // until ctx is done, then once more, and compacts the log each time.
 func (g *Gateway) Run(ctx context.Context) error {
@@ -462,7 +374,7 @@ func (g *Gateway) Flush(ctx context.Context) {
 		g.metrics.flushes.WithLabelValues("success").Inc()
 		g.mu.Lock()
 		if st := g.state[tenant]; st != nil { // its series up to seq are stored: evictable
-			st.flushedSeq = seq
+			st.flushed(seq)
 		}
 		g.mu.Unlock()
 	}

@@ -71,7 +71,7 @@ func (v view) add(rec *record) {
 		v.ps.gone[k] = true
 		if lk, ok := layoutKeyOf(e.Labels); ok {
 			if _, has := v.layout(lk); has {
-				v.ps.layouts[lk] = "" // a histogram is evicted whole (victimsLocked)
+				v.ps.layouts[lk] = "" // a histogram is evicted whole (evictUnit)
 			}
 		}
 	}

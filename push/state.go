@@ -55,7 +55,7 @@ type record struct {
 	Layouts map[string]string `json:"layouts,omitempty"` // histogram series key → bucket bounds
 	Samples []delta           `json:"samples"`
 	// Evict are the series dropped to make room for this push's new ones
-	// when the tenant's series budget is full (Gateway.victimsLocked),
+	// when the tenant's series budget is full (Gateway.makeRoomLocked),
 	// before its samples apply. Logged, so that a replay evicts them too and
 	// a refused push evicts nothing.
 	Evict []seriesRef `json:"evict,omitempty"`
@@ -96,6 +96,13 @@ type tenantState struct {
 	// there, and may be evicted without losing it. 0 until the first
 	// successful flush after a start.
 	flushedSeq uint64
+	// evict is the order in which the series budget evicts, as of the
+	// flush at flushedSeq; built when first needed (evictOrder).
+	evict *evictOrder
+	// fresh holds the series pushed once since the last flush (and some
+	// that no longer are: see isFresh), which the next flush makes
+	// evictable (Gateway.makeRoomLocked tells 429 from 400 by them).
+	fresh []freshSeries
 }
 
 type aggItem struct {
@@ -169,6 +176,7 @@ func (ts *tenantState) apply(rec *record) int {
 		if !ok {
 			it = &aggItem{Labels: intern(d.Labels)}
 			ts.Series[k] = it
+			ts.fresh = append(ts.fresh, freshSeries{k, it})
 		}
 		if d.Set {
 			it.Value = d.Value
@@ -287,7 +295,11 @@ func openState(logger *slog.Logger, dir string, now int64) (map[string]*tenantSt
 				if it.Pushes == 0 {
 					it.Pushes = 2
 				}
-				ts.Series[seriesKey(it.Labels)] = &it
+				k := seriesKey(it.Labels)
+				ts.Series[k] = &it
+				if it.Pushes == 1 { // unflushed until the first flush after the start
+					ts.fresh = append(ts.fresh, freshSeries{k, &it})
+				}
 			}
 			state[name] = ts
 		}
@@ -465,36 +477,55 @@ func (l *durableLog) writeSnapshot(state map[string]*tenantState, seq uint64) er
 // written since were all refused (Gateway.settleLocked), and state holds
 // exactly the acknowledged pushes, so reset
 //
-//  1. cuts the file back to what was durable, so that a restart cannot
-//     replay a refused record even if the steps below fail (best effort:
-//     the file may be failing too, and the cut itself is not fsynced);
+//  1. cuts the file back to what was durable and fsyncs the cut, so that a
+//     restart — even after a machine crash — cannot replay a refused record
+//     should the steps below fail. Best effort: the file may be failing
+//     too. The file is closed either way and never read again but by a
+//     replay; the fsync persists its new size, not the dropped pages whose
+//     loss made it untrustworthy;
 //  2. writes state as a snapshot at seq, in a new file (atomicfile): every
 //     record written so far, refused ones included, has Seq ≤ seq, so
-//     replay skips whatever of them reached the disk;
+//     replay skips whatever of them reached the disk (a failed cut no
+//     longer matters then);
 //  3. reopens the log emptied, in a new file description, and fsyncs it.
 //
-// No record may be pending. If reset fails, the log takes no record and the
-// Gateway calls it again later.
+// No record may be pending. If reset fails, the log takes no record, the
+// error says whether the cut failed too (then a machine crash before a
+// retry succeeds may replay a refused record), and the Gateway calls it
+// again later.
 func (l *durableLog) reset(state map[string]*tenantState, seq uint64) error {
+	var cutErr error
 	if l.f != nil {
-		_ = l.f.Truncate(l.synced)
-		_ = l.f.Close()
+		cutErr = l.cut()
 		l.f = nil
 	}
 	if err := l.writeSnapshot(state, seq); err != nil {
-		return err
+		return errors.Join(err, cutErr)
 	}
 	path := filepath.Join(l.dir, logFile)
 	f, err := l.open(path)
 	if err != nil {
-		return fmt.Errorf("reopen push log: %w", err)
+		return errors.Join(fmt.Errorf("reopen push log: %w", err), cutErr)
 	}
 	if err := f.Sync(); err != nil {
 		_ = f.Close()
-		return fmt.Errorf("sync push log: %w", err)
+		return errors.Join(fmt.Errorf("sync push log: %w", err), cutErr)
 	}
 	l.f, l.size, l.synced = f, 0, 0
 	return nil
+}
+
+// cut is reset's step 1: truncate the file to the durable bytes, fsync the
+// truncation and close the file, whatever fails.
+func (l *durableLog) cut() error {
+	err := l.f.Truncate(l.synced)
+	if err == nil {
+		err = l.f.Sync()
+	}
+	if err != nil {
+		err = fmt.Errorf("cut push log back to its %d durable bytes: %w", l.synced, err)
+	}
+	return errors.Join(err, l.f.Close())
 }
 
 func (l *durableLog) close() error {
