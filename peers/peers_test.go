@@ -119,15 +119,16 @@ func serveCounted(t *testing.T, s *Set, local tenantDBs, horizon func(string) in
 	t.Helper()
 	var reads atomic.Int64
 	read := s.Handler(discard, nil, local, local, horizon, query.ReadOptions{})
-	labelCalls := auth.Middleware(s.Authenticator(tokens{}), auth.PermRead, nil,
-		s.LabelsHandler(discard, query.NewLabelHandler(discard, local, nil), local, nil))
+	indexCalls := auth.Middleware(s.Authenticator(tokens{}), auth.PermRead, nil,
+		s.IndexHandler(discard, query.NewIndexHandler(discard, local, nil), local, nil))
 	mux := http.NewServeMux()
 	mux.Handle("/", auth.Middleware(s.Authenticator(tokens{}), auth.PermRead, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		reads.Add(1)
 		read.ServeHTTP(w, r)
 	})))
-	mux.Handle(query.LabelNamesPath, labelCalls)
-	mux.Handle(query.LabelValuesPath, labelCalls)
+	for _, p := range query.IndexPaths {
+		mux.Handle(p, indexCalls)
+	}
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return srv, &reads
