@@ -106,8 +106,8 @@ func (f *fixture) set(t *testing.T, reg prometheus.Registerer, cfg Config) *Set 
 	return s
 }
 
-// serve runs a replica's remote-read endpoint (on every path) and label
-// calls over local with s's identity.
+// serve runs a replica's remote-read endpoint (on every path) and index
+// calls (label and series calls) over local with s's identity.
 func serve(t *testing.T, s *Set, local tenantDBs, horizon func(string) int64) *httptest.Server {
 	t.Helper()
 	srv, _ := serveCounted(t, s, local, horizon)
@@ -117,6 +117,14 @@ func serve(t *testing.T, s *Set, local tenantDBs, horizon func(string) int64) *h
 // serveCounted is serve, also returning the count of remote reads served.
 func serveCounted(t *testing.T, s *Set, local tenantDBs, horizon func(string) int64) (*httptest.Server, *atomic.Int64) {
 	t.Helper()
+	h, reads := replicaHandler(s, local, horizon)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv, reads
+}
+
+// replicaHandler is what serveCounted serves.
+func replicaHandler(s *Set, local tenantDBs, horizon func(string) int64) (http.Handler, *atomic.Int64) {
 	var reads atomic.Int64
 	read := s.Handler(discard, nil, local, local, horizon, query.ReadOptions{})
 	indexCalls := auth.Middleware(s.Authenticator(tokens{}), auth.PermRead, nil,
@@ -129,9 +137,7 @@ func serveCounted(t *testing.T, s *Set, local tenantDBs, horizon func(string) in
 	for _, p := range query.IndexPaths {
 		mux.Handle(p, indexCalls)
 	}
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	return srv, &reads
+	return mux, &reads
 }
 
 type sample struct {
