@@ -33,6 +33,39 @@ func (q fleetQuerier) LabelNames(ctx context.Context, hints *promstorage.LabelHi
 	})
 }
 
+// Select is the merge's, with its warnings known before the first Next:
+// Prometheus' series API reads them before it iterates, when the merge's,
+// lazy, are none yet, so that a peer that failed was no warning there.
+func (q fleetQuerier) Select(ctx context.Context, sortSeries bool, hints *promstorage.SelectHints, ms ...*labels.Matcher) promstorage.SeriesSet {
+	return &warnedFirst{SeriesSet: q.Querier.Select(ctx, sortSeries, hints, ms...)}
+}
+
+// warnedFirst is a series set whose Warnings, asked before the first
+// Next, make that first Next (and keep its result for it).
+type warnedFirst struct {
+	promstorage.SeriesSet
+	started bool
+	primed  bool // the first Next was made by Warnings
+	next    bool // and returned this
+}
+
+func (s *warnedFirst) Next() bool {
+	if s.primed {
+		s.primed = false
+		return s.next
+	}
+	s.started = true
+	return s.SeriesSet.Next()
+}
+
+func (s *warnedFirst) Warnings() annotations.Annotations {
+	if !s.started {
+		s.started, s.primed = true, true
+		s.next = s.SeriesSet.Next()
+	}
+	return s.SeriesSet.Warnings()
+}
+
 // labelAnswer is one querier's answer to a label call.
 type labelAnswer struct {
 	vals []string
