@@ -102,7 +102,7 @@ func (q fleetQuerier) fanOut(ctx context.Context, hints *promstorage.LabelHints,
 	if own.err != nil {
 		return nil, own.ws, own.err
 	}
-	vals, ws := own.vals, own.ws
+	vals, ws := slices.Clone(own.vals), own.ws // a querier's answer is not ours to append to
 	for _, a := range answers {
 		ws.Merge(a.ws)
 		if a.err != nil {
