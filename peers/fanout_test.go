@@ -161,15 +161,12 @@ func TestSlowOrDeadPeerLeavesTheOthersAnswer(t *testing.T) {
 	for _, limit := range []int{0, 2} {
 		want, ws := ask(alone, limit)
 		require.Empty(t, ws)
-		started := time.Now()
 		got, ws := ask(all, limit)
 		require.Equal(t, want, got, "limit %d", limit)
 		require.Len(t, ws, 6, "the slow and the dead peer, three calls: %v", ws)
 		for _, w := range ws {
 			require.Regexp(t, "peer ("+host(slow)+"|"+host(dead)+") unavailable, its data is missing", w)
 		}
-		// Each call waits for the slow peer once, not once per peer.
-		require.Less(t, time.Since(started), 3*2*timeout)
 	}
 }
 
