@@ -29,9 +29,9 @@ type peer struct {
 	self    atomic.Bool
 	chunked remote.ReadClient // streamed XOR chunks: Selects with samples
 	sampled remote.ReadClient // sampled: series-only Selects (streaming drops series without chunks)
-	query   *http.Client      // pushdown.Path, metadata and label calls
+	query   *http.Client      // pushdown.Path, metadata, label and series calls
 
-	labelFallback atomic.Bool // its label calls are read from its series (labels.go)
+	fallback map[string]*atomic.Bool // by call (callLabels, callSeries): read from its series (indexCallDone)
 
 	mu      sync.Mutex
 	horizon map[string]observation // by tenant
@@ -48,7 +48,7 @@ func (s *Set) newPeer(addr string) (*peer, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &peer{addr: addr, horizon: map[string]observation{}}
+	p := &peer{addr: addr, horizon: map[string]observation{}, fallback: map[string]*atomic.Bool{callLabels: {}, callSeries: {}}}
 	p.query = &http.Client{Transport: &transport{set: s, peer: p}}
 	client := func(types ...prompb.ReadRequest_ResponseType) (remote.ReadClient, error) {
 		rc, err := remote.NewReadClient("peer", &remote.ClientConfig{
@@ -168,22 +168,27 @@ func (r *Reader) Querier(tenant string, mint, maxt int64) (promstorage.Querier, 
 	if err != nil {
 		return nil, err
 	}
-	var qs []promstorage.Querier
+	var (
+		pqs []*peerQuerier
+		qs  []promstorage.Querier
+	)
 	now := r.set.now()
 	for _, p := range r.set.snapshot() {
 		if p.covered(tenant, maxt, now, time.Duration(r.set.cfg.HorizonTTL), r.synced) {
 			r.set.m.reads.WithLabelValues("skipped").Inc()
 			continue
 		}
-		qs = append(qs, &peerQuerier{set: r.set, peer: p, tenant: tenant, mint: mint, maxt: maxt})
+		pq := &peerQuerier{set: r.set, peer: p, tenant: tenant, mint: mint, maxt: maxt}
+		pqs, qs = append(pqs, pq), append(qs, pq)
 	}
-	// Under a limit, label calls keep the smallest values everywhere (the
-	// peers do, LabelsHandler), so the merge is the first of the fleet's,
-	// whichever peers are read.
+	// Under a limit, index calls keep the smallest values and series
+	// everywhere (the peers do, IndexHandler), so the merge is the first
+	// of the fleet's, whichever peers are read.
 	if len(qs) == 0 {
 		return query.LimitSmallest(iq), nil
 	}
-	return query.LimitSmallest(promstorage.NewMergeQuerier([]promstorage.Querier{iq}, qs, promstorage.ChainedSeriesMerge)), nil
+	merge := promstorage.NewMergeQuerier([]promstorage.Querier{iq}, qs, promstorage.ChainedSeriesMerge)
+	return query.LimitSmallest(fleetQuerier{Querier: merge, inner: iq, peers: pqs}), nil
 }
 
 // peerQuerier reads one tenant's local data of one peer.
@@ -194,7 +199,17 @@ type peerQuerier struct {
 	mint, maxt int64
 }
 
+// Select reads the peer's series over remote read; series only (hints.Func
+// "series", the series API) are asked of its index (seriesCall).
 func (q *peerQuerier) Select(ctx context.Context, sortSeries bool, hints *promstorage.SelectHints, ms ...*labels.Matcher) promstorage.SeriesSet {
+	if hints != nil && hints.Func == "series" {
+		return q.seriesCall(ctx, sortSeries, hints, ms)
+	}
+	return q.read(ctx, sortSeries, hints, ms)
+}
+
+// read reads the peer's series of ms over remote read.
+func (q *peerQuerier) read(ctx context.Context, sortSeries bool, hints *promstorage.SelectHints, ms []*labels.Matcher) promstorage.SeriesSet {
 	ctx = context.WithValue(ctx, tenantKey{}, q.tenant)
 	src := q.peer.chunked
 	if hints != nil && hints.Func == "series" {
@@ -214,12 +229,13 @@ func (q *peerQuerier) Select(ctx context.Context, sortSeries bool, hints *promst
 }
 
 // eachSeries calls f with the labels of every series of the peer matching
-// ms: label calls to a peer without a label endpoint (labels.go).
+// ms: label calls to a peer without a label endpoint (labels.go), over
+// remote read.
 func (q *peerQuerier) eachSeries(ctx context.Context, ms []*labels.Matcher, f func(labels.Labels)) (annotations.Annotations, error) {
 	if len(ms) == 0 {
 		ms = []*labels.Matcher{labels.MustNewMatcher(labels.MatchRegexp, model.MetricNameLabel, ".+")}
 	}
-	ss := q.Select(ctx, false, &promstorage.SelectHints{Start: q.mint, End: q.maxt, Func: "series"}, ms...)
+	ss := q.read(ctx, false, &promstorage.SelectHints{Start: q.mint, End: q.maxt, Func: "series"}, ms)
 	for ss.Next() {
 		f(ss.At().Labels())
 	}

@@ -99,8 +99,8 @@ func TestFleetLabelCallsAskPeersNotSeries(t *testing.T) {
 	require.Equal(t, []string{"__name__", "name"}, names("globex", nil))
 
 	require.Zero(t, bReads.Load(), "no series read for label calls")
-	require.Equal(t, 9.0, testutil.ToFloat64(a.m.labelCalls.WithLabelValues("labels")))
-	require.Zero(t, testutil.ToFloat64(a.m.labelCalls.WithLabelValues("series")))
+	require.Equal(t, 9.0, testutil.ToFloat64(a.m.labelCalls.WithLabelValues(callLabels, "labels")))
+	require.Zero(t, testutil.ToFloat64(a.m.labelCalls.WithLabelValues(callLabels, "series")))
 	require.Equal(t, 9.0, testutil.ToFloat64(a.m.reads.WithLabelValues("success")))
 	require.Equal(t, 9.0, testutil.ToFloat64(a.m.reads.WithLabelValues("error")))
 }
@@ -212,9 +212,9 @@ func TestLabelCallsFallBackToSeriesForAPreviousRelease(t *testing.T) {
 				require.Equal(t, []string{"__name__", "_id"}, names)
 				require.NoError(t, q.Close())
 			}
-			require.Equal(t, 4.0, testutil.ToFloat64(a.m.labelCalls.WithLabelValues("series")))
-			require.Zero(t, testutil.ToFloat64(a.m.labelCalls.WithLabelValues("labels")))
-			require.Equal(t, 1, strings.Count(logs.String(), "peer does not serve label calls"), "logged once: %s", logs.String())
+			require.Equal(t, 4.0, testutil.ToFloat64(a.m.labelCalls.WithLabelValues(callLabels, "series")))
+			require.Zero(t, testutil.ToFloat64(a.m.labelCalls.WithLabelValues(callLabels, "labels")))
+			require.Equal(t, 1, strings.Count(logs.String(), "peer does not serve index calls"), "logged once: %s", logs.String())
 		})
 	}
 }

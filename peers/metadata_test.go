@@ -30,11 +30,16 @@ func (ix metadataIndex) Metadata(tenant, metric string, _ int) (map[string][]met
 // s's authenticator, as the receiver mounts it.
 func serveMetadata(t *testing.T, s *Set, own metadataIndex) *httptest.Server {
 	t.Helper()
-	local := query.LocalMetadata(own)
-	fleet := query.NewMetadataHandler(s.Metadata(local), nil)
-	srv := httptest.NewServer(auth.Middleware(s.Authenticator(tokens{}), auth.PermRead, nil, s.MetadataHandler(fleet, local, nil)))
+	srv := httptest.NewServer(metadataHandler(s, own))
 	t.Cleanup(srv.Close)
 	return srv
+}
+
+// metadataHandler is what serveMetadata serves.
+func metadataHandler(s *Set, own metadataIndex) http.Handler {
+	local := query.LocalMetadata(own)
+	fleet := query.NewMetadataHandler(s.Metadata(local), nil)
+	return auth.Middleware(s.Authenticator(tokens{}), auth.PermRead, nil, s.MetadataHandler(fleet, local, nil))
 }
 
 var (

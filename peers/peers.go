@@ -9,8 +9,9 @@
 // response, never a failed query (Prometheus' partial response for remote
 // storage), and is counted. Metric metadata, which blocks do not carry, is
 // read from each peer's own and merged too (Metadata, MetadataHandler), and
-// label names and values are asked of each peer's label endpoint rather
-// than read from its series (LabelsHandler).
+// label names and values and the series API's series are asked of each
+// peer's index rather than read from its series (IndexHandler). Peers are
+// asked in parallel, so a call takes as long as the slowest peer.
 //
 // A peer reports, with each answer, its horizon: the time before which all
 // it holds and can still accept is in the bucket. Queries that end before it
@@ -361,10 +362,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"result"}),
 		labelCalls: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_peers_label_calls_total",
-			Help: "Label names and values calls answered by a peer, by how: labels (its label endpoint), series (its series over remote read: a peer without the endpoint, as during a rolling upgrade).",
-		}, []string{"via"}),
+			Help: "Index calls answered by a peer, by call (labels: label names and values; series: /api/v1/series) and how: labels (its local-scope endpoint, from its index), series (its series over remote read: a peer without the endpoint, as during a rolling upgrade).",
+		}, []string{"call", "via"}),
 		duration: f.NewHistogram(prometheus.HistogramOpts{
-			Name: "phonehome_peers_read_duration_seconds", Help: "Time until a peer's answer started (remote read, pushdown, metadata, label calls).",
+			Name: "phonehome_peers_read_duration_seconds", Help: "Time until a peer's answer started (remote read, pushdown, metadata, label and series calls).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 9),
 		}),
 	}
@@ -374,8 +375,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range []string{"success", "error", "skipped"} {
 		m.reads.WithLabelValues(r)
 	}
-	for _, v := range []string{"labels", "series"} {
-		m.labelCalls.WithLabelValues(v)
+	for _, c := range []string{callLabels, callSeries} {
+		for _, v := range []string{"labels", "series"} {
+			m.labelCalls.WithLabelValues(c, v)
+		}
 	}
 	return m
 }

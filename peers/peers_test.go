@@ -106,8 +106,8 @@ func (f *fixture) set(t *testing.T, reg prometheus.Registerer, cfg Config) *Set 
 	return s
 }
 
-// serve runs a replica's remote-read endpoint (on every path) and label
-// calls over local with s's identity.
+// serve runs a replica's remote-read endpoint (on every path) and index
+// calls (label and series calls) over local with s's identity.
 func serve(t *testing.T, s *Set, local tenantDBs, horizon func(string) int64) *httptest.Server {
 	t.Helper()
 	srv, _ := serveCounted(t, s, local, horizon)
@@ -117,20 +117,27 @@ func serve(t *testing.T, s *Set, local tenantDBs, horizon func(string) int64) *h
 // serveCounted is serve, also returning the count of remote reads served.
 func serveCounted(t *testing.T, s *Set, local tenantDBs, horizon func(string) int64) (*httptest.Server, *atomic.Int64) {
 	t.Helper()
+	h, reads := replicaHandler(s, local, horizon)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv, reads
+}
+
+// replicaHandler is what serveCounted serves.
+func replicaHandler(s *Set, local tenantDBs, horizon func(string) int64) (http.Handler, *atomic.Int64) {
 	var reads atomic.Int64
 	read := s.Handler(discard, nil, local, local, horizon, query.ReadOptions{})
-	labelCalls := auth.Middleware(s.Authenticator(tokens{}), auth.PermRead, nil,
-		s.LabelsHandler(discard, query.NewLabelHandler(discard, local, nil), local, nil))
+	indexCalls := auth.Middleware(s.Authenticator(tokens{}), auth.PermRead, nil,
+		s.IndexHandler(discard, query.NewIndexHandler(discard, local, nil), local, nil))
 	mux := http.NewServeMux()
 	mux.Handle("/", auth.Middleware(s.Authenticator(tokens{}), auth.PermRead, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		reads.Add(1)
 		read.ServeHTTP(w, r)
 	})))
-	mux.Handle(query.LabelNamesPath, labelCalls)
-	mux.Handle(query.LabelValuesPath, labelCalls)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	return srv, &reads
+	for _, p := range query.IndexPaths {
+		mux.Handle(p, indexCalls)
+	}
+	return mux, &reads
 }
 
 type sample struct {

@@ -45,7 +45,7 @@ func (s *Set) Handler(logger *slog.Logger, reg prometheus.Registerer, fleet, loc
 }
 
 // Authenticator returns base extended with the replica token, for the peer
-// endpoints only (remote read, pushdown, metadata, label calls): a request bearing the replica token reads the
+// endpoints only (remote read, pushdown, metadata, label and series calls): a request bearing the replica token reads the
 // tenant named in TenantHeader, local scope only (ScopeHeader), and nothing
 // else. Every other request is base's: a tenant's read token reads that
 // tenant and TenantHeader is ignored, so one tenant can never name another.

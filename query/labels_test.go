@@ -31,14 +31,14 @@ func openValuesDB(t *testing.T, values ...string) *tsdb.DB {
 	return db
 }
 
-func TestLabelHandler(t *testing.T) {
+func TestIndexHandler(t *testing.T) {
 	dbs := tenantDBs{
 		// Created last to first: the head holds values in creation order,
 		// so a limit without LimitSmallest keeps "z".
 		"acme":   openValuesDB(t, "z", "y", "c", "b", "a"),
 		"globex": openValuesDB(t, "secret"),
 	}
-	h := NewLabelHandler(discardLogger(), dbs, nil)
+	h := NewIndexHandler(discardLogger(), dbs, nil)
 	get := func(tenant, path string, form url.Values) (int, []string, []string) {
 		t.Helper()
 		r := httptest.NewRequest(http.MethodGet, path+"?"+form.Encode(), nil)
@@ -84,5 +84,27 @@ func TestLabelHandler(t *testing.T) {
 	}
 
 	code, _, _ := get("acme", "/api/v1/query", url.Values{"query": {"up"}})
-	require.Equal(t, http.StatusNotFound, code, "label calls only")
+	require.Equal(t, http.StatusNotFound, code, "index calls only")
+
+	series := func(tenant string, form url.Values) ([]map[string]string, []string) {
+		t.Helper()
+		r := httptest.NewRequest(http.MethodGet, SeriesPath+"?"+form.Encode(), nil)
+		r = r.WithContext(auth.WithIdentity(r.Context(), auth.Identity{Tenant: tenant}))
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+		var body struct {
+			Data     []map[string]string `json:"data"`
+			Warnings []string            `json:"warnings"`
+		}
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &body), rec.Body.String())
+		return body.Data, body.Warnings
+	}
+	up := func(v string) map[string]string { return map[string]string{"__name__": "up", "v": v} }
+	got, ws := series("acme", url.Values{"match[]": {"up"}, "limit": {"2"}})
+	require.Equal(t, []map[string]string{up("a"), up("b")}, got, "the smallest series under limit, not the first created")
+	require.Equal(t, []string{"results truncated due to limit"}, ws)
+	got, ws = series("globex", url.Values{"match[]": {"up"}})
+	require.Equal(t, []map[string]string{up("secret")}, got, "the tenant's only")
+	require.Empty(t, ws)
 }

@@ -349,10 +349,11 @@ func run(args []string, stderr io.Writer) int {
 		peerSet.Handler(logger.With("component", "remote_read"), reg, reader, db, db.PeerHorizon, query.ReadOptions{Ready: isReady})))
 	mux.Handle("GET "+peers.MetadataPath, auth.Middleware(peerSet.Authenticator(a.authn), auth.PermRead, nil,
 		peerSet.MetadataHandler(api, localMeta, isReady)))
-	labelCalls := auth.Middleware(peerSet.Authenticator(a.authn), auth.PermRead, nil, // a peer's: its own labels, not its series
-		peerSet.LabelsHandler(logger.With("component", "query"), api, db, isReady))
-	mux.Handle(query.LabelNamesPath, labelCalls)
-	mux.Handle(query.LabelValuesPath, labelCalls)
+	indexCalls := auth.Middleware(peerSet.Authenticator(a.authn), auth.PermRead, nil, // a peer's: its own index, not its samples
+		peerSet.IndexHandler(logger.With("component", "query"), api, db, isReady))
+	for _, p := range query.IndexPaths {
+		mux.Handle(p, indexCalls)
+	}
 	mux.Handle("POST "+pushdown.Path, auth.Middleware(peerSet.Authenticator(a.authn), auth.PermRead, nil,
 		peerSet.WithInstance(pushdown.NewHandler(logger.With("component", "pushdown"), engine, query.NewQueryable(db), relabel.IDLabel, isReady))))
 	if a.authorize != nil {

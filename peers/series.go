@@ -1,0 +1,71 @@
+package peers
+
+import (
+	"context"
+	"errors"
+	"slices"
+
+	"github.com/prometheus/prometheus/model/labels"
+	promstorage "github.com/prometheus/prometheus/storage"
+	"github.com/prometheus/prometheus/util/annotations"
+
+	"github.com/phonehome/phonehome/query"
+)
+
+// seriesCall asks the peer's series endpoint, with local scope and the
+// tenant's credential (the peer transport), for the series of ms over the
+// hints' range and, under hints.Limit, the smallest of its own: its index
+// answers, and no sample is read or sent. They come back sorted, without
+// samples, as the series of a series-only Select. A peer that fails is an
+// error naming it (a warning of the merge); one without the endpoint is
+// read over remote read instead (indexCallDone).
+func (q *peerQuerier) seriesCall(ctx context.Context, sortSeries bool, hints *promstorage.SelectHints, ms []*labels.Matcher) promstorage.SeriesSet {
+	callCtx, cancel := q.callContext(ctx)
+	defer cancel()
+	out, err := getAPI[[]map[string]string](callCtx, q.set, q.peer, query.SeriesPath, apiParams(hints.Start, hints.End, hints.Limit, ms))
+	err = q.set.indexCallDone(q.peer, callSeries, refused(err))
+	switch {
+	case errors.Is(err, errNoIndexCalls):
+		return q.read(ctx, sortSeries, hints, ms) // ctx: the read streams after this returns
+	case err != nil:
+		return promstorage.ErrSeriesSet(err)
+	}
+	// One symbol table for the whole answer (-tags dedupelabels).
+	b := labels.NewScratchBuilderWithSymbolTable(labels.NewSymbolTable(), 0)
+	set := make([]labels.Labels, 0, len(out.Data))
+	for _, m := range out.Data {
+		b.Reset()
+		for n, v := range m {
+			b.Add(n, v)
+		}
+		b.Sort()
+		set = append(set, b.Labels())
+	}
+	// The merge needs them sorted and distinct; a peer is not trusted to.
+	slices.SortFunc(set, labels.Compare)
+	set = slices.CompactFunc(set, labels.Equal)
+	if hints.Limit > 0 && len(set) > hints.Limit {
+		set = set[:hints.Limit]
+	}
+	return &labelsOnly{set: set, ws: out.annotations(q.peer)}
+}
+
+// labelsOnly is a series set of series without samples.
+type labelsOnly struct {
+	set []labels.Labels
+	ws  annotations.Annotations
+	cur promstorage.Series
+}
+
+func (s *labelsOnly) Next() bool {
+	if len(s.set) == 0 {
+		return false
+	}
+	s.cur = promstorage.NewListSeries(s.set[0], nil)
+	s.set = s.set[1:]
+	return true
+}
+
+func (s *labelsOnly) At() promstorage.Series            { return s.cur }
+func (*labelsOnly) Err() error                          { return nil }
+func (s *labelsOnly) Warnings() annotations.Annotations { return s.ws }
