@@ -76,18 +76,12 @@ type Server struct {
 
 // source is one definition file and its state.
 type source struct {
-	tenant    string // the metrics' tenant label: the tenant, or DefaultTenant
-	path      string // "" for an orphan
-	statePath string // "" without ServerOptions.StateDir
-	// stopped is when the previous run stopped serving this definition
-	// (savedState.stoppedAt): what it served then counts as replaced then.
-	// Set at construction.
-	stopped time.Time
-
-	reloadMu sync.Mutex // serializes reload and persist; guards fileHash, served
-	fileHash [sha256.Size]byte
-	served   time.Time // last recorded in the state file (markServed)
-	state    atomic.Pointer[serverState]
+	tenant    string     // the metrics' tenant label: the tenant, or DefaultTenant
+	path      string     // "" for an orphan
+	statePath string     // "" without ServerOptions.StateDir
+	reloadMu  sync.Mutex // serializes reload; guards fileHash
+	fileHash  [sha256.Size]byte
+	state     atomic.Pointer[serverState]
 }
 
 // orphan reports whether src is a definition no longer configured: no
@@ -108,10 +102,10 @@ type ServerOptions struct {
 	// when the last grace period of a removed one ends (not at
 	// construction), e.g. to recompute the server-side policy.
 	OnChange func()
-	// StateDir, when set, is where each tenant's current definition (with
-	// when it was last served) and the versions it replaced, with when,
-	// are persisted (written atomically on every change, at start, every
-	// servedRefresh and when Run ends) and restored from at construction,
+	// StateDir, when set, is where each tenant's current definition and
+	// the versions it replaced, with when, are persisted (written
+	// atomically at start and on every change) and restored from at
+	// construction,
 	// so the grace period survives a restart; a file there outlives its
 	// definition file (a tenant's, or the default's) by a grace period
 	// (see Allowlists). Created if missing.
@@ -299,8 +293,6 @@ func (s *Server) orphanSources() []*source {
 func (s *Server) reload(src *source) bool {
 	src.reloadMu.Lock()
 	defer src.reloadMu.Unlock()
-	now := s.now()
-	defer s.markServed(src, now, false) // unless the change below just did
 	if b, err := os.ReadFile(src.path); err == nil && sha256.Sum256(b) == src.fileHash {
 		return false
 	}
@@ -315,6 +307,7 @@ func (s *Server) reload(src *source) bool {
 	if c.ETag == old.cur.ETag { // reformatted, same content
 		return false
 	}
+	now := s.now()
 	st := &serverState{cur: c, prev: s.history(src, c, append([]replaced{{def: old.cur, at: now}}, old.prev...), now)}
 	src.state.Store(st)
 	s.persist(src, st)
@@ -327,33 +320,19 @@ func (s *Server) reload(src *source) bool {
 	return true
 }
 
-// Run reloads every interval and whenever hup delivers, until ctx ends;
-// then it records in the state files that the definitions in force were
-// served until now (a file changed before the next start replaces them
-// as of now).
+// Run reloads every interval and whenever hup delivers, until ctx ends.
 func (s *Server) Run(ctx context.Context, interval time.Duration, hup <-chan os.Signal) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			s.stop()
 			return nil
 		case <-t.C:
 			s.Reload()
 		case <-hup:
 			s.Reload()
 		}
-	}
-}
-
-// stop records that every definition in force was served until now.
-func (s *Server) stop() {
-	now := s.now()
-	for _, src := range s.sources() {
-		src.reloadMu.Lock()
-		s.markServed(src, now, true)
-		src.reloadMu.Unlock()
 	}
 }
 

@@ -19,38 +19,18 @@ type historyServer struct {
 	now      time.Time
 	stateDir string
 	grace    time.Duration
-	running  *Server // the last opened, until stopped
 }
 
 func newHistory(t *testing.T) *historyServer {
 	return &historyServer{t: t, now: time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC), stateDir: t.TempDir(), grace: time.Hour}
 }
 
-// open is a restart at h.now: the running Server stops (as when Run's
-// context ends), a new one starts.
 func (h *historyServer) open(f Files) *Server {
-	h.t.Helper()
-	h.stop()
-	return h.start(f)
-}
-
-// stop stops the running Server at h.now.
-func (h *historyServer) stop() {
-	if h.running != nil {
-		h.running.stop()
-		h.running = nil
-	}
-}
-
-// start starts a Server at h.now without stopping the running one (as
-// after a crash).
-func (h *historyServer) start(f Files) *Server {
 	h.t.Helper()
 	s, err := NewServer(discard(), prometheus.NewRegistry(), f, ServerOptions{
 		GracePeriod: h.grace, StateDir: h.stateDir, Now: func() time.Time { return h.now },
 	})
 	require.NoError(h.t, err)
-	h.running = s
 	return s
 }
 

@@ -135,15 +135,10 @@ func TestServerGracePeriodSurvivesRestart(t *testing.T) {
 	stateDir := filepath.Join(t.TempDir(), "gathering")
 	now := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }
-	var running *Server
-	open := func() *Server { // a restart at now
+	open := func() *Server {
 		t.Helper()
-		if running != nil {
-			running.stop()
-		}
 		s, err := NewServer(discard(), prometheus.NewRegistry(), f, ServerOptions{GracePeriod: time.Hour, StateDir: stateDir, Now: clock})
 		require.NoError(t, err)
-		running = s
 		return s
 	}
 	is := func(l interface{ Allows(labels.Labels) bool }, name string) bool {
@@ -180,8 +175,6 @@ func TestServerGracePeriodSurvivesRestart(t *testing.T) {
 	require.Equal(t, changedAt.Add(time.Hour), acceptedUntil(a, "a_metric"))
 
 	// An unusable state file is ignored (and replaced): no previous version.
-	running.stop()
-	running = nil
 	require.NoError(t, os.WriteFile(filepath.Join(stateDir, "tenants", "a.json"), []byte("{not json"), 0o600))
 	s = open()
 	_, tenants = s.Allowlists()
@@ -210,7 +203,6 @@ func TestServerTenantMovedOffTheDefaultKeepsItsGrace(t *testing.T) {
 	require.Equal(t, "d1", s.Current("acme").Def.Version)
 
 	now = now.Add(time.Minute)
-	s.stop() // a restart
 	s, err = NewServer(discard(), prometheus.NewRegistry(), tenantFiles(t, def, map[string]string{"acme": "version: a1\nselectors: [acme_metric]\n"}), opts)
 	require.NoError(t, err)
 	_, tenants := s.Allowlists()

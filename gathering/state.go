@@ -22,12 +22,6 @@ import (
 // change per GracePeriod/MaxPrevious (22.5 minutes for 6h) to get there.
 const MaxPrevious = 16
 
-// servedRefresh is how often a running receiver records, in each state
-// file, that its definition in force is still served: after a crash, the
-// grace period of a version replaced while the receiver was down is at
-// most this much shorter than the grace period.
-const servedRefresh = time.Minute
-
 // replaced is a definition that was in force until at.
 type replaced struct {
 	def *Compiled
@@ -35,18 +29,12 @@ type replaced struct {
 }
 
 // persistedState is a tenant's state file: the definition in force (none
-// for a definition no longer configured) with when it was last served,
-// and the versions it replaced within the grace period, each with when it
-// was replaced. Definitions are their canonical JSON bodies, decoded and
+// for a definition no longer configured) and the versions it replaced
+// within the grace period, each with when it was replaced. Definitions are their canonical JSON bodies, decoded and
 // validated again when restored. Previous and ReplacedAt are the format
 // that kept a single previous version: read, no longer written.
 type persistedState struct {
-	Current json.RawMessage `json:"current,omitempty"`
-	// Served is when the receiver last served Current (written at every
-	// change, at start, every servedRefresh and when it stops): if Current
-	// is replaced while the receiver is down, it was replaced then. Files
-	// written before it was recorded lack it (see savedState.stoppedAt).
-	Served     time.Time          `json:"served,omitzero"`
+	Current    json.RawMessage    `json:"current,omitempty"`
 	Versions   []persistedVersion `json:"previous_versions,omitempty"` // newest first
 	Previous   json.RawMessage    `json:"previous,omitempty"`
 	ReplacedAt time.Time          `json:"replaced,omitzero"`
@@ -59,20 +47,8 @@ type persistedVersion struct {
 
 // savedState is a state file as read back.
 type savedState struct {
-	was    *Compiled // the definition in force before the restart; nil if none
-	served time.Time // when was was last served; zero if not recorded
-	prev   []replaced
-}
-
-// stoppedAt is when the previous run stopped serving was: what it served
-// and is no longer in force counts as replaced then, so a state file left
-// for longer than the grace period gives nothing more. A file that does
-// not say (written before this was recorded) counts as now.
-func (ss savedState) stoppedAt(now time.Time) time.Time {
-	if ss.served.IsZero() || ss.served.After(now) {
-		return now
-	}
-	return ss.served
+	was  *Compiled // the definition in force before the restart; nil if none
+	prev []replaced
 }
 
 // statePath is <dir>/default.json for the default definition and
@@ -107,7 +83,7 @@ func loadState(path string) (savedState, error) {
 	if err := json.Unmarshal(b, &ps); err != nil {
 		return savedState{}, err
 	}
-	ss := savedState{served: ps.Served}
+	var ss savedState
 	if len(ps.Current) > 0 {
 		if ss.was, err = compileJSON(ps.Current); err != nil {
 			return savedState{}, fmt.Errorf("current: %w", err)
@@ -164,39 +140,42 @@ func (s *Server) history(src *source, cur *Compiled, entries []replaced, now tim
 // until its own grace period ends), plus:
 //   - cur is what was in force before the restart: nothing;
 //   - the file changed while the receiver was down: what was in force
-//     before, replaced when the previous run stopped serving it;
+//     before, replaced now;
 //   - a tenant without a definition of its own before (no state file, or
 //     one left when its file was removed from the configuration): its
-//     forwarders were served the default until the previous run stopped,
-//     so the default's definition, replaced then, and the default's
-//     previous versions; the default's own file has nothing before it;
+//     forwarders were served the default until now, so the default's
+//     definition, replaced now, and the default's previous versions; the
+//     default's own file has nothing before it;
 //   - an unusable state file: nothing, and no previous version.
+//
+// What was replaced while the receiver was down counts as replaced at
+// start, however long ago the state file was written: forwarders cannot
+// poll a stopped receiver, so those it served are still on what it
+// served, and a backlog they gathered with it arrives after the start.
 //
 // The state file is rewritten: cur is served from now on.
 func (s *Server) restore(src *source, cur *Compiled) *serverState {
 	now := s.now()
 	st := &serverState{cur: cur}
-	src.stopped = now
 	saved, err := loadState(src.statePath)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		s.logger.Warn("unusable gathering state, no previous definition", "tenant", src.tenant, "file", src.statePath, "err", err)
 		s.persist(src, st)
 		return st
 	}
-	src.stopped = saved.stoppedAt(now)
 	prev := saved.prev
 	var last replaced // what the forwarders were served before, if not cur
 	msg := ""
 	switch {
 	case saved.was != nil && saved.was.ETag == cur.ETag: // as before the restart
 	case saved.was != nil:
-		last = replaced{def: saved.was, at: src.stopped}
+		last = replaced{def: saved.was, at: now}
 		prev = append(prev, last)
 		msg = "gathering definition changed while stopped"
 	case src.tenant != DefaultTenant && s.def != nil: // NewServer opens the default first
 		def := s.def.state.Load()
 		if def.cur != nil {
-			last = replaced{def: def.cur, at: s.def.stopped}
+			last = replaced{def: def.cur, at: now}
 			prev = append(prev, last)
 		}
 		prev = append(prev, def.prev...)
@@ -239,7 +218,7 @@ func (s *Server) restoreOrphans(dir string, configured map[string]string) map[st
 // down), from its state file under dir, or nil if nothing of it is still
 // within its grace period. It has no definition in force — a tenant is
 // served the default, the default's tenants nothing (404) — but its last
-// definition, replaced when the previous run stopped serving it, and the
+// definition, replaced at start (see restore), and the
 // versions that one replaced stay accepted, each until its grace period
 // ends (see Server.Allowlists). Its state file, rewritten without a
 // definition in force, keeps them across restarts, and is deleted once
@@ -258,17 +237,16 @@ func (s *Server) restoreOrphan(dir, tenant string) *source {
 		return nil
 	}
 	now := s.now()
-	src.stopped = saved.stoppedAt(now)
 	prev := saved.prev
 	if saved.was != nil {
-		prev = append(prev, replaced{def: saved.was, at: src.stopped})
+		prev = append(prev, replaced{def: saved.was, at: now})
 	}
 	st := &serverState{prev: s.history(src, nil, prev, now)}
 	if len(st.prev) == 0 {
 		s.removeState(src)
 		return nil
 	}
-	if until := src.stopped.Add(s.grace); saved.was != nil && now.Before(until) {
+	if until := now.Add(s.grace); saved.was != nil && now.Before(until) {
 		msg := "tenant has no gathering definition of its own any more; its last one is accepted meanwhile"
 		if tenant == DefaultTenant {
 			msg = "no default gathering definition any more; its last one is accepted meanwhile"
@@ -308,17 +286,6 @@ func (s *Server) removeState(src *source) {
 	s.logger.Info("grace period of a gathering definition no longer configured ended, state removed", "tenant", src.tenant, "file", src.statePath)
 }
 
-// markServed records in src's state file that its definition in force is
-// served at now, if it was last recorded servedRefresh ago or more (or
-// always, with force: the receiver stops). The caller holds src.reloadMu
-// or is the only user of src.
-func (s *Server) markServed(src *source, now time.Time, force bool) {
-	if src.orphan() || (!force && now.Sub(src.served) < servedRefresh) {
-		return
-	}
-	s.persist(src, src.state.Load())
-}
-
 func compileJSON(b []byte) (*Compiled, error) {
 	d, err := Decode(b)
 	if err != nil {
@@ -336,9 +303,7 @@ func (s *Server) persist(src *source, st *serverState) {
 	}
 	var ps persistedState
 	if st.cur != nil {
-		now := s.now()
-		ps.Current, ps.Served = st.cur.Body, now.UTC()
-		src.served = now
+		ps.Current = st.cur.Body
 	}
 	for _, r := range st.prev {
 		ps.Versions = append(ps.Versions, persistedVersion{Definition: r.def.Body, Replaced: r.at.UTC()})
