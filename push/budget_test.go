@@ -172,3 +172,28 @@ func TestPushSeriesBudget429OnlyWhenAFlushMakesRoom(t *testing.T) {
 	require.NotContains(t, f.held("acme"), junk(1))
 	require.NotContains(t, f.held("acme"), junk(2))
 }
+
+// TestPushSeriesBudget429BeforeTheFirstFlush: after a restart nothing is
+// evictable until the first flush (it is what tells the TSDB holds the
+// series), so a push that needs room then gets 429, not 400: the retry
+// after that flush evicts the idle series.
+func TestPushSeriesBudget429BeforeTheFirstFlush(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxSeriesPerTenant = 2
+	cfg.RateLimit = RateLimit{RequestsPerSecond: 1e6, Burst: 1e6}
+	f := newFixture(t, cfg)
+	for range 2 { // established series
+		code, body, _ := f.push(http.MethodPost, "/metrics/job/i", "tok-a", "", counterText)
+		require.Equal(t, http.StatusOK, code, body)
+	}
+	f.state("acme")
+	f.now = f.now.Add(48 * time.Hour) // idle for longer than evict_idle_after
+
+	f.reopen() // a restart; no flush yet
+	code, body, hdr := f.push(http.MethodPost, "/metrics/job/i", "tok-a", "", counterPush(`new="1"`))
+	require.Equal(t, http.StatusTooManyRequests, code, body)
+	require.Equal(t, "30", hdr.Get("Retry-After"))
+	f.state("acme")
+	code, body, _ = f.push(http.MethodPost, "/metrics/job/i", "tok-a", "", counterPush(`new="1"`))
+	require.Equal(t, http.StatusOK, code, body)
+}

@@ -3,6 +3,7 @@ package push
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/prometheus/common/model"
@@ -40,6 +41,10 @@ func (g *Gateway) Erase(tenant string, ms []*labels.Matcher) (int, error) {
 		return 0, nil
 	}
 	st.dropOrphanLayouts()
+	// The eviction order and the fresh list hold the erased series' labels
+	// (the cluster's _id among them) until the next flush: drop them now.
+	st.evict = nil
+	st.fresh = slices.DeleteFunc(st.fresh, func(f freshSeries) bool { return !st.isFresh(f) })
 	if g.broken == nil {
 		err := g.log.compact(g.state, g.seq)
 		if err == nil {

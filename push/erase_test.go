@@ -52,3 +52,37 @@ func TestPushRefusesADeniedCluster(t *testing.T) {
 	require.Len(t, f.state("acme"), 2)
 	require.InDelta(t, 1, testutil.ToFloat64(f.gw.metrics.rejected.WithLabelValues(reasonErased)), 0)
 }
+
+// TestEraseDropsTheClusterFromTheEvictionBookkeeping: the eviction order and
+// the list of series pushed once hold labels, _id included, until the next
+// flush; an erasure must not leave the cluster's there.
+func TestEraseDropsTheClusterFromTheEvictionBookkeeping(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxSeriesPerTenant = 3
+	f := newFixture(t, cfg)
+	push := func(tok, ls string) {
+		t.Helper()
+		code, body, _ := f.push(http.MethodPost, "/metrics/job/i", tok, "", counterPush(ls))
+		require.Equal(t, http.StatusOK, code, body)
+	}
+	push("tok-c1", `a="1"`)
+	push("tok-c1", `a="2"`)
+	f.state("acme")         // both flushed: evictable
+	push("tok-c1", `a="3"`) // pushed once, unflushed: fresh
+	push("tok-c2", `b="1"`) // the budget is full: the order is built, a="1" evicted
+
+	f.gw.mu.Lock()
+	st := f.gw.state["acme"]
+	require.NotNil(t, st.evict, "the order was built")
+	require.NotEmpty(t, st.fresh)
+	f.gw.mu.Unlock()
+
+	_, err := f.gw.Erase("acme", []*labels.Matcher{labels.MustNewMatcher(labels.MatchEqual, "_id", "c1")})
+	require.NoError(t, err)
+	f.gw.mu.Lock()
+	defer f.gw.mu.Unlock()
+	require.Nil(t, st.evict)
+	for _, fr := range st.fresh {
+		require.NotEqual(t, "c1", fr.it.Labels.Get("_id"))
+	}
+}

@@ -177,8 +177,8 @@ func (v view) busy(keys []string, inPush map[string]float64) bool {
 // If too few can go, the push is refused with 429 (Retry-After: the flush
 // interval) only if the series that the next flush makes evictable — those
 // pushed once since the last flush, pending ones included — would then make
-// room for it, unless they are pushed again meanwhile; else with 400, as
-// waiting would not help.
+// room for it, unless they are pushed again meanwhile, or if no flush has
+// run since the start; else with 400, as waiting would not help.
 func (g *Gateway) makeRoomLocked(rec *record, v view, inPush map[string]float64, need, created int, now int64) error {
 	if created > g.cfg.MaxSeriesPerTenant {
 		return reject(reasonSeriesLimit, errInvalid, "push would create %d new series, more than the tenant's limit of %d aggregated series", created, g.cfg.MaxSeriesPerTenant)
@@ -190,7 +190,9 @@ func (g *Gateway) makeRoomLocked(rec *record, v view, inPush map[string]float64,
 	o.take(&o.often, v, inPush, now-time.Duration(g.cfg.EvictIdleAfter).Milliseconds(), &chosen, &short)
 	if short > 0 {
 		rj := reject(reasonSeriesLimit, errInvalid, "push would create %d new series; the tenant's limit of %d aggregated series is reached and too few can be evicted (only series written to storage and pushed once, or idle for push.evict_idle_after)", created, g.cfg.MaxSeriesPerTenant)
-		if v.flushFrees(inPush, short) {
+		// Until the first flush after a start nothing is evictable yet, and
+		// idle series may be once it has run: only a retry can tell.
+		if v.ts.flushedSeq == 0 || v.flushFrees(inPush, short) {
 			rj.class, rj.retryAfter = errRateLimited, time.Duration(g.cfg.FlushInterval)
 		}
 		return rj
