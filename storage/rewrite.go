@@ -10,6 +10,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/prometheus/model/labels"
+	promstorage "github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/prometheus/prometheus/tsdb/chunks"
 	"github.com/prometheus/prometheus/tsdb/index"
@@ -103,10 +104,39 @@ func RewriteBlock(ctx context.Context, logger *slog.Logger, srcDir, destDir stri
 	return res, nil
 }
 
+// IndexHolds reports whether the block index file at path holds a series
+// matching ms or any forbidden string among its symbols: whether
+// RewriteBlock would rewrite its block. It reads the index only, so that an
+// erasure downloads the chunks of just the blocks it rewrites.
+func IndexHolds(ctx context.Context, path string, ms []*labels.Matcher, forbidden []string) (holds bool, err error) {
+	ix, err := index.NewFileReader(path, index.DecodePostingsRaw)
+	if err != nil {
+		return false, fmt.Errorf("open index %s: %w", path, err)
+	}
+	defer func() {
+		if cerr := ix.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("close index: %w", cerr)
+		}
+	}()
+	_, _, removed, found, err := scanIndex(ctx, ix, ms, forbidden)
+	if err != nil {
+		return false, fmt.Errorf("read index %s: %w", path, err)
+	}
+	return removed > 0 || found, nil
+}
+
+// indexScanner is what scanIndex reads of an index: a block's
+// (tsdb.IndexReader) or an index file's (*index.Reader).
+type indexScanner interface {
+	Symbols() index.StringIter
+	Postings(ctx context.Context, name string, values ...string) (index.Postings, error)
+	Series(ref promstorage.SeriesRef, builder *labels.ScratchBuilder, chks *[]chunks.Meta) error
+}
+
 // scanIndex returns the sorted symbols of the series not matching ms, the
 // numbers of series not matching and matching, and whether any forbidden
 // string is a symbol.
-func scanIndex(ctx context.Context, ix tsdb.IndexReader, ms []*labels.Matcher, forbidden []string) (kept []string, keptSeries, removed int, found bool, err error) {
+func scanIndex(ctx context.Context, ix indexScanner, ms []*labels.Matcher, forbidden []string) (kept []string, keptSeries, removed int, found bool, err error) {
 	syms := ix.Symbols()
 	for syms.Next() {
 		if slices.Contains(forbidden, syms.At()) {

@@ -27,6 +27,7 @@ import (
 // Object names inside a block directory.
 const (
 	MetaFile         = "meta.json"
+	IndexFile        = "index"
 	DeletionMarkFile = "deletion-mark.json"
 )
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/oklog/ulid/v2"
@@ -121,7 +122,24 @@ func (r *Runner) eraseBlock(ctx context.Context, b block, replaced bool, ms []*l
 		src := filepath.Join(workDir, b.id.String())
 		out := filepath.Join(workDir, "out")
 		defer func() { _ = os.RemoveAll(src); _ = os.RemoveAll(out) }()
-		if err := download(ctx, r.bkt, b.id, src); err != nil {
+		// The index first: most blocks of a tenant do not hold the cluster
+		// (other replicas', other times'), and their chunks are most of
+		// the bytes.
+		if err := os.RemoveAll(src); err != nil {
+			return err
+		}
+		ixPath := filepath.Join(src, IndexFile)
+		if err := getFile(ctx, r.bkt, path.Join(b.id.String(), IndexFile), ixPath); err != nil {
+			return err
+		}
+		holds, err := storage.IndexHolds(ctx, ixPath, ms, forbidden)
+		if err != nil {
+			return err
+		}
+		if !holds {
+			return nil
+		}
+		if err := download(ctx, r.bkt, b.id, src, IndexFile); err != nil {
 			return err
 		}
 		rw, err := storage.RewriteBlock(ctx, r.logger, src, out, ms, forbidden)
@@ -172,14 +190,12 @@ func (r *Runner) deleteErased(ctx context.Context, id ulid.ULID, details string,
 	return nil
 }
 
-// download copies every object of block id except its deletion mark into dir.
-func download(ctx context.Context, bkt objstore.Bucket, id ulid.ULID, dir string) error {
-	if err := os.RemoveAll(dir); err != nil {
-		return err
-	}
+// download copies every object of block id except its deletion mark and
+// the files named in have (already there) into dir.
+func download(ctx context.Context, bkt objstore.Bucket, id ulid.ULID, dir string, have ...string) error {
 	return bkt.Iter(ctx, id.String(), func(name string) error {
 		rel := strings.TrimPrefix(name, id.String()+"/")
-		if rel == name || rel == "" || rel == DeletionMarkFile || strings.Contains(rel, "..") {
+		if rel == name || rel == "" || rel == DeletionMarkFile || slices.Contains(have, rel) || strings.Contains(rel, "..") {
 			return nil
 		}
 		return getFile(ctx, bkt, name, filepath.Join(dir, filepath.FromSlash(rel)))
@@ -213,7 +229,7 @@ func indexContains(ctx context.Context, bkt objstore.Bucket, id ulid.ULID, strs 
 	if len(strs) == 0 {
 		return false, nil
 	}
-	rc, err := bkt.Get(ctx, path.Join(id.String(), "index"))
+	rc, err := bkt.Get(ctx, path.Join(id.String(), IndexFile))
 	if bkt.IsObjNotFoundErr(err) {
 		return false, nil
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -192,13 +193,22 @@ func TestEraseBucketLeavesOtherTenantsAndCleanBlocks(t *testing.T) {
 	before := scanOK(t, bkt)
 	cfg := storage.Config{}
 	cfg.SetDefaults()
-	r := New(discard, nil, bkt, cfg, Options{})
+	reads := &readRecorder{Bucket: bkt}
+	r := New(discard, nil, reads, cfg, Options{})
 	var calls [][2]int
 	ms := []*labels.Matcher{labels.MustNewMatcher(labels.MatchEqual, "_id", "nobody")}
 	res, err := r.EraseBucket(context.Background(), "acme", ms, []string{"nobody"}, t.TempDir(), func(d, n int) { calls = append(calls, [2]int{d, n}) })
 	require.NoError(t, err)
 	require.Equal(t, BucketErasure{Blocks: 3}, res)
 	require.Equal(t, [][2]int{{0, 3}, {1, 3}, {2, 3}, {3, 3}}, calls)
+	indexes := 0
+	for _, n := range reads.names {
+		require.NotContains(t, n, "/chunks/", "a block without the cluster is read from its index alone")
+		if path.Base(n) == IndexFile {
+			indexes++
+		}
+	}
+	require.Equal(t, 3, indexes, "%v", reads.names)
 	after := scanOK(t, bkt)
 	require.Equal(t, len(before), len(after))
 	for _, b := range after {
@@ -206,4 +216,18 @@ func TestEraseBucketLeavesOtherTenantsAndCleanBlocks(t *testing.T) {
 		require.NoError(t, err)
 		require.False(t, ok)
 	}
+}
+
+// readRecorder records the objects read whole (Get).
+type readRecorder struct {
+	objstore.Bucket
+	mu    sync.Mutex
+	names []string
+}
+
+func (b *readRecorder) Get(ctx context.Context, name string) (io.ReadCloser, error) {
+	b.mu.Lock()
+	b.names = append(b.names, name)
+	b.mu.Unlock()
+	return b.Bucket.Get(ctx, name)
 }
