@@ -84,7 +84,7 @@ func TestWebhookBoundsLookupsInFlight(t *testing.T) {
 	start := time.Now()
 	_, err := wh.AuthorizeFleet(context.Background(), "good", "c1")
 	require.ErrorIs(t, err, ErrUpstream)
-	require.Less(t, time.Since(start), time.Second, "it waited for the upstream")
+	require.Less(t, time.Since(start), 5*time.Second, "it waited for the upstream") // which holds it until released
 
 	release <- struct{}{} // one lookup ends: room for another
 	require.NoError(t, <-done)

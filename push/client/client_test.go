@@ -142,7 +142,7 @@ func TestPushReturnsWithinTimeout(t *testing.T) {
 			err := c.Push(context.Background())
 			require.Error(t, err)
 			require.Contains(t, err.Error(), tc.want)
-			require.Less(t, time.Since(start), 2*time.Second, "push must return around its timeout")
+			require.Less(t, time.Since(start), 5*time.Second, "push must return around its timeout") // not hang (a stuck transport would)
 		})
 	}
 }
