@@ -63,9 +63,10 @@ type Poller struct {
 	logger *slog.Logger
 	opts   PollerOptions
 
-	mu    sync.Mutex // serializes polls
-	etag  string     // of the definition in force, from the fleet or the cache
-	inUse string     // version in force
+	mu      sync.Mutex // serializes polls (and Reapply)
+	etag    string     // of the definition in force, from the fleet or the cache
+	inUse   string     // version in force
+	inForce *Compiled  // the definition in force; nil while local selectors or nothing is
 
 	polls       *prometheus.CounterVec
 	failures    *prometheus.CounterVec
@@ -149,6 +150,7 @@ func (p *Poller) LoadCache() (*Compiled, error) {
 		return nil, fmt.Errorf("cache %s: apply: %w", p.opts.CacheFile, err)
 	}
 	p.etag = cf.ETag
+	p.inForce = c
 	p.setInUse(c.Def.Version, "cache")
 	return c, nil
 }
@@ -157,7 +159,33 @@ func (p *Poller) LoadCache() (*Compiled, error) {
 func (p *Poller) UseLocal() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.inForce = nil
 	p.setInUse("local", "local")
+}
+
+// Reapply puts the definition in force through Apply again, for when what
+// Apply builds on changed (the forwarder's local relabel rules, on a
+// configuration reload). While no definition is in force it calls local
+// instead, which reports whether it put the local selectors in force. A
+// poll cannot interleave, so a definition it applies is never overwritten
+// by an older one. An error keeps what is in force.
+func (p *Poller) Reapply(local func() (bool, error)) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.inForce != nil {
+		if err := p.opts.Apply(p.inForce); err != nil {
+			return fmt.Errorf("reapply gathering definition %s: %w", p.inForce.Def.Version, err)
+		}
+		return nil
+	}
+	ok, err := local()
+	if err != nil {
+		return err
+	}
+	if ok {
+		p.setInUse("local", "local")
+	}
+	return nil
 }
 
 func (p *Poller) setInUse(version, source string) {
@@ -272,6 +300,7 @@ func (p *Poller) poll(ctx context.Context) (reason string, err error) {
 		etag = c.ETag
 	}
 	p.etag = etag
+	p.inForce = c
 	p.setInUse(c.Def.Version, "fleet")
 	p.polls.WithLabelValues("updated").Inc()
 	p.logger.Info("gathering definition applied", "version", c.Def.Version, "selectors", len(c.Def.Selectors))
