@@ -163,17 +163,17 @@ func (p *Poller) UseLocal() {
 	p.setInUse("local", "local")
 }
 
-// Reapply puts the definition in force through Apply again, for when what
-// Apply builds on changed (the forwarder's local relabel rules, on a
-// configuration reload). While no definition is in force it calls local
-// instead, which reports whether it put the local selectors in force. A
-// poll cannot interleave, so a definition it applies is never overwritten
-// by an older one. An error keeps what is in force.
-func (p *Poller) Reapply(local func() (bool, error)) error {
+// Reapply rebuilds what is in force, for when what Apply builds on changed
+// (the forwarder's relabel rules, on a configuration reload): it calls
+// definition with the definition in force or, while none is, local, which
+// reports whether it put the local selectors in force. Polls wait until it
+// returns, so a new definition is never overwritten by an older one, nor
+// applied over what definition is replacing. An error keeps what is in force.
+func (p *Poller) Reapply(definition func(*Compiled) error, local func() (bool, error)) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.inForce != nil {
-		if err := p.opts.Apply(p.inForce); err != nil {
+		if err := definition(p.inForce); err != nil {
 			return fmt.Errorf("reapply gathering definition %s: %w", p.inForce.Def.Version, err)
 		}
 		return nil

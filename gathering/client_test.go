@@ -258,20 +258,20 @@ func TestReapplyUsesTheDefinitionInForceElseLocal(t *testing.T) {
 
 	// No definition yet: the local selectors are put in force.
 	p.UseLocal()
-	require.NoError(t, p.Reapply(local))
+	require.NoError(t, p.Reapply(a.apply, local))
 	require.Equal(t, 1, locals)
 	require.Empty(t, a.versions())
 	require.Equal(t, 1.0, testutil.ToFloat64(p.info.WithLabelValues("local", "local")))
 
 	// A definition from the fleet is in force: it is applied again, not the local selectors.
 	require.NoError(t, p.Poll(context.Background()))
-	require.NoError(t, p.Reapply(local))
+	require.NoError(t, p.Reapply(a.apply, local))
 	require.Equal(t, []string{"v1", "v1"}, a.versions())
 	require.Equal(t, 1, locals)
 	require.Equal(t, 1.0, testutil.ToFloat64(p.info.WithLabelValues("v1", "fleet")))
 
 	// An Apply error is returned; what is in force stays.
 	a.fail = errors.New("bad rules")
-	require.ErrorContains(t, p.Reapply(local), "bad rules")
+	require.ErrorContains(t, p.Reapply(a.apply, local), "bad rules")
 	require.Equal(t, 1.0, testutil.ToFloat64(p.info.WithLabelValues("v1", "fleet")))
 }

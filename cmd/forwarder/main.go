@@ -94,6 +94,7 @@ type flags struct {
 	authorize                        string
 	rwVersion                        string
 	checkConfig, disabled            bool
+	webEnableLifecycle               bool
 	set                              map[string]bool // flags given explicitly
 }
 
@@ -130,6 +131,7 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	fs.Var(&f.renames, "rename", "Metric rename old=new (comma-separated, repeatable; default ALERTS=alerts).")
 	fs.StringVar(&f.listen, "listen", ":9002", "Address for /metrics, /healthz and /readyz.")
 	fs.StringVar(&f.listen, "web.listen-address", ":9002", "Alias of --listen.")
+	fs.BoolVar(&f.webEnableLifecycle, "web.enable-lifecycle", false, "Enable configuration reload via HTTP (POST or PUT /-/reload on --listen), as in Prometheus. SIGHUP reloads regardless.")
 	fs.StringVar(&f.webConfig, "web.config.file", "", "Prometheus exporter-toolkit web config for --listen: TLS, client certificates (mTLS), TLS versions and cipher suites, basic auth; certificates are re-read on change. Empty: plain HTTP.")
 	fs.StringVar(&f.configFile, "config.file", "", "Optional YAML file: relabel_configs, limits, queue and send settings.")
 	fs.StringVar(&f.gatheringURL, "gathering-url", "", "URL of the fleet's gathering definition (e.g. <to>/api/v1/gathering), polled every gathering.interval; it replaces the local selectors, which remain the fallback.")
@@ -193,6 +195,14 @@ type setup struct {
 	// ProtocolAuto when the /authorize answer decides.
 	protocol string
 	toUpload string // the telemeter upload URL
+}
+
+// defaultCacheFile keeps the gathering definition's cache in queueDir unless
+// gathering.cache_file names a file.
+func (s *setup) defaultCacheFile(queueDir string) {
+	if s.gatheringURL != "" && s.file.Gathering.CacheFile == "" {
+		s.file.Gathering.CacheFile = filepath.Join(queueDir, "gathering-definition.json")
+	}
 }
 
 // load validates every flag and the config file, reporting all problems at once.
@@ -484,9 +494,7 @@ func run(args []string, stderr io.Writer) int {
 			f.queueDir = tmp
 		}
 	}
-	if s.gatheringURL != "" && s.file.Gathering.CacheFile == "" {
-		s.file.Gathering.CacheFile = filepath.Join(f.queueDir, "gathering-definition.json")
-	}
+	s.defaultCacheFile(f.queueDir)
 	if s.disabledReason == "" {
 		// The pseudonym is what the fleet sees as _id; logging it lets an
 		// operator link this cluster's series across a move (docs/migrating-from-telemeter.md).
@@ -572,6 +580,7 @@ func run(args []string, stderr io.Writer) int {
 	} else {
 		logger.Info("telemetry disabled, nothing will be collected or sent", "reason", s.disabledReason)
 	}
+	reloader := newReloader(logger.With("component", "config"), reg, f, s, fwd)
 	var poller *gathering.Poller
 	if fwd != nil && s.gatheringURL != "" {
 		gc := s.file.Gathering
@@ -579,14 +588,9 @@ func run(args []string, stderr io.Writer) int {
 			URL: s.gatheringURL, Client: s.toClient, Credentials: creds,
 			Interval: time.Duration(gc.Interval), Jitter: forward.JitterOption(gc.Jitter), Timeout: time.Duration(gc.Timeout),
 			CacheFile: gc.CacheFile, UserAgent: userAgent, ForwarderVersion: forwarderVersion,
-			Apply: func(c *gathering.Compiled) error {
-				p, err := forward.DefinitionPolicy(s.relabel, c)
-				if err != nil {
-					return err
-				}
-				return fwd.SetPolicy(p)
-			},
+			Apply: reloader.applyDefinition, // over the local relabel rules in force
 		})
+		reloader.poller = poller
 		// At start: the cached definition, else the local selectors, else wait.
 		if c, err := poller.LoadCache(); err == nil {
 			logger.Info("using the cached gathering definition until the next poll", "version", c.Def.Version, "file", gc.CacheFile)
@@ -614,6 +618,8 @@ func run(args []string, stderr io.Writer) int {
 		}
 		fmt.Fprintln(w, "ok")
 	})
+	mux.Handle("POST /-/reload", reloader.handler(f.webEnableLifecycle))
+	mux.Handle("PUT /-/reload", reloader.handler(f.webEnableLifecycle))
 	if fwd != nil { // telemeter-client's /federate: what the last cycle sent, as it left
 		mux.Handle("GET /federate", fwd.LastCycleHandler())
 	}
@@ -641,6 +647,15 @@ func run(args []string, stderr io.Writer) int {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			_ = srv.Shutdown(ctx)
+		})
+	}
+	{ // Configuration reload on SIGHUP (POST /-/reload is served above).
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return reloader.run(ctx, hup) }, func(error) {
+			signal.Stop(hup)
+			cancel()
 		})
 	}
 	if authorizer != nil { // Cluster credential: exchange at start, renew before expiry.

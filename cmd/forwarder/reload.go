@@ -1,0 +1,265 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/phonehome/phonehome/forward"
+	"github.com/phonehome/phonehome/gathering"
+	"github.com/phonehome/phonehome/relabel"
+)
+
+// errPseudonymChanged refuses a reload that would give the cluster another
+// _id: the fleet would see a new cluster, and the queued data the old one.
+var errPseudonymChanged = errors.New("the cluster pseudonym would change (--id or the anonymization salt changed): keeping the running configuration, restart to apply it")
+
+// liveSections are the --config.file sections a reload applies; every other
+// section (and any added later) is read only at start.
+var liveSections = map[string]bool{"matches": true, "anonymize_labels": true, "relabel_configs": true}
+
+// startOnlyFiles are the flags naming files that are read only at start
+// (the CA bundles are compiled into the HTTP clients). Token files,
+// client certificates and --web.config.file are re-read while running.
+var startOnlyFiles = []string{"from-ca-file", "to-ca-file"}
+
+// reloader re-runs load with the command line the process started with, on
+// SIGHUP or POST /-/reload, and puts the policy of a valid new configuration
+// in force: the selectors (--match-file, matches) and the relabeling
+// (relabel_configs, anonymize labels, renames, external labels). Everything
+// else is read only at start: a change to it is logged and flagged by
+// phonehome_forwarder_config_restart_required, and applies at the next
+// start. An invalid configuration, or one that changes the cluster
+// pseudonym, is logged and counted, and the running policy stays.
+//
+// Reload is safe for concurrent use; reloads are serialized.
+type reloader struct {
+	logger  *slog.Logger
+	flags   *flags
+	started *setup                       // as loaded at start
+	files   map[string][sha256.Size]byte // digests of startOnlyFiles at start
+	fwd     *forward.Forwarder           // nil while telemetry is disabled
+	// poller, when set (--gathering-url), owns what is in force: a
+	// definition from the fleet, or the local selectors as its fallback.
+	// Set before the run group starts.
+	poller *gathering.Poller
+	// relabel holds the local relabel rules in force, which a gathering
+	// definition adds its anonymize_labels to (applyDefinition).
+	relabel atomic.Pointer[relabel.Config]
+
+	mu sync.Mutex // serializes reloads
+	m  reloadMetrics
+}
+
+type reloadMetrics struct {
+	reloads         *prometheus.CounterVec
+	lastSuccessful  prometheus.Gauge
+	lastSuccess     prometheus.Gauge
+	restartRequired prometheus.Gauge
+}
+
+func newReloadMetrics(reg prometheus.Registerer) reloadMetrics {
+	f := promauto.With(reg)
+	m := reloadMetrics{
+		reloads: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_forwarder_config_reloads_total",
+			Help: "Configuration reloads (SIGHUP, POST /-/reload) by result (success, failure).",
+		}, []string{"result"}),
+		lastSuccessful: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_forwarder_config_last_reload_successful",
+			Help: "Whether the last configuration reload attempt was successful (1) or kept the running configuration (0).",
+		}),
+		lastSuccess: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_forwarder_config_last_reload_success_timestamp_seconds",
+			Help: "Timestamp of the last successful configuration reload (or of the start).",
+		}),
+		restartRequired: f.NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_forwarder_config_restart_required",
+			Help: "1 when the configuration on disk differs from the running one in what a reload does not apply (the cluster pseudonym, federate, send, queue, authorize and gathering settings, CA files): a restart is needed for it.",
+		}),
+	}
+	m.reloads.WithLabelValues("success")
+	m.reloads.WithLabelValues("failure")
+	m.lastSuccessful.Set(1)
+	m.lastSuccess.SetToCurrentTime()
+	return m
+}
+
+// newReloader returns a reloader for the process started with f and s. fwd
+// is nil while telemetry is disabled. reg may be nil.
+func newReloader(logger *slog.Logger, reg prometheus.Registerer, f *flags, s *setup, fwd *forward.Forwarder) *reloader {
+	r := &reloader{logger: logger, flags: f, started: s, files: fileDigests(f), fwd: fwd, m: newReloadMetrics(reg)}
+	r.relabel.Store(&s.relabel)
+	return r
+}
+
+// applyDefinition is the gathering poller's Apply: the definition's policy
+// over the local relabel rules in force.
+func (r *reloader) applyDefinition(c *gathering.Compiled) error {
+	p, err := forward.DefinitionPolicy(*r.relabel.Load(), c)
+	if err != nil {
+		return err
+	}
+	return r.fwd.SetPolicy(p)
+}
+
+// Reload loads the configuration again and applies its policy, or returns
+// why it kept the running one.
+func (r *reloader) Reload() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.reload(); err != nil {
+		r.m.reloads.WithLabelValues("failure").Inc()
+		r.m.lastSuccessful.Set(0)
+		r.logger.Error("reload configuration, keeping the running one", "file", r.flags.configFile, "err", err)
+		return err
+	}
+	r.m.reloads.WithLabelValues("success").Inc()
+	r.m.lastSuccessful.Set(1)
+	r.m.lastSuccess.SetToCurrentTime()
+	return nil
+}
+
+func (r *reloader) reload() error {
+	next, err := load(r.flags)
+	if err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+	next.defaultCacheFile(r.flags.queueDir)
+	pending := r.restartOnly(next)
+	if next.policy.Rules.HashedID() != r.started.policy.Rules.HashedID() {
+		r.m.restartRequired.Set(1)
+		return errPseudonymChanged
+	}
+	if err := r.applyPolicy(next); err != nil {
+		return fmt.Errorf("apply policy: %w", err)
+	}
+	if len(pending) > 0 {
+		r.m.restartRequired.Set(1)
+		r.logger.Warn("configuration reloaded: selectors and relabeling applied; these changed and need a restart", "file", r.flags.configFile, "restart_required", pending)
+		return nil
+	}
+	r.m.restartRequired.Set(0)
+	r.logger.Info("configuration reloaded", "file", r.flags.configFile, "selectors", next.policy.Allow.Len())
+	return nil
+}
+
+// applyPolicy puts next's selectors and relabel rules in force. With
+// --gathering-url, the definition in force keeps deciding the selectors and
+// is applied again over the new rules; while none is, the local selectors
+// are its fallback.
+func (r *reloader) applyPolicy(next *setup) error {
+	if r.fwd == nil { // disabled: nothing runs
+		r.relabel.Store(&next.relabel)
+		return nil
+	}
+	local := next.policy
+	if r.poller == nil {
+		if err := r.fwd.SetPolicy(local); err != nil {
+			return err
+		}
+		r.relabel.Store(&next.relabel)
+		return nil
+	}
+	local.DefinitionVersion = "local"
+	// Under the poller's lock: a poll cannot apply a definition over the
+	// old rules in between.
+	return r.poller.Reapply(func(c *gathering.Compiled) error {
+		p, err := forward.DefinitionPolicy(next.relabel, c)
+		if err != nil {
+			return err
+		}
+		if err := r.fwd.SetPolicy(p); err != nil {
+			return err
+		}
+		r.relabel.Store(&next.relabel)
+		return nil
+	}, func() (bool, error) {
+		r.relabel.Store(&next.relabel)
+		if local.Allow.Len() == 0 {
+			r.logger.Warn("no local selectors in the reloaded configuration: keeping the ones in force until a gathering definition arrives")
+			return false, nil
+		}
+		return true, r.fwd.SetPolicy(local)
+	})
+}
+
+// restartOnly names what next changes that only a restart applies: the
+// --config.file sections by YAML key, and the start-only files by flag.
+// Flags cannot change, so the derived values compared are the file's.
+func (r *reloader) restartOnly(next *setup) []string {
+	var out []string
+	a, b := reflect.ValueOf(r.started.file), reflect.ValueOf(next.file)
+	for i := range a.NumField() {
+		key, _, _ := strings.Cut(a.Type().Field(i).Tag.Get("yaml"), ",")
+		if key == "" || key == "-" || liveSections[key] {
+			continue
+		}
+		if !reflect.DeepEqual(a.Field(i).Interface(), b.Field(i).Interface()) {
+			out = append(out, key)
+		}
+	}
+	now := fileDigests(r.flags)
+	for _, name := range startOnlyFiles {
+		if now[name] != r.files[name] {
+			out = append(out, "--"+name)
+		}
+	}
+	return out
+}
+
+// fileDigests hashes the contents of the startOnlyFiles that are set (only
+// to compare them, never logged).
+func fileDigests(f *flags) map[string][sha256.Size]byte {
+	paths := map[string]string{"from-ca-file": f.fromCAFile, "to-ca-file": f.toCAFile}
+	out := map[string][sha256.Size]byte{}
+	for _, name := range startOnlyFiles {
+		if paths[name] == "" {
+			continue
+		}
+		if b, err := os.ReadFile(paths[name]); err == nil {
+			out[name] = sha256.Sum256(b)
+		}
+	}
+	return out
+}
+
+// run reloads whenever hup delivers, until ctx is done.
+func (r *reloader) run(ctx context.Context, hup <-chan os.Signal) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-hup:
+			_ = r.Reload() // logged and counted
+		}
+	}
+}
+
+// handler serves POST and PUT /-/reload as Prometheus does: only with
+// --web.enable-lifecycle (403 otherwise), 200 once reloaded, 500 with the
+// reason the running configuration was kept.
+func (r *reloader) handler(enabled bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if !enabled {
+			http.Error(w, "Lifecycle API is not enabled.", http.StatusForbidden)
+			return
+		}
+		if err := r.Reload(); err != nil {
+			http.Error(w, fmt.Sprintf("failed to reload config: %s", err), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+}

@@ -1,0 +1,303 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/stretchr/testify/require"
+
+	"github.com/phonehome/phonehome/forward"
+	"github.com/phonehome/phonehome/gathering"
+	"github.com/phonehome/phonehome/relabel"
+	"github.com/phonehome/phonehome/webtls/webtlstest"
+)
+
+const reloadTestSalt = "0123456789abcdef-salt"
+
+// fakeSource serves two series and records the match[] of each fetch.
+type fakeSource struct {
+	mu      sync.Mutex
+	matches []string
+}
+
+func (s *fakeSource) Fetch(ctx context.Context, fn func(*forward.Sample) error) (forward.FetchStats, error) {
+	return s.FetchMatching(ctx, nil, fn)
+}
+
+func (s *fakeSource) FetchMatching(_ context.Context, matches []string, fn func(*forward.Sample) error) (forward.FetchStats, error) {
+	s.mu.Lock()
+	s.matches = matches
+	s.mu.Unlock()
+	now := time.Now().UnixMilli()
+	for i, name := range []string{"metric_a", "metric_b"} {
+		ls := labels.FromStrings("__name__", name, "pod", "p", "replica", "r")
+		if err := fn(&forward.Sample{Labels: ls, T: now, V: float64(i)}); err != nil {
+			return forward.FetchStats{}, err
+		}
+	}
+	return forward.FetchStats{}, nil
+}
+
+func (s *fakeSource) lastMatches() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.matches
+}
+
+// reloadFixture is a forwarder built as run builds it, minus the actors,
+// with its match, config and salt files in dir.
+type reloadFixture struct {
+	dir string
+	src *fakeSource
+	fwd *forward.Forwarder
+	rl  *reloader
+}
+
+func (fx *reloadFixture) write(t *testing.T, name, content string) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(filepath.Join(fx.dir, name), []byte(content), 0o600))
+}
+
+func newReloadFixture(t *testing.T, match, config string, extra ...string) *reloadFixture {
+	t.Helper()
+	fx := &reloadFixture{dir: t.TempDir(), src: &fakeSource{}}
+	fx.write(t, "match", match)
+	fx.write(t, "forwarder.yaml", config)
+	fx.write(t, "salt", reloadTestSalt+"\n")
+	f, err := parseFlags(append([]string{
+		"--to=http://127.0.0.1:1", "--from=http://127.0.0.1:2", "--id=abc",
+		"--match-file=" + filepath.Join(fx.dir, "match"), "--config.file=" + filepath.Join(fx.dir, "forwarder.yaml"),
+		"--anonymize-salt-file=" + filepath.Join(fx.dir, "salt"), "--queue.dir=" + filepath.Join(fx.dir, "queue"),
+	}, extra...), io.Discard)
+	require.NoError(t, err)
+	s, err := load(f)
+	require.NoError(t, err)
+	logger := slog.New(slog.DiscardHandler)
+	q, err := forward.OpenQueue(f.queueDir, logger, nil, forward.QueueOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, q.Close()) })
+	fx.fwd = forward.New(logger, nil, fx.src, s.policy, q, nil, forward.Options{})
+	fx.rl = newReloader(logger, nil, f, s, fx.fwd)
+	return fx
+}
+
+// collect runs one cycle and returns what it sent, in the text format.
+func (fx *reloadFixture) collect(t *testing.T) string {
+	t.Helper()
+	require.NoError(t, fx.fwd.Collect(context.Background()))
+	rec := httptest.NewRecorder()
+	fx.fwd.LastCycleHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/federate", nil))
+	return rec.Body.String()
+}
+
+func (fx *reloadFixture) reloads(result string) float64 {
+	return testutil.ToFloat64(fx.rl.m.reloads.WithLabelValues(result))
+}
+
+func TestReloadAppliesSelectorsAndRelabeling(t *testing.T) {
+	fx := newReloadFixture(t, "metric_a\n", "")
+	out := fx.collect(t)
+	require.Contains(t, out, "metric_a{")
+	require.NotContains(t, out, "metric_b")
+	require.Contains(t, out, `replica="r"`)
+	require.Equal(t, []string{"metric_a"}, fx.src.lastMatches())
+
+	fx.write(t, "match", "metric_a\nmetric_b\n")
+	fx.write(t, "forwarder.yaml", "relabel_configs:\n  - action: labeldrop\n    regex: replica\n")
+	require.NoError(t, fx.rl.Reload())
+
+	out = fx.collect(t)
+	require.Contains(t, out, "metric_a{")
+	require.Contains(t, out, "metric_b{")
+	require.NotContains(t, out, "replica", "the new relabel_configs apply")
+	require.Equal(t, []string{"metric_a", "metric_b"}, fx.src.lastMatches(), "the federation asks for the new selectors")
+	require.Equal(t, 1.0, fx.reloads("success"))
+	require.Equal(t, 1.0, testutil.ToFloat64(fx.rl.m.lastSuccessful))
+	require.Zero(t, testutil.ToFloat64(fx.rl.m.restartRequired))
+}
+
+func TestReloadKeepsThePolicyOfAnInvalidConfiguration(t *testing.T) {
+	for name, change := range map[string]func(*testing.T, *reloadFixture){
+		"match file":   func(t *testing.T, fx *reloadFixture) { fx.write(t, "match", "metric_b{\n") },
+		"missing file": func(t *testing.T, fx *reloadFixture) { require.NoError(t, os.Remove(filepath.Join(fx.dir, "match"))) },
+		"relabel config": func(t *testing.T, fx *reloadFixture) {
+			fx.write(t, "forwarder.yaml", "relabel_configs:\n  - action: bogus\n")
+		},
+		"unknown key":      func(t *testing.T, fx *reloadFixture) { fx.write(t, "forwarder.yaml", "matches: [metric_b]\nnope: 1\n") },
+		"short salt":       func(t *testing.T, fx *reloadFixture) { fx.write(t, "salt", "short\n") },
+		"anonymize __name": func(t *testing.T, fx *reloadFixture) { fx.write(t, "forwarder.yaml", "anonymize_labels: [__name__]\n") },
+	} {
+		t.Run(name, func(t *testing.T) {
+			fx := newReloadFixture(t, "metric_a\n", "")
+			before := testutil.ToFloat64(fx.rl.m.lastSuccess)
+			change(t, fx)
+			err := fx.rl.Reload()
+			require.ErrorContains(t, err, "invalid configuration")
+			require.NotContains(t, err.Error(), "short", "secrets never appear in errors")
+
+			out := fx.collect(t)
+			require.Contains(t, out, "metric_a{")
+			require.NotContains(t, out, "metric_b")
+			require.Equal(t, 1.0, fx.reloads("failure"))
+			require.Zero(t, testutil.ToFloat64(fx.rl.m.lastSuccessful))
+			require.Equal(t, before, testutil.ToFloat64(fx.rl.m.lastSuccess))
+		})
+	}
+}
+
+func TestReloadRefusesAnotherPseudonym(t *testing.T) {
+	fx := newReloadFixture(t, "metric_a\n", "")
+	hashed := relabel.Anonymize([]byte(reloadTestSalt), "abc")
+	require.Contains(t, fx.collect(t), hashed)
+
+	fx.write(t, "salt", "another-salt-0123456789\n")
+	fx.write(t, "match", "metric_a\nmetric_b\n")
+	require.ErrorIs(t, fx.rl.Reload(), errPseudonymChanged)
+	out := fx.collect(t)
+	require.Contains(t, out, hashed, "the pseudonym stays")
+	require.NotContains(t, out, "metric_b", "nothing of the refused configuration applies")
+	require.Equal(t, 1.0, testutil.ToFloat64(fx.rl.m.restartRequired))
+	require.Zero(t, testutil.ToFloat64(fx.rl.m.lastSuccessful))
+
+	// The salt back as it was: the rest applies, no restart needed.
+	fx.write(t, "salt", reloadTestSalt+"\n")
+	require.NoError(t, fx.rl.Reload())
+	require.Contains(t, fx.collect(t), "metric_b{")
+	require.Zero(t, testutil.ToFloat64(fx.rl.m.restartRequired))
+}
+
+func TestRestartOnlyNamesSectionsAndStartOnlyFiles(t *testing.T) {
+	fx := newReloadFixture(t, "metric_a\n", "send:\n  timeout: 30s\n", "--queue.max-bytes=1MiB")
+	// queue.max_bytes is overridden by the flag: not a change. The live
+	// sections are applied, not flagged.
+	fx.write(t, "forwarder.yaml", "send:\n  timeout: 10s\nqueue:\n  max_bytes: 2MiB\nfederate:\n  max_series: 10\nmatches: [metric_b]\nanonymize_labels: [pod]\n")
+	require.NoError(t, fx.rl.Reload())
+	require.Equal(t, 1.0, testutil.ToFloat64(fx.rl.m.restartRequired))
+	next, err := load(fx.rl.flags)
+	require.NoError(t, err)
+	require.Equal(t, []string{"federate", "send"}, fx.rl.restartOnly(next))
+	out := fx.collect(t)
+	require.Contains(t, out, "metric_b{", "the live sections apply")
+	require.NotContains(t, out, `pod="p"`, "anonymize_labels apply")
+
+	// Back as started: no restart needed any more.
+	fx.write(t, "forwarder.yaml", "send:\n  timeout: 30s\n")
+	require.NoError(t, fx.rl.Reload())
+	require.Zero(t, testutil.ToFloat64(fx.rl.m.restartRequired))
+}
+
+func TestRestartOnlyComparesCAFiles(t *testing.T) {
+	ca := webtlstest.NewCA(t, "one")
+	fx := newReloadFixture(t, "metric_a\n", "", "--from-ca-file="+ca.File)
+	other, err := os.ReadFile(webtlstest.NewCA(t, "two").File)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(ca.File, other, 0o600))
+	next, err := load(fx.rl.flags)
+	require.NoError(t, err)
+	require.Equal(t, []string{"--from-ca-file"}, fx.rl.restartOnly(next))
+}
+
+func TestReloadWithGatheringReappliesTheDefinition(t *testing.T) {
+	var (
+		mu   sync.Mutex
+		body = `{"version":"v1","selectors":["metric_b"]}`
+	)
+	fleet := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		_, _ = io.WriteString(w, body)
+	}))
+	defer fleet.Close()
+	fx := newReloadFixture(t, "metric_a\n", "", "--gathering-url="+fleet.URL)
+	p := gathering.NewPoller(slog.New(slog.DiscardHandler), nil, gathering.PollerOptions{
+		URL: fleet.URL, Client: fleet.Client(), ForwarderVersion: forwarderVersion, Apply: fx.rl.applyDefinition,
+	})
+	fx.rl.poller = p
+	p.UseLocal()
+
+	// The local selectors are the fallback while no definition is in force:
+	// a reload updates them.
+	fx.write(t, "match", "metric_a\nmetric_b\n")
+	require.NoError(t, fx.rl.Reload())
+	require.Equal(t, []string{"metric_a", "metric_b"}, func() []string { fx.collect(t); return fx.src.lastMatches() }())
+
+	// A definition decides the selectors; a reload keeps them and applies
+	// the new local relabeling over them, and polls keep using it.
+	require.NoError(t, p.Poll(context.Background()))
+	out := fx.collect(t)
+	require.NotContains(t, out, "metric_a")
+	require.Contains(t, out, `replica="r"`)
+	fx.write(t, "match", "metric_a\n")
+	fx.write(t, "forwarder.yaml", "relabel_configs:\n  - action: labeldrop\n    regex: replica\n")
+	require.NoError(t, fx.rl.Reload())
+	out = fx.collect(t)
+	require.Equal(t, []string{"metric_b"}, fx.src.lastMatches())
+	require.Contains(t, out, "metric_b{")
+	require.NotContains(t, out, "replica")
+
+	mu.Lock()
+	body = `{"version":"v2","selectors":["metric_a","metric_b"]}`
+	mu.Unlock()
+	require.NoError(t, p.Poll(context.Background()))
+	out = fx.collect(t)
+	require.Contains(t, out, "metric_a{")
+	require.NotContains(t, out, "replica", "a new definition gets the reloaded relabeling")
+}
+
+func TestReloadEndpoint(t *testing.T) {
+	fx := newReloadFixture(t, "metric_a\n", "")
+	post := func(h http.Handler, method string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(method, "/-/reload", nil))
+		return rec
+	}
+	rec := post(fx.rl.handler(false), http.MethodPost)
+	require.Equal(t, http.StatusForbidden, rec.Code)
+	require.Zero(t, fx.reloads("success")+fx.reloads("failure"), "no reload without --web.enable-lifecycle")
+
+	for _, method := range []string{http.MethodPost, http.MethodPut} {
+		require.Equal(t, http.StatusOK, post(fx.rl.handler(true), method).Code)
+	}
+	fx.write(t, "match", "metric_b{\n")
+	rec = post(fx.rl.handler(true), http.MethodPost)
+	require.Equal(t, http.StatusInternalServerError, rec.Code)
+	require.Contains(t, rec.Body.String(), "invalid configuration")
+	require.Equal(t, 2.0, fx.reloads("success"))
+	require.Equal(t, 1.0, fx.reloads("failure"))
+}
+
+// A SIGHUP reloads the running binary, which neither exits nor stops serving.
+func TestSIGHUPReloads(t *testing.T) {
+	match := writeFile(t, "match", "metric_a\n")
+	s := startSelf(t, "--to=http://127.0.0.1:1", "--from=http://127.0.0.1:2", "--id=abc",
+		"--match-file="+match, "--anonymize-salt-file="+writeFile(t, "salt", reloadTestSalt+"\n"),
+		"--queue.dir="+filepath.Join(t.TempDir(), "queue"), "--interval=1h", "--authorize=never")
+	metric := func(line string) func() bool {
+		return func() bool { _, body := get(t, "http://"+s.addr+"/metrics"); return strings.Contains(body, line) }
+	}
+	require.NoError(t, os.WriteFile(match, []byte("metric_b{\n"), 0o600))
+	require.NoError(t, s.cmd.Process.Signal(syscall.SIGHUP))
+	eventually(t, metric(`phonehome_forwarder_config_reloads_total{result="failure"} 1`), "a failed reload")
+	require.True(t, metric("phonehome_forwarder_config_last_reload_successful 0")())
+
+	require.NoError(t, os.WriteFile(match, []byte("metric_b\n"), 0o600))
+	require.NoError(t, s.cmd.Process.Signal(syscall.SIGHUP))
+	eventually(t, metric(`phonehome_forwarder_config_reloads_total{result="success"} 1`), "a reload")
+	require.True(t, metric("phonehome_forwarder_config_last_reload_successful 1")())
+	code, _ := get(t, "http://"+s.addr+"/healthz")
+	require.Equal(t, http.StatusOK, code)
+	s.stop(t)
+	require.Contains(t, s.log(), "configuration reloaded")
+}
