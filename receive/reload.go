@@ -5,12 +5,12 @@ import (
 	"crypto/sha256"
 	"log/slog"
 	"os"
-	"reflect"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/phonehome/phonehome/configdiff"
 )
 
 // ConfigReloader re-reads the configuration file when it changes (checked
@@ -91,18 +91,7 @@ func restartSections(running, cfg *Config) []string {
 	if running == nil {
 		return nil
 	}
-	var out []string
-	a, b := reflect.ValueOf(*running), reflect.ValueOf(*cfg)
-	for i := range a.NumField() {
-		key, _, _ := strings.Cut(a.Type().Field(i).Tag.Get("yaml"), ",")
-		if key == "" || key == "-" || hotReloaded[key] {
-			continue
-		}
-		if !reflect.DeepEqual(a.Field(i).Interface(), b.Field(i).Interface()) {
-			out = append(out, key)
-		}
-	}
-	return out
+	return configdiff.Sections(*running, *cfg, hotReloaded)
 }
 
 // Run reloads every interval and whenever hup delivers, until ctx is done.

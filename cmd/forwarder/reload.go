@@ -8,14 +8,13 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"reflect"
-	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
+	"github.com/phonehome/phonehome/configdiff"
 	"github.com/phonehome/phonehome/forward"
 	"github.com/phonehome/phonehome/gathering"
 	"github.com/phonehome/phonehome/relabel"
@@ -199,17 +198,7 @@ func (r *reloader) applyPolicy(next *setup) error {
 // --config.file sections by YAML key, and the start-only files by flag.
 // Flags cannot change, so the derived values compared are the file's.
 func (r *reloader) restartOnly(next *setup) []string {
-	var out []string
-	a, b := reflect.ValueOf(r.started.file), reflect.ValueOf(next.file)
-	for i := range a.NumField() {
-		key, _, _ := strings.Cut(a.Type().Field(i).Tag.Get("yaml"), ",")
-		if key == "" || key == "-" || liveSections[key] {
-			continue
-		}
-		if !reflect.DeepEqual(a.Field(i).Interface(), b.Field(i).Interface()) {
-			out = append(out, key)
-		}
-	}
+	out := configdiff.Sections(r.started.file, next.file, liveSections)
 	now := fileDigests(r.flags)
 	for _, name := range startOnlyFiles {
 		if now[name] != r.files[name] {
