@@ -2,6 +2,7 @@ package peers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -9,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/metadata"
@@ -202,4 +205,89 @@ func TestCancellingALabelCallEndsItsPeerCalls(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the label call outlived its context")
 	}
+}
+
+// hangingPeer is a peer that takes every request and answers none until
+// the request's context ends; arrived receives each request.
+func hangingPeer(t *testing.T) (addr string, arrived <-chan struct{}) {
+	t.Helper()
+	ch := make(chan struct{}, 16)
+	srv := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		ch <- struct{}{}
+		<-r.Context().Done()
+	}))
+	t.Cleanup(srv.Close)
+	return host(srv), ch
+}
+
+// failingLabels is a local reader whose label values call fails, once
+// release is closed.
+type failingLabels struct{ release <-chan struct{} }
+
+func (l failingLabels) Querier(string, int64, int64) (promstorage.Querier, error) {
+	return failingLabelsQuerier{Querier: promstorage.NoopQuerier(), release: l.release}, nil
+}
+
+type failingLabelsQuerier struct {
+	promstorage.Querier
+	release <-chan struct{}
+}
+
+func (q failingLabelsQuerier) LabelValues(context.Context, string, *promstorage.LabelHints, ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	<-q.release
+	return nil, nil, errors.New("bucket down")
+}
+
+// A peer call that ends because its caller's context did is not the
+// peer's failure: not counted as a failed read (nor logged).
+func TestCancelledPeerCallsAreNotFailedReads(t *testing.T) {
+	f := newFixture(t)
+	csvOnly := labels.MustNewMatcher(labels.MatchEqual, "__name__", "csv_succeeded")
+
+	t.Run("the caller goes away", func(t *testing.T) {
+		addr, arrived := hangingPeer(t)
+		a := f.set(t, prometheus.NewRegistry(), f.config(addr))
+		q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}, nil).Querier("acme", 0, 10_000)
+		require.NoError(t, err)
+		defer q.Close()
+		for _, tc := range []struct {
+			name string
+			call func(context.Context)
+		}{
+			{"label values", func(ctx context.Context) { _, _, _ = q.LabelValues(ctx, "name", nil) }},
+			{"label names", func(ctx context.Context) { _, _, _ = q.LabelNames(ctx, nil) }},
+			{"series", func(ctx context.Context) {
+				ss := q.Select(ctx, true, &promstorage.SelectHints{Start: 0, End: 10_000, Func: "series"}, csvOnly)
+				for ss.Next() {
+				}
+			}},
+		} {
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				tc.call(ctx)
+			}()
+			<-arrived
+			cancel()
+			<-done
+			require.Zero(t, testutil.ToFloat64(a.m.reads.WithLabelValues("error")), tc.name)
+		}
+	})
+
+	t.Run("this replica's own call fails", func(t *testing.T) {
+		addr, arrived := hangingPeer(t)
+		a := f.set(t, prometheus.NewRegistry(), f.config(addr))
+		release := make(chan struct{})
+		q, err := a.NewReader(failingLabels{release: release}, nil).Querier("acme", 0, 10_000)
+		require.NoError(t, err)
+		defer q.Close()
+		go func() {
+			<-arrived // the peer's call is under way
+			close(release)
+		}()
+		_, _, err = q.LabelValues(context.Background(), "name", nil)
+		require.ErrorContains(t, err, "bucket down")
+		require.Zero(t, testutil.ToFloat64(a.m.reads.WithLabelValues("error")), "fanOut cancelled the peer's call")
+	})
 }

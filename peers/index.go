@@ -42,12 +42,17 @@ func (q *peerQuerier) callContext(ctx context.Context) (context.Context, context
 	return context.WithTimeout(context.WithValue(ctx, tenantKey{}, q.tenant), time.Duration(q.set.cfg.Timeout))
 }
 
-// indexCallDone counts and logs the end of call to p's index endpoint and
-// returns its error: errNoIndexCalls as is (the caller reads p's series
-// instead; counted, and logged once until p serves the call again), any
-// other naming p (a warning of the merge).
-func (s *Set) indexCallDone(p *peer, call string, err error) error {
+// indexCallDone counts and logs the end of call to p's index endpoint,
+// made for a caller whose context is ctx, and returns its error:
+// errNoIndexCalls as is (the caller reads p's series instead; counted, and
+// logged once until p serves the call again), any other naming p (a
+// warning of the merge). A call that ended because ctx did (the caller
+// went away, or fanOut cancelled it) is not p's failure: neither counted
+// nor logged, as peerSeriesSet does for remote reads.
+func (s *Set) indexCallDone(ctx context.Context, p *peer, call string, err error) error {
 	switch {
+	case err != nil && ctx.Err() != nil:
+		return fmt.Errorf("peer %s: %w", p.addr, err)
 	case errors.Is(err, errNoIndexCalls):
 		s.m.labelCalls.WithLabelValues(call, "series").Inc()
 		if !p.fallback[call].Swap(true) {

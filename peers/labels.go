@@ -55,15 +55,15 @@ func (q *peerQuerier) LabelNames(ctx context.Context, hints *promstorage.LabelHi
 // that fails is an error naming it (a warning of the merge); one without
 // the endpoint is errNoIndexCalls (indexCallDone).
 func (q *peerQuerier) labelCall(ctx context.Context, path string, hints *promstorage.LabelHints, ms []*labels.Matcher) ([]string, annotations.Annotations, error) {
-	ctx, cancel := q.callContext(ctx)
+	callCtx, cancel := q.callContext(ctx)
 	defer cancel()
 	limit := 0
 	if hints != nil {
 		limit = hints.Limit
 	}
 	// GET: Prometheus serves label values on GET only.
-	out, err := getAPI[[]string](ctx, q.set, q.peer, path, apiParams(q.mint, q.maxt, limit, ms))
-	if err := q.set.indexCallDone(q.peer, callLabels, refused(err)); err != nil {
+	out, err := getAPI[[]string](callCtx, q.set, q.peer, path, apiParams(q.mint, q.maxt, limit, ms))
+	if err := q.set.indexCallDone(ctx, q.peer, callLabels, refused(err)); err != nil {
 		return nil, nil, err
 	}
 	// The merge needs them sorted and distinct; Prometheus' handlers send

@@ -23,7 +23,7 @@ func (q *peerQuerier) seriesCall(ctx context.Context, sortSeries bool, hints *pr
 	callCtx, cancel := q.callContext(ctx)
 	defer cancel()
 	out, err := getAPI[[]map[string]string](callCtx, q.set, q.peer, query.SeriesPath, apiParams(hints.Start, hints.End, hints.Limit, ms))
-	err = q.set.indexCallDone(q.peer, callSeries, refused(err))
+	err = q.set.indexCallDone(ctx, q.peer, callSeries, refused(err))
 	switch {
 	case errors.Is(err, errNoIndexCalls):
 		return q.read(ctx, sortSeries, hints, ms) // ctx: the read streams after this returns
