@@ -45,14 +45,20 @@ func (q *peerQuerier) callContext(ctx context.Context) (context.Context, context
 // indexCallDone counts and logs the end of call to p's index endpoint,
 // made for a caller whose context is ctx, and returns its error:
 // errNoIndexCalls as is (the caller reads p's series instead; counted, and
-// logged once until p serves the call again), any other naming p (a
-// warning of the merge). A call that ended because ctx did (the caller
-// went away, or fanOut cancelled it) is not p's failure: neither counted
-// nor logged, as peerSeriesSet does for remote reads.
+// a peer without the endpoint logged once until it serves the call again),
+// any other naming p (a warning of the merge). A call that ended because
+// ctx did (the caller went away, or fanOut cancelled it) is not p's
+// failure: neither counted nor logged, as peerSeriesSet does for remote
+// reads.
 func (s *Set) indexCallDone(ctx context.Context, p *peer, call string, err error) error {
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return fmt.Errorf("peer %s: %w", p.addr, err)
+	case errors.Is(err, errIndexCallTooLarge):
+		// This call only: the next small one is asked of the index again.
+		s.m.labelCalls.WithLabelValues(call, "series").Inc()
+		s.logger.Debug("index call too large for the peer, reading its series instead", "peer", p.addr, "call", call, "err", err)
+		return err
 	case errors.Is(err, errNoIndexCalls):
 		s.m.labelCalls.WithLabelValues(call, "series").Inc()
 		if !p.fallback[call].Swap(true) {

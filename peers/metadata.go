@@ -78,6 +78,6 @@ func (s *Set) peerMetadata(ctx context.Context, p *peer, tenant string, q query.
 }
 
 func (s *Set) getMetadata(ctx context.Context, p *peer, q query.MetadataQuery) (map[string][]metadata.Metadata, error) {
-	out, err := getAPI[map[string][]metadata.Metadata](ctx, s, p, MetadataPath, q.Values())
-	return out.Data, err
+	md, _, err := getAPI[map[string][]metadata.Metadata](ctx, s, p, MetadataPath, q.Values())
+	return md, err
 }
