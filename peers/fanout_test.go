@@ -362,3 +362,43 @@ func TestCancelledPeerCallsAreNotFailedReads(t *testing.T) {
 		require.Zero(t, testutil.ToFloat64(a.m.reads.WithLabelValues("error")), "fanOut cancelled the peer's call")
 	})
 }
+
+// warnedLabels is a local reader whose label values call answers vals
+// with ws, the same map every time.
+type warnedLabels struct {
+	vals []string
+	ws   annotations.Annotations
+}
+
+func (l warnedLabels) Querier(string, int64, int64) (promstorage.Querier, error) {
+	return warnedLabelsQuerier{Querier: promstorage.NoopQuerier(), l: l}, nil
+}
+
+type warnedLabelsQuerier struct {
+	promstorage.Querier
+	l warnedLabels
+}
+
+func (q warnedLabelsQuerier) LabelValues(context.Context, string, *promstorage.LabelHints, ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	return q.l.vals, q.l.ws, nil
+}
+
+// The merge adds the peers' values and warnings to its own copy, never to
+// this replica's answer (which its querier may keep or share).
+func TestFanOutLeavesItsOwnAnswerAsItIs(t *testing.T) {
+	f := newFixture(t)
+	down := httptest.NewServer(http.NotFoundHandler())
+	down.Close() // connection refused
+	b := serve(t, f.set(t, nil, f.config()), tenantDBs{"acme": openSeries(t, csv("b-op", "c2"))}, nil)
+	own := warnedLabels{vals: make([]string, 1, 8), ws: annotations.New().Add(errors.New("own warning"))}
+	own.vals[0] = "a-op"
+	q, err := f.set(t, nil, f.config(host(b), host(down))).NewReader(own, nil).Querier("acme", 0, 10_000)
+	require.NoError(t, err)
+	defer q.Close()
+	vals, ws, err := q.LabelValues(context.Background(), "name", nil)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a-op", "b-op"}, vals)
+	require.Len(t, ws, 2, "its own and the peer that is down")
+	require.Len(t, own.ws, 1, "this replica's warnings as they were")
+	require.Empty(t, own.vals[:2][1], "nothing appended in place of its values")
+}
