@@ -25,13 +25,15 @@ const (
 	callSeries = "series" // /api/v1/series
 )
 
-// IndexHandler serves the calls answered from the index, query.IndexPaths
-// (the label calls and /api/v1/series; auth.Middleware with auth.PermRead
-// in front, authenticating with Authenticator): a request with ScopeHeader
-// "local" — a peer's — gets local's label names and values and series
-// (query.NewIndexHandler: under limit, the smallest), so that peers never
-// recurse and never read each other's samples to list them; any other is
-// fleet's (the query API). Every answer carries InstanceHeader.
+// IndexHandler serves the calls answered from the index, query.IndexPaths()
+// (the label calls and /api/v1/series, GET and POST form as Prometheus;
+// auth.Middleware with auth.PermRead in front, authenticating with
+// Authenticator): a request with ScopeHeader "local" — a peer's — gets
+// local's label names and values and series (query.NewIndexHandler: under
+// limit, the smallest), so that peers never recurse and never read each
+// other's samples to list them; any other is fleet's (the query API).
+// Every answer carries InstanceHeader, by which a peer tells it from an
+// earlier release's query API (apiCall.local).
 func (s *Set) IndexHandler(logger *slog.Logger, fleet http.Handler, local query.Reader, ready func() bool) http.Handler {
 	return s.scoped(query.NewIndexHandler(logger, local, ready), fleet)
 }

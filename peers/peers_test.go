@@ -134,7 +134,7 @@ func replicaHandler(s *Set, local tenantDBs, horizon func(string) int64) (http.H
 		reads.Add(1)
 		read.ServeHTTP(w, r)
 	})))
-	for _, p := range query.IndexPaths {
+	for _, p := range query.IndexPaths() {
 		mux.Handle(p, indexCalls)
 	}
 	return mux, &reads
