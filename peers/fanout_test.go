@@ -327,6 +327,9 @@ func TestCancelledPeerCallsAreNotFailedReads(t *testing.T) {
 		}{
 			{"label values", func(ctx context.Context) { _, _, _ = q.LabelValues(ctx, "name", nil) }},
 			{"label names", func(ctx context.Context) { _, _, _ = q.LabelNames(ctx, nil) }},
+			{"metadata", func(ctx context.Context) {
+				_, _, _ = a.Metadata(query.LocalMetadata(metadataIndex{})).Metadata(ctx, "acme", query.MetadataQuery{Limit: -1})
+			}},
 			{"series", func(ctx context.Context) {
 				ss := q.Select(ctx, true, &promstorage.SelectHints{Start: 0, End: 10_000, Func: "series"}, csvOnly)
 				for ss.Next() {
