@@ -52,8 +52,9 @@ func (q *peerQuerier) seriesCall(ctx context.Context, sortSeries bool, hints *pr
 }
 
 // decodeSeries decodes the series API's data, an array of label sets,
-// straight into labels with one symbol table for the whole answer (-tags
-// dedupelabels): no map per series, no copy of the answer.
+// into labels with one symbol table for the whole answer (-tags
+// dedupelabels), one label set at a time into one map: the answer is never
+// held whole, nor a map per series.
 func decodeSeries(d *json.Decoder) ([]labels.Labels, error) {
 	tok, err := d.Token()
 	if err != nil || tok == nil { // null: none
@@ -63,42 +64,23 @@ func decodeSeries(d *json.Decoder) ([]labels.Labels, error) {
 		return nil, fmt.Errorf("series: got %v, want an array", tok)
 	}
 	b := labels.NewScratchBuilderWithSymbolTable(labels.NewSymbolTable(), 0)
-	var set []labels.Labels
+	var (
+		set []labels.Labels
+		m   map[string]string
+	)
 	for d.More() {
-		if err := expectDelim(d, '{'); err != nil {
+		clear(m)
+		if err := d.Decode(&m); err != nil {
 			return nil, err
 		}
 		b.Reset()
-		for d.More() {
-			name, err := stringToken(d)
-			if err != nil {
-				return nil, err
-			}
-			value, err := stringToken(d)
-			if err != nil {
-				return nil, err
-			}
-			b.Add(name, value)
-		}
-		if err := expectDelim(d, '}'); err != nil {
-			return nil, err
+		for n, v := range m {
+			b.Add(n, v)
 		}
 		b.Sort()
 		set = append(set, b.Labels())
 	}
 	return set, expectDelim(d, ']')
-}
-
-func stringToken(d *json.Decoder) (string, error) {
-	tok, err := d.Token()
-	if err != nil {
-		return "", err
-	}
-	s, ok := tok.(string)
-	if !ok {
-		return "", fmt.Errorf("series: got %v, want a string", tok)
-	}
-	return s, nil
 }
 
 // labelsOnly is a series set of series without samples.
