@@ -50,7 +50,7 @@ func TestSeriesAcrossReplicas(t *testing.T) {
 	calls := asked()
 	require.NotEmpty(t, calls)
 	for _, c := range calls {
-		require.Equal(t, "GET /api/v1/series", c, "b asked a's index for series, read none: %v", calls)
+		require.Equal(t, "POST /api/v1/series", c, "b asked a's index for series (a form: match[] may be large), read none: %v", calls)
 	}
 	mfs := scrapeMetrics(t, b.URL())
 	require.Zero(t, metricValue(mfs, "phonehome_peers_label_calls_total", map[string]string{"call": "series", "via": "series"}))

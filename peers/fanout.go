@@ -2,6 +2,7 @@ package peers
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"sync"
 
@@ -102,7 +103,8 @@ func (q fleetQuerier) fanOut(ctx context.Context, hints *promstorage.LabelHints,
 	if own.err != nil {
 		return nil, own.ws, own.err
 	}
-	vals, ws := slices.Clone(own.vals), own.ws // a querier's answer is not ours to append to
+	// A querier's answer, values and warnings, is not ours to add to.
+	vals, ws := slices.Clone(own.vals), maps.Clone(own.ws)
 	for _, a := range answers {
 		ws.Merge(a.ws)
 		if a.err != nil {

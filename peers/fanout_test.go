@@ -1,14 +1,19 @@
 package peers
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/metadata"
@@ -22,7 +27,8 @@ import (
 // barrier holds every request until n have arrived, then lets them all
 // through and starts over: peers asked one after another never overlap, so
 // each request gives up after wait (a 503, a warning of the merge) and the
-// test fails instead of hanging.
+// test fails instead of hanging. A request that gives up leaves its round,
+// so that the next round still needs n requests of its own.
 type barrier struct {
 	n    int
 	wait time.Duration
@@ -32,12 +38,24 @@ type barrier struct {
 	all     chan struct{}
 }
 
+// barrierWait is how long a request waits for the others: far beyond a
+// loaded -race CI's scheduling delays, and the peer timeout of the tests
+// that use it is longer (so that the 503 is what they see).
+const barrierWait = 30 * time.Second
+
 func newBarrier(n int) *barrier {
-	return &barrier{n: n, wait: 3 * time.Second, all: make(chan struct{})}
+	return &barrier{n: n, wait: barrierWait, all: make(chan struct{})}
 }
 
 func (b *barrier) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Read the body first: the server notices a client that went away
+		// (r.Context) only once it has.
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
 		b.mu.Lock()
 		all := b.all
 		if b.arrived++; b.arrived == b.n {
@@ -50,11 +68,42 @@ func (b *barrier) wrap(h http.Handler) http.Handler {
 		select {
 		case <-all:
 			h.ServeHTTP(w, r)
+			return
 		case <-t.C:
 			http.Error(w, "peers asked one after another", http.StatusServiceUnavailable)
 		case <-r.Context().Done():
 		}
+		b.mu.Lock()
+		if b.all == all { // its round is still waiting: leave it
+			b.arrived--
+		}
+		b.mu.Unlock()
 	})
+}
+
+// patience is how long a test waits for what must happen: minutes, as a
+// loaded -race CI may need, yet short of the test binary's deadline, so
+// that a hang fails with the test's message rather than a panic.
+func patience(t *testing.T) time.Duration {
+	if d, ok := t.Deadline(); ok {
+		return time.Until(d) / 2
+	}
+	return 5 * time.Minute
+}
+
+// hangingPeer is a peer that takes every request and answers none until
+// the request's context ends (the caller cancels, or the peer timeout);
+// arrived receives each request.
+func hangingPeer(t *testing.T) (addr string, arrived <-chan struct{}) {
+	t.Helper()
+	ch := make(chan struct{}, 16)
+	srv := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body) // so that the server notices the client going away
+		ch <- struct{}{}
+		<-r.Context().Done()
+	}))
+	t.Cleanup(srv.Close)
+	return host(srv), ch
 }
 
 // seriesOf lists the series of a series-only Select of q (as the series
@@ -83,7 +132,9 @@ func TestPeersAreAskedInParallel(t *testing.T) {
 		t.Cleanup(srv.Close)
 		addrs = append(addrs, host(srv))
 	}
-	a := f.set(t, nil, f.config(addrs...))
+	cfg := f.config(addrs...)
+	cfg.Timeout = model.Duration(2 * barrierWait)
+	a := f.set(t, nil, cfg)
 	q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("own-op", "c9"))}, nil).Querier("acme", 0, 10_000)
 	require.NoError(t, err)
 	defer q.Close()
@@ -110,24 +161,38 @@ func TestPeersAreAskedInParallel(t *testing.T) {
 	require.Equal(t, map[string][]metadata.Metadata{"m0": {mdGauge}, "m1": {mdGauge}, "m2": {mdGauge}}, md)
 }
 
-// A peer that answers late (after the peer timeout) or not at all is a
-// warning; the others' answer is the same as without it.
+// A peer that answers late (after the others, with an error) or not at
+// all is a warning; the others' answer is the same as without it.
 func TestSlowOrDeadPeerLeavesTheOthersAnswer(t *testing.T) {
 	f := newFixture(t)
-	live := serve(t, f.set(t, nil, f.config()), tenantDBs{"acme": openSeries(t, csv("b-op", "c2"), csv("z-op", "c2"))}, nil)
-	slow := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
-		<-r.Context().Done() // until the peer timeout
+	local := tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}
+	peerData := tenantDBs{"acme": openSeries(t, csv("b-op", "c2"), csv("z-op", "c2"))}
+	// The live peer, twice: asked alone, and with the others, where each
+	// answer it sends lets the slow peer answer the same call.
+	served := make(chan struct{}, 16)
+	liveAlone := serve(t, f.set(t, nil, f.config()), peerData, nil)
+	h, _ := replicaHandler(f.set(t, nil, f.config()), peerData, nil)
+	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r)
+		served <- struct{}{}
+	}))
+	t.Cleanup(live.Close)
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body) // so that the server notices the client going away
+		select {
+		case <-served:
+			http.Error(w, "too late", http.StatusServiceUnavailable)
+		case <-r.Context().Done():
+		}
 	}))
 	t.Cleanup(slow.Close)
 	dead := httptest.NewServer(http.NotFoundHandler())
 	dead.Close() // connection refused
 
-	cfg := f.config(host(live), host(slow), host(dead))
-	const timeout = time.Second // the shortest Validate allows
-	cfg.Timeout = model.Duration(timeout)
-	local := tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}
-	all := f.set(t, nil, cfg).NewReader(local, nil)
-	alone := f.set(t, nil, f.config(host(live))).NewReader(local, nil)
+	// The default peer timeout (30s) bounds no call here: the slow peer
+	// answers as soon as the live one has.
+	all := f.set(t, nil, f.config(host(live), host(slow), host(dead))).NewReader(local, nil)
+	alone := f.set(t, nil, f.config(host(liveAlone))).NewReader(local, nil)
 	csvOnly := labels.MustNewMatcher(labels.MatchEqual, "__name__", "csv_succeeded")
 
 	type answer struct{ values, names, series []string }
@@ -170,20 +235,42 @@ func TestSlowOrDeadPeerLeavesTheOthersAnswer(t *testing.T) {
 	}
 }
 
+// A peer that does not answer within the peer timeout is a warning, and a
+// failed read.
+func TestPeerTimeoutIsAWarning(t *testing.T) {
+	f := newFixture(t)
+	addr, _ := hangingPeer(t)
+	cfg := f.config(addr)
+	cfg.Timeout = model.Duration(time.Second) // the shortest Validate allows
+	a := f.set(t, prometheus.NewRegistry(), cfg)
+	q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}, nil).Querier("acme", 0, 10_000)
+	require.NoError(t, err)
+	defer q.Close()
+	timedOut := func(ws annotations.Annotations) {
+		t.Helper()
+		require.Len(t, ws, 1)
+		require.ErrorContains(t, ws.AsErrors()[0], "peer "+addr+" unavailable, its data is missing")
+		require.ErrorIs(t, ws.AsErrors()[0], context.DeadlineExceeded)
+	}
+
+	vals, ws, err := q.LabelValues(context.Background(), "name", nil)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a-op"}, vals, "this replica's")
+	timedOut(ws)
+	series, ws, err := seriesOf(q, 0, 10_000, 0, labels.MustNewMatcher(labels.MatchEqual, "__name__", "csv_succeeded"))
+	require.NoError(t, err)
+	require.Equal(t, []string{`{__name__="csv_succeeded", _id="c1", name="a-op"}`}, series)
+	timedOut(ws)
+	require.Equal(t, 2.0, testutil.ToFloat64(a.m.reads.WithLabelValues("error")))
+}
+
 func TestCancellingALabelCallEndsItsPeerCalls(t *testing.T) {
 	f := newFixture(t)
-	arrived := make(chan struct{}, 2)
-	block := http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
-		arrived <- struct{}{}
-		<-r.Context().Done()
-	})
-	var addrs []string
-	for range 2 {
-		srv := httptest.NewServer(block)
-		t.Cleanup(srv.Close)
-		addrs = append(addrs, host(srv))
-	}
-	a := f.set(t, nil, f.config(addrs...)) // the peer timeout: 30s
+	addr1, arrived1 := hangingPeer(t)
+	addr2, arrived2 := hangingPeer(t)
+	cfg := f.config(addr1, addr2)
+	cfg.Timeout = model.Duration(2 * patience(t)) // not what ends them
+	a := f.set(t, nil, cfg)
 	q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}, nil).Querier("acme", 0, 10_000)
 	require.NoError(t, err)
 	defer q.Close()
@@ -194,12 +281,127 @@ func TestCancellingALabelCallEndsItsPeerCalls(t *testing.T) {
 		defer close(done)
 		_, _, _ = q.LabelValues(ctx, "name", nil) // whichever error: that it returns is the point
 	}()
-	<-arrived
-	<-arrived
+	<-arrived1
+	<-arrived2
 	cancel()
 	select {
 	case <-done: // its peer calls ended: goleak would see them otherwise
-	case <-time.After(5 * time.Second):
+	case <-time.After(patience(t)):
 		t.Fatal("the label call outlived its context")
 	}
+}
+
+// failingLabels is a local reader whose label values call fails, once
+// release is closed.
+type failingLabels struct{ release <-chan struct{} }
+
+func (l failingLabels) Querier(string, int64, int64) (promstorage.Querier, error) {
+	return failingLabelsQuerier{Querier: promstorage.NoopQuerier(), release: l.release}, nil
+}
+
+type failingLabelsQuerier struct {
+	promstorage.Querier
+	release <-chan struct{}
+}
+
+func (q failingLabelsQuerier) LabelValues(context.Context, string, *promstorage.LabelHints, ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	<-q.release
+	return nil, nil, errors.New("bucket down")
+}
+
+// A peer call that ends because its caller's context did is not the
+// peer's failure: not counted as a failed read (nor logged).
+func TestCancelledPeerCallsAreNotFailedReads(t *testing.T) {
+	f := newFixture(t)
+	csvOnly := labels.MustNewMatcher(labels.MatchEqual, "__name__", "csv_succeeded")
+
+	t.Run("the caller goes away", func(t *testing.T) {
+		addr, arrived := hangingPeer(t)
+		a := f.set(t, prometheus.NewRegistry(), f.config(addr))
+		q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}, nil).Querier("acme", 0, 10_000)
+		require.NoError(t, err)
+		defer q.Close()
+		for _, tc := range []struct {
+			name string
+			call func(context.Context)
+		}{
+			{"label values", func(ctx context.Context) { _, _, _ = q.LabelValues(ctx, "name", nil) }},
+			{"label names", func(ctx context.Context) { _, _, _ = q.LabelNames(ctx, nil) }},
+			{"metadata", func(ctx context.Context) {
+				_, _, _ = a.Metadata(query.LocalMetadata(metadataIndex{})).Metadata(ctx, "acme", query.MetadataQuery{Limit: -1})
+			}},
+			{"series", func(ctx context.Context) {
+				ss := q.Select(ctx, true, &promstorage.SelectHints{Start: 0, End: 10_000, Func: "series"}, csvOnly)
+				for ss.Next() {
+				}
+			}},
+		} {
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				tc.call(ctx)
+			}()
+			<-arrived
+			cancel()
+			<-done
+			require.Zero(t, testutil.ToFloat64(a.m.reads.WithLabelValues("error")), tc.name)
+		}
+	})
+
+	t.Run("this replica's own call fails", func(t *testing.T) {
+		addr, arrived := hangingPeer(t)
+		a := f.set(t, prometheus.NewRegistry(), f.config(addr))
+		release := make(chan struct{})
+		q, err := a.NewReader(failingLabels{release: release}, nil).Querier("acme", 0, 10_000)
+		require.NoError(t, err)
+		defer q.Close()
+		go func() {
+			<-arrived // the peer's call is under way
+			close(release)
+		}()
+		_, _, err = q.LabelValues(context.Background(), "name", nil)
+		require.ErrorContains(t, err, "bucket down")
+		require.Zero(t, testutil.ToFloat64(a.m.reads.WithLabelValues("error")), "fanOut cancelled the peer's call")
+	})
+}
+
+// warnedLabels is a local reader whose label values call answers vals
+// with ws, the same map every time.
+type warnedLabels struct {
+	vals []string
+	ws   annotations.Annotations
+}
+
+func (l warnedLabels) Querier(string, int64, int64) (promstorage.Querier, error) {
+	return warnedLabelsQuerier{Querier: promstorage.NoopQuerier(), l: l}, nil
+}
+
+type warnedLabelsQuerier struct {
+	promstorage.Querier
+	l warnedLabels
+}
+
+func (q warnedLabelsQuerier) LabelValues(context.Context, string, *promstorage.LabelHints, ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	return q.l.vals, q.l.ws, nil
+}
+
+// The merge adds the peers' values and warnings to its own copy, never to
+// this replica's answer (which its querier may keep or share).
+func TestFanOutLeavesItsOwnAnswerAsItIs(t *testing.T) {
+	f := newFixture(t)
+	down := httptest.NewServer(http.NotFoundHandler())
+	down.Close() // connection refused
+	b := serve(t, f.set(t, nil, f.config()), tenantDBs{"acme": openSeries(t, csv("b-op", "c2"))}, nil)
+	own := warnedLabels{vals: make([]string, 1, 8), ws: annotations.New().Add(errors.New("own warning"))}
+	own.vals[0] = "a-op"
+	q, err := f.set(t, nil, f.config(host(b), host(down))).NewReader(own, nil).Querier("acme", 0, 10_000)
+	require.NoError(t, err)
+	defer q.Close()
+	vals, ws, err := q.LabelValues(context.Background(), "name", nil)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a-op", "b-op"}, vals)
+	require.Len(t, ws, 2, "its own and the peer that is down")
+	require.Len(t, own.ws, 1, "this replica's warnings as they were")
+	require.Empty(t, own.vals[:2][1], "nothing appended in place of its values")
 }

@@ -25,13 +25,15 @@ const (
 	callSeries = "series" // /api/v1/series
 )
 
-// IndexHandler serves the calls answered from the index, query.IndexPaths
-// (the label calls and /api/v1/series; auth.Middleware with auth.PermRead
-// in front, authenticating with Authenticator): a request with ScopeHeader
-// "local" — a peer's — gets local's label names and values and series
-// (query.NewIndexHandler: under limit, the smallest), so that peers never
-// recurse and never read each other's samples to list them; any other is
-// fleet's (the query API). Every answer carries InstanceHeader.
+// IndexHandler serves the calls answered from the index, query.IndexPaths()
+// (the label calls and /api/v1/series, GET and POST form as Prometheus;
+// auth.Middleware with auth.PermRead in front, authenticating with
+// Authenticator): a request with ScopeHeader "local" — a peer's — gets
+// local's label names and values and series (query.NewIndexHandler: under
+// limit, the smallest), so that peers never recurse and never read each
+// other's samples to list them; any other is fleet's (the query API).
+// Every answer carries InstanceHeader, by which a peer tells it from an
+// earlier release's query API (apiCall.local).
 func (s *Set) IndexHandler(logger *slog.Logger, fleet http.Handler, local query.Reader, ready func() bool) http.Handler {
 	return s.scoped(query.NewIndexHandler(logger, local, ready), fleet)
 }
@@ -42,12 +44,23 @@ func (q *peerQuerier) callContext(ctx context.Context) (context.Context, context
 	return context.WithTimeout(context.WithValue(ctx, tenantKey{}, q.tenant), time.Duration(q.set.cfg.Timeout))
 }
 
-// indexCallDone counts and logs the end of call to p's index endpoint and
-// returns its error: errNoIndexCalls as is (the caller reads p's series
-// instead; counted, and logged once until p serves the call again), any
-// other naming p (a warning of the merge).
-func (s *Set) indexCallDone(p *peer, call string, err error) error {
+// indexCallDone counts and logs the end of call to p's index endpoint,
+// made for a caller whose context is ctx, and returns its error:
+// errNoIndexCalls as is (the caller reads p's series instead; counted, and
+// a peer without the endpoint logged once until it serves the call again),
+// any other naming p (a warning of the merge). A call that ended because
+// ctx did (the caller went away, or fanOut cancelled it) is not p's
+// failure: neither counted nor logged, as peerSeriesSet does for remote
+// reads.
+func (s *Set) indexCallDone(ctx context.Context, p *peer, call string, err error) error {
 	switch {
+	case err != nil && ctx.Err() != nil:
+		return fmt.Errorf("peer %s: %w", p.addr, err)
+	case errors.Is(err, errIndexCallTooLarge):
+		// This call only: the next small one is asked of the index again.
+		s.m.labelCalls.WithLabelValues(call, "series").Inc()
+		s.logger.Debug("index call too large for the peer, reading its series instead", "peer", p.addr, "call", call, "err", err)
+		return err
 	case errors.Is(err, errNoIndexCalls):
 		s.m.labelCalls.WithLabelValues(call, "series").Inc()
 		if !p.fallback[call].Swap(true) {

@@ -2,6 +2,7 @@ package peers
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/url"
 	"slices"
@@ -53,26 +54,32 @@ func (q *peerQuerier) LabelNames(ctx context.Context, hints *promstorage.LabelHi
 // the tenant's credential (the peer transport), for the querier's range,
 // ms and hints.Limit: the smallest hints.Limit of its own, sorted. A peer
 // that fails is an error naming it (a warning of the merge); one without
-// the endpoint is errNoIndexCalls (indexCallDone).
+// the endpoint, or a call too large for it, is errNoIndexCalls
+// (indexCallDone).
 func (q *peerQuerier) labelCall(ctx context.Context, path string, hints *promstorage.LabelHints, ms []*labels.Matcher) ([]string, annotations.Annotations, error) {
-	ctx, cancel := q.callContext(ctx)
+	callCtx, cancel := q.callContext(ctx)
 	defer cancel()
 	limit := 0
 	if hints != nil {
 		limit = hints.Limit
 	}
-	// GET: Prometheus serves label values on GET only.
-	out, err := getAPI[[]string](ctx, q.set, q.peer, path, apiParams(q.mint, q.maxt, limit, ms))
-	if err := q.set.indexCallDone(q.peer, callLabels, refused(err)); err != nil {
+	var vals []string
+	env, err := callAPI(callCtx, q.set, q.peer, apiCall{
+		path: path, params: apiParams(q.mint, q.maxt, limit, ms), local: true,
+		// A form, so that a large match[] fits, where Prometheus takes one:
+		// label values are GET only (a match[] too long for the URL is
+		// errIndexCallTooLarge).
+		post: path == query.LabelNamesPath,
+	}, func(d *json.Decoder) error { return d.Decode(&vals) })
+	if err := q.set.indexCallDone(ctx, q.peer, callLabels, refused(err)); err != nil {
 		return nil, nil, err
 	}
 	// The merge needs them sorted and distinct; Prometheus' handlers send
 	// them so, and a peer is not trusted to.
-	vals := out.Data
 	slices.Sort(vals)
 	vals = slices.Compact(vals)
 	if limit > 0 && len(vals) > limit {
 		vals = vals[:limit]
 	}
-	return vals, out.annotations(q.peer), nil
+	return vals, env.annotations(q.peer), nil
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -217,29 +216,4 @@ func TestLabelCallsFallBackToSeriesForAPreviousRelease(t *testing.T) {
 			require.Equal(t, 1, strings.Count(logs.String(), "peer does not serve index calls"), "logged once: %s", logs.String())
 		})
 	}
-}
-
-func TestPeerLabelAnswerIsBounded(t *testing.T) {
-	f := newFixture(t)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		// Valid JSON, but larger than any peer may answer.
-		_, _ = io.WriteString(w, `{"status":"success","data":["up"]`)
-		pad := strings.Repeat(" ", 1<<20)
-		for range maxAPIAnswer>>20 + 1 {
-			if _, err := io.WriteString(w, pad); err != nil {
-				return
-			}
-		}
-		_, _ = io.WriteString(w, "}")
-	}))
-	t.Cleanup(srv.Close)
-	s := f.set(t, nil, f.config(host(srv)))
-	q, err := s.NewReader(tenantDBs{}, nil).Querier("acme", 0, 1)
-	require.NoError(t, err)
-	defer q.Close()
-	got, ws, err := q.LabelNames(context.Background(), nil)
-	require.NoError(t, err)
-	require.Empty(t, got)
-	require.Len(t, ws, 1)
-	require.ErrorContains(t, ws.AsErrors()[0], "answer exceeds")
 }

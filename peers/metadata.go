@@ -64,10 +64,12 @@ func (f fleetMetadata) Metadata(ctx context.Context, tenant string, q query.Meta
 // peerMetadata asks p for its own metadata of tenant, through the peer
 // transport (credential, local scope), within the peer timeout.
 func (s *Set) peerMetadata(ctx context.Context, p *peer, tenant string, q query.MetadataQuery) (map[string][]metadata.Metadata, error) {
-	ctx = context.WithValue(ctx, tenantKey{}, tenant)
-	ctx, cancel := context.WithTimeout(ctx, time.Duration(s.cfg.Timeout))
+	callCtx, cancel := context.WithTimeout(context.WithValue(ctx, tenantKey{}, tenant), time.Duration(s.cfg.Timeout))
 	defer cancel()
-	md, err := s.getMetadata(ctx, p, q)
+	md, err := s.getMetadata(callCtx, p, q)
+	if err != nil && ctx.Err() != nil { // the caller went away: not p's failure (indexCallDone)
+		return nil, fmt.Errorf("peer %s: %w", p.addr, err)
+	}
 	if err != nil {
 		s.m.reads.WithLabelValues("error").Inc()
 		s.logger.Debug("peer metadata read failed", "peer", p.addr, "err", err)
@@ -78,6 +80,6 @@ func (s *Set) peerMetadata(ctx context.Context, p *peer, tenant string, q query.
 }
 
 func (s *Set) getMetadata(ctx context.Context, p *peer, q query.MetadataQuery) (map[string][]metadata.Metadata, error) {
-	out, err := getAPI[map[string][]metadata.Metadata](ctx, s, p, MetadataPath, q.Values())
-	return out.Data, err
+	md, _, err := getAPI[map[string][]metadata.Metadata](ctx, s, p, MetadataPath, q.Values())
+	return md, err
 }

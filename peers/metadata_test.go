@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -147,15 +148,16 @@ func TestMetadataTenancy(t *testing.T) {
 func TestPeerMetadataAnswerIsBounded(t *testing.T) {
 	f := newFixture(t)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		// Valid JSON, but larger than any peer may answer.
+		// Larger than any peer may answer, and saying so (a chunked one
+		// is cut while it streams: TestAnswerIsCutAtTheCap).
+		w.Header().Set("Content-Length", strconv.Itoa(maxAPIAnswer+1))
 		_, _ = io.WriteString(w, `{"status":"success","data":{"up":[{"type":"gauge","help":"Up.","unit":""}]}`)
 		pad := strings.Repeat(" ", 1<<20)
-		for range maxAPIAnswer>>20 + 1 {
+		for range maxAPIAnswer >> 20 {
 			if _, err := io.WriteString(w, pad); err != nil {
 				return
 			}
 		}
-		_, _ = io.WriteString(w, "}")
 	}))
 	t.Cleanup(srv.Close)
 	s := f.set(t, nil, f.config(host(srv)))

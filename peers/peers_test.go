@@ -134,7 +134,7 @@ func replicaHandler(s *Set, local tenantDBs, horizon func(string) int64) (http.H
 		reads.Add(1)
 		read.ServeHTTP(w, r)
 	})))
-	for _, p := range query.IndexPaths {
+	for _, p := range query.IndexPaths() {
 		mux.Handle(p, indexCalls)
 	}
 	return mux, &reads
@@ -228,7 +228,13 @@ func TestPeersSkippedWhenTheBucketCoversTheRange(t *testing.T) {
 		reads.Add(1)
 		return 4000
 	})
-	a := f.set(t, nil, f.config(host(b)))
+	// A stopped clock: a horizon is trusted for horizon_ttl (1m) after it
+	// arrived, however slowly this test runs.
+	cfg := f.config(host(b))
+	require.NoError(t, cfg.Validate())
+	stopped := time.Now()
+	a, err := New(discard, nil, cfg, Options{HTTPClient: f.client, Now: func() time.Time { return stopped }})
+	require.NoError(t, err)
 	var synced atomic.Bool
 	r := a.NewReader(tenantDBs{}, func(time.Time) bool { return synced.Load() })
 	query := func(maxt int64) {

@@ -3,9 +3,11 @@ package peers
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -129,22 +131,30 @@ func TestSeriesCallsTenancy(t *testing.T) {
 		{"replica token reads the named tenant, local", map[string]string{"Authorization": "Bearer replica-secret", TenantHeader: "globex", ScopeHeader: ScopeLocal}, 200, []map[string]string{{"__name__": "secret", "_id": "g1"}}},
 		{"replica token needs local scope", map[string]string{"Authorization": "Bearer replica-secret", TenantHeader: "globex"}, 403, nil},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, srv.URL+query.SeriesPath+`?match[]={__name__=~".%2B"}`, nil)
-			require.NoError(t, err)
-			for k, v := range tc.hdr {
-				req.Header.Set(k, v)
-			}
-			resp, err := http.DefaultClient.Do(req)
-			require.NoError(t, err)
-			defer resp.Body.Close()
-			require.Equal(t, tc.code, resp.StatusCode)
-			if tc.code != http.StatusOK {
-				return
-			}
-			var out struct{ Data []map[string]string }
-			require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
-			require.Equal(t, tc.want, out.Data)
-		})
+		for _, post := range []bool{false, true} { // peers ask with a POST form
+			t.Run(fmt.Sprintf("%s/post=%v", tc.name, post), func(t *testing.T) {
+				form := url.Values{"match[]": {`{__name__=~".+"}`}}.Encode()
+				req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, srv.URL+query.SeriesPath+"?"+form, nil)
+				if post {
+					req, err = http.NewRequestWithContext(context.Background(), http.MethodPost, srv.URL+query.SeriesPath, strings.NewReader(form))
+					req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+				}
+				require.NoError(t, err)
+				for k, v := range tc.hdr {
+					req.Header.Set(k, v)
+				}
+				resp, err := http.DefaultClient.Do(req)
+				require.NoError(t, err)
+				defer resp.Body.Close()
+				require.Equal(t, tc.code, resp.StatusCode)
+				if tc.code != http.StatusOK {
+					return
+				}
+				require.NotEmpty(t, resp.Header.Get(InstanceHeader), "the mark of a local-scope answer")
+				var out struct{ Data []map[string]string }
+				require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+				require.Equal(t, tc.want, out.Data)
+			})
+		}
 	}
 }

@@ -18,8 +18,9 @@ const (
 	SeriesPath      = "/api/v1/series"
 )
 
-// IndexPaths are the paths NewIndexHandler serves.
-var IndexPaths = []string{LabelNamesPath, LabelValuesPath, SeriesPath}
+// IndexPaths returns the paths NewIndexHandler serves (a new slice each
+// time: callers may not change what it serves).
+func IndexPaths() []string { return []string{LabelNamesPath, LabelValuesPath, SeriesPath} }
 
 // NewIndexHandler serves the label calls and the series call (GET and POST
 // IndexPaths) over r for the tenant of the request (auth.Middleware in
@@ -33,7 +34,7 @@ func NewIndexHandler(logger *slog.Logger, r Reader, ready func() bool) http.Hand
 	// No engine: only the index calls are routed to the API.
 	api := NewHandler(logger, nil, smallestFirst{r}, Options{Ready: ready})
 	mux := http.NewServeMux()
-	for _, p := range IndexPaths {
+	for _, p := range IndexPaths() {
 		mux.Handle(p, api)
 	}
 	return mux

@@ -351,7 +351,7 @@ func run(args []string, stderr io.Writer) int {
 		peerSet.MetadataHandler(api, localMeta, isReady)))
 	indexCalls := auth.Middleware(peerSet.Authenticator(a.authn), auth.PermRead, nil, // a peer's: its own index, not its samples
 		peerSet.IndexHandler(logger.With("component", "query"), api, db, isReady))
-	for _, p := range query.IndexPaths {
+	for _, p := range query.IndexPaths() {
 		mux.Handle(p, indexCalls)
 	}
 	mux.Handle("POST "+pushdown.Path, auth.Middleware(peerSet.Authenticator(a.authn), auth.PermRead, nil,
