@@ -100,7 +100,7 @@ func TestForwarderReloadE2E(t *testing.T) {
 	write("forwarder.yaml", reloadConfig("1"))
 	require.NoError(t, fwd.cmd.Process.Signal(syscall.SIGHUP))
 	eventually(t, time.Minute, func() error {
-		if v := metricsValue(t, fwdURL, "phonehome_forwarder_config_reloads_total", map[string]string{"result": "success"}); v != 1 {
+		if v := metricsValue(t, fwdURL, "phonehome_forward_config_reloads_total", map[string]string{"result": "success"}); v != 1 {
 			return fmt.Errorf("%v successful reloads", v)
 		}
 		return nil
@@ -115,7 +115,7 @@ func TestForwarderReloadE2E(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	reloaded = time.Now()
 	waitFresh(t, recv.URL(), fmt.Sprintf(b, "2"), 27, reloaded)
-	require.Equal(t, 1.0, metricsValue(t, fwdURL, "phonehome_forwarder_config_last_reload_successful", nil))
+	require.Equal(t, 1.0, metricsValue(t, fwdURL, "phonehome_forward_config_last_reload_successful", nil))
 
 	// An invalid match file: 500, counted, and the running policy goes on.
 	write("match", "cluster_version\ncluster_operator_up{\n")
@@ -123,8 +123,8 @@ func TestForwarderReloadE2E(t *testing.T) {
 	require.Equal(t, http.StatusInternalServerError, code)
 	require.Contains(t, body, "invalid configuration")
 	require.Contains(t, body, "cluster_operator_up{")
-	require.Equal(t, 0.0, metricsValue(t, fwdURL, "phonehome_forwarder_config_last_reload_successful", nil))
-	require.Equal(t, 1.0, metricsValue(t, fwdURL, "phonehome_forwarder_config_reloads_total", map[string]string{"result": "failure"}))
+	require.Equal(t, 0.0, metricsValue(t, fwdURL, "phonehome_forward_config_last_reload_successful", nil))
+	require.Equal(t, 1.0, metricsValue(t, fwdURL, "phonehome_forward_config_reloads_total", map[string]string{"result": "failure"}))
 	waitFresh(t, recv.URL(), fmt.Sprintf(b, "2"), 27, time.Now())
 
 	// Another salt would change the pseudonym: refused until a restart.
@@ -134,8 +134,8 @@ func TestForwarderReloadE2E(t *testing.T) {
 	code, body = postReload(t, fwdURL)
 	require.Equal(t, http.StatusInternalServerError, code)
 	require.Contains(t, body, "pseudonym")
-	require.Equal(t, 1.0, metricsValue(t, fwdURL, "phonehome_forwarder_config_restart_required", nil))
-	require.Equal(t, 0.0, metricsValue(t, fwdURL, "phonehome_forwarder_config_last_reload_successful", nil))
+	require.Equal(t, 1.0, metricsValue(t, fwdURL, "phonehome_forward_config_restart_required", nil))
+	require.Equal(t, 0.0, metricsValue(t, fwdURL, "phonehome_forward_config_last_reload_successful", nil))
 	cycles := metricsValue(t, fwdURL, "phonehome_forward_cycles_total", map[string]string{"result": "success"})
 	waitCycles(t, fwdURL, cycles+1)
 	resp, err := http.Get(fwdURL + "/federate") // what the last cycle sent

@@ -288,6 +288,15 @@ func New(logger *slog.Logger, reg prometheus.Registerer, src Source, policy Poli
 	return f
 }
 
+// Policy returns the policy in force; false if none is yet (ErrNoPolicy).
+func (f *Forwarder) Policy() (Policy, bool) {
+	p := f.policy.Load()
+	if p == nil {
+		return Policy{}, false
+	}
+	return *p, true
+}
+
 // SetPolicy atomically replaces the policy; the next cycle uses it whole
 // (a cycle in progress keeps the one it started with). Both Allow and Rules
 // must be set.

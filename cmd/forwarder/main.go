@@ -434,6 +434,13 @@ func load(f *flags) (*setup, error) {
 }
 
 func run(args []string, stderr io.Writer) int {
+	// SIGHUP reloads. Subscribed first and never unsubscribed: until the
+	// reload actor runs (a long queue replay at start) and while the last
+	// flush runs at shutdown, a SIGHUP (a config-reloader sidecar) would
+	// otherwise kill the process with its default action. One that arrives
+	// early waits in the channel and triggers one reload.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
 	f, err := parseFlags(args, stderr)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -650,13 +657,8 @@ func run(args []string, stderr io.Writer) int {
 		})
 	}
 	{ // Configuration reload on SIGHUP (POST /-/reload is served above).
-		hup := make(chan os.Signal, 1)
-		signal.Notify(hup, syscall.SIGHUP)
 		ctx, cancel := context.WithCancel(context.Background())
-		g.Add(func() error { return reloader.run(ctx, hup) }, func(error) {
-			signal.Stop(hup)
-			cancel()
-		})
+		g.Add(func() error { return reloader.run(ctx, hup) }, func(error) { cancel() })
 	}
 	if authorizer != nil { // Cluster credential: exchange at start, renew before expiry.
 		ctx, cancel := context.WithCancel(context.Background())

@@ -38,7 +38,7 @@ var startOnlyFiles = []string{"from-ca-file", "to-ca-file"}
 // in force: the selectors (--match-file, matches) and the relabeling
 // (relabel_configs, anonymize labels, renames, external labels). Everything
 // else is read only at start: a change to it is logged and flagged by
-// phonehome_forwarder_config_restart_required, and applies at the next
+// phonehome_forward_config_restart_required, and applies at the next
 // start. An invalid configuration, or one that changes the cluster
 // pseudonym, is logged and counted, and the running policy stays.
 //
@@ -72,20 +72,20 @@ func newReloadMetrics(reg prometheus.Registerer) reloadMetrics {
 	f := promauto.With(reg)
 	m := reloadMetrics{
 		reloads: f.NewCounterVec(prometheus.CounterOpts{
-			Name: "phonehome_forwarder_config_reloads_total",
+			Name: "phonehome_forward_config_reloads_total",
 			Help: "Configuration reloads (SIGHUP, POST /-/reload) by result (success, failure).",
 		}, []string{"result"}),
 		lastSuccessful: f.NewGauge(prometheus.GaugeOpts{
-			Name: "phonehome_forwarder_config_last_reload_successful",
+			Name: "phonehome_forward_config_last_reload_successful",
 			Help: "Whether the last configuration reload attempt was successful (1) or kept the running configuration (0).",
 		}),
 		lastSuccess: f.NewGauge(prometheus.GaugeOpts{
-			Name: "phonehome_forwarder_config_last_reload_success_timestamp_seconds",
+			Name: "phonehome_forward_config_last_reload_success_timestamp_seconds",
 			Help: "Timestamp of the last successful configuration reload (or of the start).",
 		}),
 		restartRequired: f.NewGauge(prometheus.GaugeOpts{
-			Name: "phonehome_forwarder_config_restart_required",
-			Help: "1 when the configuration on disk differs from the running one in what a reload does not apply (the cluster pseudonym, federate, send, queue, authorize and gathering settings, CA files): a restart is needed for it.",
+			Name: "phonehome_forward_config_restart_required",
+			Help: "1 when the configuration read by the last reload differed from the running one in what a reload does not apply (the cluster pseudonym, federate, send, queue, authorize and gathering settings, CA files): a restart is needed for it. Edits not yet reloaded are not seen.",
 		}),
 	}
 	m.reloads.WithLabelValues("success")
@@ -118,15 +118,16 @@ func (r *reloader) applyDefinition(c *gathering.Compiled) error {
 func (r *reloader) Reload() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	// The gauges before the counter: whoever sees the count sees them.
 	if err := r.reload(); err != nil {
-		r.m.reloads.WithLabelValues("failure").Inc()
 		r.m.lastSuccessful.Set(0)
+		r.m.reloads.WithLabelValues("failure").Inc()
 		r.logger.Error("reload configuration, keeping the running one", "file", r.flags.configFile, "err", err)
 		return err
 	}
-	r.m.reloads.WithLabelValues("success").Inc()
 	r.m.lastSuccessful.Set(1)
 	r.m.lastSuccess.SetToCurrentTime()
+	r.m.reloads.WithLabelValues("success").Inc()
 	return nil
 }
 
@@ -187,8 +188,16 @@ func (r *reloader) applyPolicy(next *setup) error {
 	}, func() (bool, error) {
 		r.relabel.Store(&next.relabel)
 		if local.Allow.Len() == 0 {
+			// The selectors in force stay, under the new rules: a
+			// reload applies its relabelling (an added anonymized
+			// label) whole or not at all.
 			r.logger.Warn("no local selectors in the reloaded configuration: keeping the ones in force until a gathering definition arrives")
-			return false, nil
+			cur, ok := r.fwd.Policy()
+			if !ok { // collecting nothing: nothing to relabel
+				return false, nil
+			}
+			cur.Rules = next.policy.Rules
+			return false, r.fwd.SetPolicy(cur)
 		}
 		return true, r.fwd.SetPolicy(local)
 	})

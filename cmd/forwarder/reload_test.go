@@ -289,15 +289,78 @@ func TestSIGHUPReloads(t *testing.T) {
 	}
 	require.NoError(t, os.WriteFile(match, []byte("metric_b{\n"), 0o600))
 	require.NoError(t, s.cmd.Process.Signal(syscall.SIGHUP))
-	eventually(t, metric(`phonehome_forwarder_config_reloads_total{result="failure"} 1`), "a failed reload")
-	require.True(t, metric("phonehome_forwarder_config_last_reload_successful 0")())
+	eventually(t, metric(`phonehome_forward_config_reloads_total{result="failure"} 1`), "a failed reload")
+	require.True(t, metric("phonehome_forward_config_last_reload_successful 0")())
 
 	require.NoError(t, os.WriteFile(match, []byte("metric_b\n"), 0o600))
 	require.NoError(t, s.cmd.Process.Signal(syscall.SIGHUP))
-	eventually(t, metric(`phonehome_forwarder_config_reloads_total{result="success"} 1`), "a reload")
-	require.True(t, metric("phonehome_forwarder_config_last_reload_successful 1")())
+	eventually(t, metric(`phonehome_forward_config_reloads_total{result="success"} 1`), "a reload")
+	require.True(t, metric("phonehome_forward_config_last_reload_successful 1")())
 	code, _ := get(t, "http://"+s.addr+"/healthz")
 	require.Equal(t, http.StatusOK, code)
 	s.stop(t)
 	require.Contains(t, s.log(), "configuration reloaded")
+}
+
+// TestReloadWithoutLocalSelectorsStillRelabels: with --gathering-url and no
+// definition yet, the local selectors are in force. A reload that drops
+// them keeps them until a definition arrives, but its new relabelling
+// (here an anonymized label) applies at once: a reload applies whole or not
+// at all.
+func TestReloadWithoutLocalSelectorsStillRelabels(t *testing.T) {
+	fleet := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { http.NotFound(w, nil) }))
+	defer fleet.Close()
+	fx := newReloadFixture(t, "metric_a\n", "", "--gathering-url="+fleet.URL)
+	p := gathering.NewPoller(slog.New(slog.DiscardHandler), nil, gathering.PollerOptions{
+		URL: fleet.URL, Client: fleet.Client(), ForwarderVersion: forwarderVersion, Apply: fx.rl.applyDefinition,
+	})
+	fx.rl.poller = p
+	p.UseLocal()
+	require.Contains(t, fx.collect(t), `replica="r"`)
+
+	fx.write(t, "match", "")
+	fx.write(t, "forwarder.yaml", "anonymize_labels: [replica]\n")
+	require.NoError(t, fx.rl.Reload())
+	out := fx.collect(t)
+	require.Contains(t, out, "metric_a", "the selectors in force stay")
+	require.NotContains(t, out, `replica="r"`, "the reload's anonymize_labels are in force")
+}
+
+// TestSIGHUPDuringShutdownFlush: a SIGHUP (a config-reloader sidecar) while
+// the forwarder's last flush runs at shutdown must not kill it with SIGHUP's
+// default action: the flush ends and the forwarder exits 0.
+func TestSIGHUPDuringShutdownFlush(t *testing.T) {
+	prom := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		_, _ = w.Write([]byte("metric_a{pod=\"p\"} 1\n"))
+	}))
+	defer prom.Close()
+	hang := make(chan struct{})
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-hang:
+		}
+	}))
+	defer recv.Close()
+	defer close(hang)
+	match := writeFile(t, "match", "metric_a\n")
+	s := startSelf(t, "--to="+recv.URL, "--from="+prom.URL, "--id=abc",
+		"--match-file="+match, "--anonymize-salt-file="+writeFile(t, "salt", reloadTestSalt+"\n"),
+		"--queue.dir="+filepath.Join(t.TempDir(), "queue"), "--interval=1s", "--authorize=never")
+	eventually(t, func() bool {
+		_, body := get(t, "http://"+s.addr+"/metrics")
+		return strings.Contains(body, `phonehome_forward_cycles_total{result="success"} 1`) ||
+			strings.Contains(body, `phonehome_forward_cycles_total{result="success"} 2`)
+	}, "a cycle")
+	require.NoError(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	time.Sleep(500 * time.Millisecond) // into the last flush (sooner, the reload actor takes the SIGHUP: fine too)
+	require.NoError(t, s.cmd.Process.Signal(syscall.SIGHUP))
+	select {
+	case <-s.done:
+	case <-time.After(60 * time.Second): // the last flush is bounded by send.flush_timeout (10s)
+		_ = s.cmd.Process.Kill()
+		<-s.done
+	}
+	require.NoError(t, s.cmd.Wait(), "a SIGHUP during the shutdown flush must not kill the forwarder: %s", s.log())
 }
