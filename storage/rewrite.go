@@ -63,7 +63,7 @@ func RewriteBlock(ctx context.Context, logger *slog.Logger, srcDir, destDir stri
 	if err != nil {
 		return res, err
 	}
-	kept, keptSeries, removed, found, err := scanIndex(ctx, ix, ms, forbidden)
+	kept, keptSeries, removed, found, err := scanIndex(ctx, ix, ms, forbidden, false)
 	if cerr := ix.Close(); err == nil {
 		err = cerr
 	}
@@ -118,7 +118,7 @@ func IndexHolds(ctx context.Context, path string, ms []*labels.Matcher, forbidde
 			err = fmt.Errorf("close index: %w", cerr)
 		}
 	}()
-	_, _, removed, found, err := scanIndex(ctx, ix, ms, forbidden)
+	_, _, removed, found, err := scanIndex(ctx, ix, ms, forbidden, true)
 	if err != nil {
 		return false, fmt.Errorf("read index %s: %w", path, err)
 	}
@@ -135,8 +135,10 @@ type indexScanner interface {
 
 // scanIndex returns the sorted symbols of the series not matching ms, the
 // numbers of series not matching and matching, and whether any forbidden
-// string is a symbol.
-func scanIndex(ctx context.Context, ix indexScanner, ms []*labels.Matcher, forbidden []string) (kept []string, keptSeries, removed int, found bool, err error) {
+// string is a symbol. With check, it stops at the first forbidden string or
+// matching series, and collects no symbols: it only tells whether the block
+// must be rewritten.
+func scanIndex(ctx context.Context, ix indexScanner, ms []*labels.Matcher, forbidden []string, check bool) (kept []string, keptSeries, removed int, found bool, err error) {
 	syms := ix.Symbols()
 	for syms.Next() {
 		if slices.Contains(forbidden, syms.At()) {
@@ -146,6 +148,9 @@ func scanIndex(ctx context.Context, ix indexScanner, ms []*labels.Matcher, forbi
 	}
 	if err := syms.Err(); err != nil {
 		return nil, 0, 0, false, err
+	}
+	if check && found {
+		return nil, 0, 0, true, nil
 	}
 	name, value := index.AllPostingsKey()
 	p, err := ix.Postings(ctx, name, value)
@@ -164,6 +169,12 @@ func scanIndex(ctx context.Context, ix indexScanner, ms []*labels.Matcher, forbi
 		ls := b.Labels()
 		if allowlist.MatchesAll(ms, ls.Get) {
 			removed++
+			if check {
+				return nil, 0, removed, found, nil
+			}
+			continue
+		}
+		if check {
 			continue
 		}
 		keptSeries++
