@@ -63,7 +63,11 @@ type Poller struct {
 	logger *slog.Logger
 	opts   PollerOptions
 
-	mu      sync.Mutex // serializes polls (and Reapply)
+	pollMu sync.Mutex // serializes polls
+	// mu guards the state below. A poll holds it to apply a definition, not
+	// while it fetches one: a Reapply (a forwarder reload) does not wait for
+	// the network.
+	mu      sync.Mutex
 	etag    string     // of the definition in force, from the fleet or the cache
 	inUse   string     // version in force
 	inForce *Compiled  // the definition in force; nil while local selectors or nothing is
@@ -220,8 +224,8 @@ func (p *Poller) check(body []byte) (*Compiled, string, error) {
 // applied, is success; anything else is counted by reason and returned, and
 // the definition in force stays.
 func (p *Poller) Poll(ctx context.Context) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.pollMu.Lock()
+	defer p.pollMu.Unlock()
 	reason, err := p.poll(ctx)
 	if err != nil {
 		p.polls.WithLabelValues("failed").Inc()
@@ -235,6 +239,9 @@ func (p *Poller) Poll(ctx context.Context) error {
 func (p *Poller) poll(ctx context.Context) (reason string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, p.opts.Timeout)
 	defer cancel()
+	p.mu.Lock()
+	etag := p.etag
+	p.mu.Unlock()
 	var resp *http.Response
 	for attempt := 0; ; attempt++ {
 		tok := ""
@@ -248,8 +255,8 @@ func (p *Poller) poll(ctx context.Context) (reason string, err error) {
 			return ReasonUnreachable, fmt.Errorf("gathering poll: %w", err)
 		}
 		req.Header.Set("Accept", "application/json")
-		if p.etag != "" {
-			req.Header.Set("If-None-Match", p.etag)
+		if etag != "" {
+			req.Header.Set("If-None-Match", etag)
 		}
 		if tok != "" {
 			req.Header.Set("Authorization", "Bearer "+tok)
@@ -287,6 +294,8 @@ func (p *Poller) poll(ctx context.Context) (reason string, err error) {
 		return ReasonUnreachable, fmt.Errorf("gathering poll: read body: %w", err)
 	}
 	c, reason, err := p.check(body)
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if err != nil {
 		p.logger.Warn("gathering definition refused, keeping the one in force", "in_use", p.inUse, "reason", reason, "err", err)
 		return reason, err
@@ -295,7 +304,7 @@ func (p *Poller) poll(ctx context.Context) (reason string, err error) {
 		p.logger.Warn("gathering definition not applicable, keeping the one in force", "in_use", p.inUse, "version", c.Def.Version, "err", err)
 		return ReasonApply, err
 	}
-	etag := resp.Header.Get("ETag")
+	etag = resp.Header.Get("ETag")
 	if etag == "" {
 		etag = c.ETag
 	}

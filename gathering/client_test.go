@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -274,4 +275,36 @@ func TestReapplyUsesTheDefinitionInForceElseLocal(t *testing.T) {
 	a.fail = errors.New("bad rules")
 	require.ErrorContains(t, p.Reapply(a.apply, local), "bad rules")
 	require.Equal(t, 1.0, testutil.ToFloat64(p.info.WithLabelValues("v1", "fleet")))
+}
+
+// TestReapplyDoesNotWaitForAFetch: a poll holds the state only to apply
+// what it fetched, so a reload's Reapply goes through while a fetch waits on
+// a slow receiver, and the poll then applies its definition as usual.
+func TestReapplyDoesNotWaitForAFetch(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		close(entered)
+		<-release
+		_, _ = w.Write([]byte(`{"version":"v1","selectors":["up"]}`))
+	}))
+	defer srv.Close()
+	a := &applied{}
+	p := newTestPoller(t, srv.URL, "", a)
+	p.UseLocal()
+	polled := make(chan error, 1)
+	go func() { polled <- p.Poll(context.Background()) }()
+	<-entered
+
+	reapplied := make(chan error, 1)
+	go func() { reapplied <- p.Reapply(a.apply, func() (bool, error) { return true, nil }) }()
+	select {
+	case err := <-reapplied:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second): // the fetch never ends until released
+		close(release)
+		t.Fatal("Reapply waited for the poll's fetch")
+	}
+	close(release)
+	require.NoError(t, <-polled)
+	require.Equal(t, []string{"v1"}, a.versions())
 }
