@@ -68,9 +68,9 @@ type Poller struct {
 	// while it fetches one: a Reapply (a forwarder reload) does not wait for
 	// the network.
 	mu      sync.Mutex
-	etag    string     // of the definition in force, from the fleet or the cache
-	inUse   string     // version in force
-	inForce *Compiled  // the definition in force; nil while local selectors or nothing is
+	etag    string    // of the definition in force, from the fleet or the cache
+	inUse   string    // version in force
+	inForce *Compiled // the definition in force; nil while local selectors or nothing is
 
 	polls       *prometheus.CounterVec
 	failures    *prometheus.CounterVec
