@@ -89,11 +89,11 @@ func callAPI(ctx context.Context, s *Set, p *peer, c apiCall, decodeData func(*j
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
 		return envelope{}, &statusError{code: resp.StatusCode, msg: fmt.Sprintf("%s: %s", resp.Status, strings.TrimSpace(string(msg)))}
 	}
+	if c.local && resp.Header.Get(ScopeHeader) != ScopeLocal {
+		return envelope{}, fmt.Errorf("%w: a 200 without %s: %s, the fleet view of an earlier release", errNoIndexEndpoint, ScopeHeader, ScopeLocal)
+	}
 	if resp.ContentLength > maxAPIAnswer { // not worth reading
 		return envelope{}, errAnswerTooLarge
-	}
-	if c.local && resp.Header.Get(InstanceHeader) == "" {
-		return envelope{}, fmt.Errorf("%w: a 200 without %s, the fleet view of an earlier release", errNoIndexEndpoint, InstanceHeader)
 	}
 	env, err := decodeEnvelope(json.NewDecoder(&cappedReader{r: resp.Body, n: maxAPIAnswer}), decodeData)
 	if err != nil {
@@ -204,8 +204,9 @@ var errNoIndexEndpoint = fmt.Errorf("%w: no local-scope endpoint for this call",
 
 // errIndexCallTooLarge: the call's URL is over the peer server's limit
 // (414 or 431: label values, which Prometheus serves on GET only, with a
-// large match[]), or its answer over maxAPIAnswer. Remote read has neither
-// limit.
+// large match[]), which remote read does not have. An answer over
+// maxAPIAnswer is not one: remote read would read at least as much, with
+// no bound at all; it stays a warning.
 var errIndexCallTooLarge = fmt.Errorf("%w: too large for an index call", errNoIndexCalls)
 
 // refused classifies err, an index call's: errNoIndexEndpoint or
@@ -216,8 +217,7 @@ func refused(err error) error {
 	case errors.As(err, &se) && (se.code == http.StatusNotFound || se.code == http.StatusMethodNotAllowed ||
 		se.code == http.StatusUnauthorized || se.code == http.StatusForbidden):
 		return fmt.Errorf("%w: %w", errNoIndexEndpoint, err)
-	case errors.As(err, &se) && (se.code == http.StatusRequestURITooLong || se.code == http.StatusRequestHeaderFieldsTooLarge),
-		errors.Is(err, errAnswerTooLarge):
+	case errors.As(err, &se) && (se.code == http.StatusRequestURITooLong || se.code == http.StatusRequestHeaderFieldsTooLarge):
 		return fmt.Errorf("%w: %w", errIndexCallTooLarge, err)
 	}
 	return err
@@ -225,11 +225,13 @@ func refused(err error) error {
 
 // scoped serves a request with ScopeHeader "local" — a peer's — with
 // local, so that peers never recurse, and any other with fleet. Every
-// answer carries InstanceHeader.
+// answer carries InstanceHeader; a local one also ScopeHeader: local, which
+// tells the caller it is not an earlier release's fleet view (callAPI).
 func (s *Set) scoped(local, fleet http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set(InstanceHeader, s.instance)
 		if r.Header.Get(ScopeHeader) == ScopeLocal {
+			w.Header().Set(ScopeHeader, ScopeLocal)
 			local.ServeHTTP(w, r)
 			return
 		}

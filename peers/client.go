@@ -49,7 +49,7 @@ func (s *Set) newPeer(addr string) (*peer, error) {
 		return nil, err
 	}
 	p := &peer{addr: addr, horizon: map[string]observation{}, fallback: map[string]*atomic.Bool{callLabels: {}, callSeries: {}}}
-	p.query = &http.Client{Transport: &transport{set: s, peer: p}}
+	p.query = &http.Client{Transport: &transport{set: s, peer: p}, CheckRedirect: noRedirects}
 	client := func(types ...prompb.ReadRequest_ResponseType) (remote.ReadClient, error) {
 		rc, err := remote.NewReadClient("peer", &remote.ClientConfig{
 			URL:                   &config_util.URL{URL: u},
@@ -67,7 +67,7 @@ func (s *Set) newPeer(addr string) (*peer, error) {
 		}
 		// Our transport (client TLS, peer headers), not the one built
 		// from the HTTP client config.
-		c.Client = &http.Client{Transport: &transport{set: s, peer: p}}
+		c.Client = &http.Client{Transport: &transport{set: s, peer: p}, CheckRedirect: noRedirects}
 		return c, nil
 	}
 	if p.chunked, err = client(prompb.ReadRequest_STREAMED_XOR_CHUNKS, prompb.ReadRequest_SAMPLES); err != nil {
@@ -332,3 +332,8 @@ func (s *peerSeriesSet) Warnings() annotations.Annotations {
 	}
 	return ws
 }
+
+// noRedirects answers a redirect as it is: a peer never redirects, a POST
+// followed as a GET would lose its form (match[], start, end, limit), and
+// the transport would carry the replica credential to another host.
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }

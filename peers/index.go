@@ -55,7 +55,9 @@ func (q *peerQuerier) callContext(ctx context.Context) (context.Context, context
 func (s *Set) indexCallDone(ctx context.Context, p *peer, call string, err error) error {
 	switch {
 	case err != nil && ctx.Err() != nil:
-		return fmt.Errorf("peer %s: %w", p.addr, err)
+		// ctx's error, not err: an errNoIndexCalls arriving as the caller
+		// leaves must not start a fallback read.
+		return fmt.Errorf("peer %s: %w", p.addr, ctx.Err())
 	case errors.Is(err, errIndexCallTooLarge):
 		// This call only: the next small one is asked of the index again.
 		s.m.labelCalls.WithLabelValues(call, "series").Inc()

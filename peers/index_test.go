@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -60,14 +61,15 @@ func TestIndexCallsWithAMatcherBeyondTheURLLimit(t *testing.T) {
 	require.Zero(t, testutil.ToFloat64(a.m.reads.WithLabelValues("error")))
 }
 
-// An index answer beyond maxAPIAnswer is not a missing peer: the call
-// reads the peer's series over remote read, which has no such cap.
-func TestIndexAnswerOverTheCapFallsBackToRemoteRead(t *testing.T) {
+// An index answer beyond maxAPIAnswer is a warning, as a peer that cannot
+// answer: remote read would read at least as much, with no bound at all.
+func TestIndexAnswerOverTheCapIsAWarning(t *testing.T) {
 	f := newFixture(t)
 	peer := f.set(t, nil, f.config())
 	h, reads := replicaHandler(peer, tenantDBs{"acme": openSeries(t, csv("b-op", "c2"))}, nil)
 	huge := peer.WithInstance(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set(ScopeHeader, ScopeLocal) // a current peer's local answer
 		// Larger than any peer may answer, and saying so (a chunked one
 		// is cut while it streams: TestAnswerIsCutAtTheCap).
 		w.Header().Set("Content-Length", strconv.Itoa(maxAPIAnswer+1))
@@ -92,22 +94,22 @@ func TestIndexAnswerOverTheCapFallsBackToRemoteRead(t *testing.T) {
 	defer q.Close()
 	series, ws, err := seriesOf(q, 0, 10_000, 0, labels.MustNewMatcher(labels.MatchEqual, "__name__", "csv_succeeded"))
 	require.NoError(t, err)
-	require.Empty(t, ws)
-	require.Len(t, series, 2, "the peer's too")
+	require.Len(t, ws, 1)
+	require.Equal(t, []string{`{__name__="csv_succeeded", _id="c1", name="a-op"}`}, series, "this replica's only")
 	names, ws, err := q.LabelNames(context.Background(), nil)
 	require.NoError(t, err)
-	require.Empty(t, ws)
+	require.Len(t, ws, 1)
 	require.Equal(t, []string{"__name__", "_id", "name"}, names)
-	require.Equal(t, int64(2), reads.Load())
-	require.Equal(t, 1.0, testutil.ToFloat64(a.m.labelCalls.WithLabelValues(callSeries, "series")))
-	require.Equal(t, 1.0, testutil.ToFloat64(a.m.labelCalls.WithLabelValues(callLabels, "series")))
-	require.Zero(t, testutil.ToFloat64(a.m.reads.WithLabelValues("error")))
+	require.Zero(t, reads.Load(), "no remote read")
+	require.Zero(t, testutil.ToFloat64(a.m.labelCalls.WithLabelValues(callSeries, "series")))
+	require.Zero(t, testutil.ToFloat64(a.m.labelCalls.WithLabelValues(callLabels, "series")))
+	require.Equal(t, 2.0, testutil.ToFloat64(a.m.reads.WithLabelValues("error")))
 }
 
 // A receiver of an earlier release, read with a tenant token
 // (tenant_token_files), answers the index paths from its query API: its
 // fleet view, not its own, so that the fleet would fan out again under
-// every peer. Such an answer (no InstanceHeader) is not taken: the call
+// every peer. Such an answer (no ScopeHeader: local) is not taken: the call
 // reads the peer's series instead.
 func TestAnEarlierReleasesFleetAnswerIsNotAnIndexAnswer(t *testing.T) {
 	f := newFixture(t)
@@ -160,4 +162,33 @@ func TestAnswerIsCutAtTheCap(t *testing.T) {
 	require.Equal(t, envelope{Status: "success", Warnings: []string{"w"}}, env)
 	_, _, err = decode(int64(len(answer)) - 1)
 	require.ErrorIs(t, err, errAnswerTooLarge)
+}
+
+// A peer (or a proxy before it) that redirects an index call is not
+// followed: a POST followed as a GET would lose its form and answer for
+// every series, and the replica credential would go to another host.
+func TestIndexCallsFollowNoRedirect(t *testing.T) {
+	f := newFixture(t)
+	var followed atomic.Int64
+	mux := http.NewServeMux()
+	mux.HandleFunc(query.LabelNamesPath, func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/elsewhere", http.StatusFound)
+	})
+	mux.HandleFunc("/elsewhere", func(w http.ResponseWriter, _ *http.Request) {
+		followed.Add(1)
+		w.Header().Set(ScopeHeader, ScopeLocal)
+		_, _ = io.WriteString(w, `{"status":"success","data":["__name__","everything"]}`)
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+
+	a := f.set(t, prometheus.NewRegistry(), f.config(host(srv)))
+	q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}, nil).Querier("acme", 0, 10_000)
+	require.NoError(t, err)
+	defer q.Close()
+	names, ws, err := q.LabelNames(context.Background(), nil, labels.MustNewMatcher(labels.MatchEqual, "__name__", "nothing"))
+	require.NoError(t, err)
+	require.Len(t, ws, 1, "the peer's answer is missing, and said so")
+	require.Empty(t, names)
+	require.Zero(t, followed.Load())
 }

@@ -362,7 +362,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"result"}),
 		labelCalls: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_peers_label_calls_total",
-			Help: "Index calls answered by a peer, by call (labels: label names and values; series: /api/v1/series) and how: labels (its local-scope endpoint, from its index), series (its series over remote read: a peer without the endpoint, as during a rolling upgrade, or a call too large for it).",
+			Help: "Index calls answered by a peer, by call (labels: label names and values; series: /api/v1/series) and how: labels (its local-scope endpoint, from its index), series (its series over remote read: a peer without the endpoint, as during a rolling upgrade, or a label values call whose match[] is too long for its URL).",
 		}, []string{"call", "via"}),
 		duration: f.NewHistogram(prometheus.HistogramOpts{
 			Name: "phonehome_peers_read_duration_seconds", Help: "Time until a peer's answer started (remote read, pushdown, metadata, label and series calls).",

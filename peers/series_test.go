@@ -150,7 +150,7 @@ func TestSeriesCallsTenancy(t *testing.T) {
 				if tc.code != http.StatusOK {
 					return
 				}
-				require.NotEmpty(t, resp.Header.Get(InstanceHeader), "the mark of a local-scope answer")
+				require.Equal(t, tc.hdr[ScopeHeader], resp.Header.Get(ScopeHeader), "a local-scope answer says so, a fleet one does not")
 				var out struct{ Data []map[string]string }
 				require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
 				require.Equal(t, tc.want, out.Data)
