@@ -294,29 +294,45 @@ func (p *Poller) poll(ctx context.Context) (reason string, err error) {
 		return ReasonUnreachable, fmt.Errorf("gathering poll: read body: %w", err)
 	}
 	c, reason, err := p.check(body)
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	if err != nil {
-		p.logger.Warn("gathering definition refused, keeping the one in force", "in_use", p.inUse, "reason", reason, "err", err)
+		p.logger.Warn("gathering definition refused, keeping the one in force", "in_use", p.inUseVersion(), "reason", reason, "err", err)
 		return reason, err
-	}
-	if err := p.opts.Apply(c); err != nil {
-		p.logger.Warn("gathering definition not applicable, keeping the one in force", "in_use", p.inUse, "version", c.Def.Version, "err", err)
-		return ReasonApply, err
 	}
 	etag = resp.Header.Get("ETag")
 	if etag == "" {
 		etag = c.ETag
+	}
+	if err := p.apply(c, etag); err != nil {
+		return ReasonApply, err
+	}
+	// Outside mu: pollMu orders the cache writes, and a Reapply need not
+	// wait for the disk.
+	if err := p.writeCache(etag, body); err != nil {
+		p.logger.Warn("cache gathering definition", "file", p.opts.CacheFile, "err", err)
+	}
+	return "", nil
+}
+
+// apply puts c, fetched with etag, in force.
+func (p *Poller) apply(c *Compiled, etag string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.opts.Apply(c); err != nil {
+		p.logger.Warn("gathering definition not applicable, keeping the one in force", "in_use", p.inUse, "version", c.Def.Version, "err", err)
+		return err
 	}
 	p.etag = etag
 	p.inForce = c
 	p.setInUse(c.Def.Version, "fleet")
 	p.polls.WithLabelValues("updated").Inc()
 	p.logger.Info("gathering definition applied", "version", c.Def.Version, "selectors", len(c.Def.Selectors))
-	if err := p.writeCache(etag, body); err != nil {
-		p.logger.Warn("cache gathering definition", "file", p.opts.CacheFile, "err", err)
-	}
-	return "", nil
+	return nil
+}
+
+func (p *Poller) inUseVersion() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.inUse
 }
 
 func drain(resp *http.Response) {
