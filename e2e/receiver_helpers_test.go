@@ -165,7 +165,7 @@ func appendPeers(t *testing.T, cfg string, endpoints []string, replicaToken, ext
 	t.Helper()
 	f, err := os.OpenFile(cfg, os.O_APPEND|os.O_WRONLY, 0)
 	require.NoError(t, err)
-	_, err = f.WriteString("peers:\n  endpoints: [" + strings.Join(endpoints, ", ") + "]\n  replica_token_file: " + replicaToken + "\n  timeout: 5s\n" + extra)
+	_, err = f.WriteString("peers:\n  endpoints: [" + strings.Join(endpoints, ", ") + "]\n  replica_token_file: " + replicaToken + "\n  timeout: 30s\n" + extra)
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
 }

@@ -186,12 +186,10 @@ func TestSlowOrDeadPeerLeavesTheOthersAnswer(t *testing.T) {
 		}
 	}))
 	t.Cleanup(slow.Close)
-	dead := httptest.NewServer(http.NotFoundHandler())
-	dead.Close() // connection refused
 
 	// The default peer timeout (30s) bounds no call here: the slow peer
 	// answers as soon as the live one has.
-	all := f.set(t, nil, f.config(host(live), host(slow), host(dead))).NewReader(local, nil)
+	all := f.set(t, nil, f.config(host(live), host(slow), deadPeer)).NewReader(local, nil)
 	alone := f.set(t, nil, f.config(host(liveAlone))).NewReader(local, nil)
 	csvOnly := labels.MustNewMatcher(labels.MatchEqual, "__name__", "csv_succeeded")
 
@@ -230,7 +228,7 @@ func TestSlowOrDeadPeerLeavesTheOthersAnswer(t *testing.T) {
 		require.Equal(t, want, got, "limit %d", limit)
 		require.Len(t, ws, 6, "the slow and the dead peer, three calls: %v", ws)
 		for _, w := range ws {
-			require.Regexp(t, "peer ("+host(slow)+"|"+host(dead)+") unavailable, its data is missing", w)
+			require.Regexp(t, "peer ("+host(slow)+"|"+deadPeer+") unavailable, its data is missing", w)
 		}
 	}
 }
@@ -390,12 +388,10 @@ func (q warnedLabelsQuerier) LabelValues(context.Context, string, *promstorage.L
 // this replica's answer (which its querier may keep or share).
 func TestFanOutLeavesItsOwnAnswerAsItIs(t *testing.T) {
 	f := newFixture(t)
-	down := httptest.NewServer(http.NotFoundHandler())
-	down.Close() // connection refused
 	b := serve(t, f.set(t, nil, f.config()), tenantDBs{"acme": openSeries(t, csv("b-op", "c2"))}, nil)
 	own := warnedLabels{vals: make([]string, 1, 8), ws: annotations.New().Add(errors.New("own warning"))}
 	own.vals[0] = "a-op"
-	q, err := f.set(t, nil, f.config(host(b), host(down))).NewReader(own, nil).Querier("acme", 0, 10_000)
+	q, err := f.set(t, nil, f.config(host(b), deadPeer)).NewReader(own, nil).Querier("acme", 0, 10_000)
 	require.NoError(t, err)
 	defer q.Close()
 	vals, ws, err := q.LabelValues(context.Background(), "name", nil)
@@ -405,3 +401,7 @@ func TestFanOutLeavesItsOwnAnswerAsItIs(t *testing.T) {
 	require.Len(t, own.ws, 1, "this replica's warnings as they were")
 	require.Empty(t, own.vals[:2][1], "nothing appended in place of its values")
 }
+
+// deadPeer refuses connections for good: port 1 on loopback has no server
+// (a closed test server's port could be taken again meanwhile).
+const deadPeer = "127.0.0.1:1"

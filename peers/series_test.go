@@ -75,13 +75,11 @@ func TestFleetSeriesAskPeersIndexNotSamples(t *testing.T) {
 	got, _ = seriesAPI(t, api, "globex", url.Values{"match[]": {`{name!=""}`}})
 	require.Equal(t, []map[string]string{{"__name__": "secret", "name": "hidden"}}, got, "the peer answers for the tenant asked, only")
 
-	down := httptest.NewServer(http.NotFoundHandler())
-	down.Close() // connection refused
-	withDown := query.NewHandler(discard, nil, f.set(t, nil, f.config(host(b), host(down))).NewReader(tenantDBs{}, nil), query.Options{})
+	withDown := query.NewHandler(discard, nil, f.set(t, nil, f.config(host(b), deadPeer)).NewReader(tenantDBs{}, nil), query.Options{})
 	got, ws = seriesAPI(t, withDown, "acme", url.Values{"match[]": {"up"}})
 	require.Equal(t, []map[string]string{{"__name__": "up", "_id": "c2"}}, got)
 	require.Len(t, ws, 1, "the API reads the warnings before the series: they are known by then")
-	require.Contains(t, ws[0], "peer "+host(down)+" unavailable, its data is missing")
+	require.Contains(t, ws[0], "peer "+deadPeer+" unavailable, its data is missing")
 
 	require.Zero(t, bReads.Load(), "no series read for series calls")
 	require.Equal(t, 6.0, testutil.ToFloat64(a.m.labelCalls.WithLabelValues(callSeries, "labels")))

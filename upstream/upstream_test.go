@@ -102,7 +102,7 @@ func TestForwardOnlyRetriesInOrderAndDropsRefused(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- w.Run(ctx) }()
-	require.Eventually(t, func() bool { return len(up.received()) == 3 }, 10*time.Second, 10*time.Millisecond)
+	waitCounter(t, reg, "phonehome_upstream_sent_samples_total", 3)
 	cancel()
 	require.NoError(t, <-done)
 	require.NoError(t, w.Close())
@@ -170,6 +170,16 @@ func TestAlsoWritesLocallyAndDropsUpstreamCopyWhenFull(t *testing.T) {
 	}
 	require.Equal(t, 10, local.n)
 	require.Positive(t, counter(t, reg, "phonehome_upstream_dropped_samples_total", "queue_full"))
+}
+
+// waitCounter waits until the counter name (without labels) reaches want:
+// the sender counts a delivery once its answer is read, and a test that
+// cancelled as soon as the upstream saw the request would abort it first.
+func waitCounter(t *testing.T, reg *prometheus.Registry, name string, want float64) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); counter(t, reg, name, "") < want; time.Sleep(10 * time.Millisecond) {
+		require.True(t, time.Now().Before(deadline), "%s did not reach %v", name, want)
+	}
 }
 
 // counter reads a counter from reg; label is the value of its only label, if any.
@@ -247,10 +257,11 @@ func TestFailedQueueSyncCountsQueuedRecords(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error)
 			go func() { done <- w.Run(ctx) }()
-			require.Eventually(t, func() bool { return len(up.received()) == 1 }, 10*time.Second, 10*time.Millisecond)
+			waitCounter(t, reg, "phonehome_upstream_sent_samples_total", 1)
 			cancel()
 			require.NoError(t, <-done)
 			require.NoError(t, w.Close())
+			require.Equal(t, []string{"a"}, up.received())
 			require.Equal(t, 1.0, counter(t, reg, "phonehome_upstream_sent_samples_total", ""))
 			requireNoCounter(t, reg, "phonehome_upstream_dropped_samples_total")
 		})
