@@ -367,6 +367,7 @@ func (f *Forwarder) Run(ctx context.Context) error {
 		}
 	}
 
+	f.logger.Info("stopping: delivering what is queued", "flush_timeout", f.opts.FlushTimeout.String())
 	close(draining)
 	t := time.AfterFunc(f.opts.FlushTimeout, cancelSend)
 	<-done

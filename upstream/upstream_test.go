@@ -177,9 +177,18 @@ func TestAlsoWritesLocallyAndDropsUpstreamCopyWhenFull(t *testing.T) {
 // cancelled as soon as the upstream saw the request would abort it first.
 func waitCounter(t *testing.T, reg *prometheus.Registry, name string, want float64) {
 	t.Helper()
-	for deadline := time.Now().Add(time.Minute); counter(t, reg, name, "") < want; time.Sleep(10 * time.Millisecond) {
-		require.True(t, time.Now().Before(deadline), "%s did not reach %v", name, want)
-	}
+	require.Eventually(t, func() bool {
+		mfs, err := reg.Gather()
+		if err != nil {
+			return false
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+				return mf.GetMetric()[0].GetCounter().GetValue() >= want
+			}
+		}
+		return false
+	}, time.Minute, 10*time.Millisecond, "%s did not reach %v", name, want)
 }
 
 // counter reads a counter from reg; label is the value of its only label, if any.

@@ -354,7 +354,8 @@ func TestSIGHUPDuringShutdownFlush(t *testing.T) {
 			!strings.Contains(body, `phonehome_forward_cycles_total{result="success"} 0`)
 	}, "a cycle")
 	require.NoError(t, s.cmd.Process.Signal(syscall.SIGTERM))
-	time.Sleep(500 * time.Millisecond) // into the last flush (sooner, the reload actor takes the SIGHUP: fine too)
+	// The forwarder stops last (after the reload actor): the SIGHUP lands in its last flush.
+	eventually(t, func() bool { return strings.Contains(s.log(), "stopping: delivering what is queued") }, "the last flush")
 	require.NoError(t, s.cmd.Process.Signal(syscall.SIGHUP))
 	select {
 	case <-s.done:
