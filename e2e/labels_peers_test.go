@@ -24,14 +24,7 @@ import (
 func TestLabelCallsAcrossReplicas(t *testing.T) {
 	a, b, proxyAddr, asked := startRecordedReplicas(t)
 
-	now := time.Now()
-	writeNow(t, a, tokenAcme, now,
-		labelsOf("__name__", "csv_succeeded", "_id", "c1", "name", "install"),
-		labelsOf("__name__", "csv_succeeded", "_id", "c1", "name", "upgrade"),
-		labelsOf("__name__", "cluster_version", "_id", "c1", "channel", "stable"))
-	writeNow(t, a, tokenOther, now, labelsOf("__name__", "secret_level", "_id", "c9", "name", "classified"))
-	writeNow(t, b, tokenAcme, now, labelsOf("__name__", "csv_succeeded", "_id", "c2", "name", "backup"))
-	asked() // b may have read a while starting (its rules, its status page)
+	now := writeAcrossReplicas(t, a, b, asked)
 
 	around := url.Values{"start": {formatTime(now.Add(-time.Hour))}, "end": {formatTime(now.Add(time.Minute))}}
 	// label_values(csv_succeeded, name), as a Grafana template variable asks.
@@ -126,6 +119,23 @@ func startRecordedReplicas(t *testing.T) (a, b *Process, proxyAddr string, asked
 }
 
 // writeNow writes one sample at now of each series to p as tenant token.
+// writeAcrossReplicas writes, now, acme's cluster c1 (csv_succeeded
+// install and upgrade, cluster_version) and other's c9 to a, and acme's c2
+// (csv_succeeded backup) to b, then forgets what b asked of a meanwhile
+// (its rules, its status page), and returns now.
+func writeAcrossReplicas(t *testing.T, a, b *Process, asked func() []string) time.Time {
+	t.Helper()
+	now := time.Now()
+	writeNow(t, a, tokenAcme, now,
+		labelsOf("__name__", "csv_succeeded", "_id", "c1", "name", "install"),
+		labelsOf("__name__", "csv_succeeded", "_id", "c1", "name", "upgrade"),
+		labelsOf("__name__", "cluster_version", "_id", "c1", "channel", "stable"))
+	writeNow(t, a, tokenOther, now, labelsOf("__name__", "secret_level", "_id", "c9", "name", "classified"))
+	writeNow(t, b, tokenAcme, now, labelsOf("__name__", "csv_succeeded", "_id", "c2", "name", "backup"))
+	asked()
+	return now
+}
+
 func writeNow(t *testing.T, p *Process, token string, now time.Time, series ...[]prompb.Label) {
 	t.Helper()
 	req := &prompb.WriteRequest{}

@@ -16,14 +16,7 @@ import (
 func TestSeriesAcrossReplicas(t *testing.T) {
 	a, b, proxyAddr, asked := startRecordedReplicas(t)
 
-	now := time.Now()
-	writeNow(t, a, tokenAcme, now,
-		labelsOf("__name__", "csv_succeeded", "_id", "c1", "name", "upgrade"),
-		labelsOf("__name__", "csv_succeeded", "_id", "c1", "name", "install"),
-		labelsOf("__name__", "cluster_version", "_id", "c1", "channel", "stable"))
-	writeNow(t, a, tokenOther, now, labelsOf("__name__", "secret_level", "_id", "c9", "name", "classified"))
-	writeNow(t, b, tokenAcme, now, labelsOf("__name__", "csv_succeeded", "_id", "c2", "name", "backup"))
-	asked() // b may have read a while starting (its rules, its status page)
+	now := writeAcrossReplicas(t, a, b, asked)
 
 	around := url.Values{"start": {formatTime(now.Add(-time.Hour))}, "end": {formatTime(now.Add(time.Minute))}}
 	csv := func(id, name string) map[string]string {
