@@ -108,7 +108,15 @@ func TestFleetLabelCallsAskPeersNotSeries(t *testing.T) {
 // hdr and returns the status and the values.
 func labelValuesAt(t *testing.T, url string, hdr map[string]string) (int, []string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url+"/api/v1/label/__name__/values", nil)
+	return getData[[]string](t, url+"/api/v1/label/__name__/values", hdr)
+}
+
+// getData GETs url with hdr and returns the status and, on a 200, the
+// answer's data.
+func getData[T any](t *testing.T, url string, hdr map[string]string) (int, T) {
+	t.Helper()
+	var out struct{ Data T }
+	req, err := http.NewRequest(http.MethodGet, url, nil)
 	require.NoError(t, err)
 	for k, v := range hdr {
 		req.Header.Set(k, v)
@@ -117,9 +125,8 @@ func labelValuesAt(t *testing.T, url string, hdr map[string]string) (int, []stri
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return resp.StatusCode, nil
+		return resp.StatusCode, out.Data
 	}
-	var out struct{ Data []string }
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
 	return resp.StatusCode, out.Data
 }

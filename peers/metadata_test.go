@@ -98,24 +98,12 @@ func TestFleetMetadataMergesPeersAndIsPartialWhenOneIsDown(t *testing.T) {
 // status and the families answered.
 func getMetadata(t *testing.T, url string, hdr map[string]string) (int, []string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url+MetadataPath, nil)
-	require.NoError(t, err)
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return resp.StatusCode, nil
-	}
-	var out struct{ Data map[string]json.RawMessage }
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+	code, data := getData[map[string]json.RawMessage](t, url+MetadataPath, hdr)
 	var fams []string
-	for f := range out.Data {
+	for f := range data {
 		fams = append(fams, f)
 	}
-	return resp.StatusCode, fams
+	return code, fams
 }
 
 func TestMetadataTenancy(t *testing.T) {
