@@ -365,3 +365,31 @@ func TestSIGHUPDuringShutdownFlush(t *testing.T) {
 	}
 	require.NoError(t, s.cmd.Wait(), "a SIGHUP during the shutdown flush must not kill the forwarder: %s", s.log())
 }
+
+// TestReloadEndpointOnTheBinary: /-/reload as the process serves it:
+// refused without --web.enable-lifecycle, POST and PUT only with it.
+func TestReloadEndpointOnTheBinary(t *testing.T) {
+	for _, lifecycle := range []bool{false, true} {
+		args := []string{"--disabled"}
+		if lifecycle {
+			args = append(args, "--web.enable-lifecycle")
+		}
+		s := startSelf(t, args...)
+		call := func(method string) int {
+			req, err := http.NewRequest(method, "http://"+s.addr+"/-/reload", nil)
+			require.NoError(t, err)
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			_ = resp.Body.Close()
+			return resp.StatusCode
+		}
+		want := http.StatusForbidden
+		if lifecycle {
+			want = http.StatusOK
+		}
+		require.Equal(t, want, call(http.MethodPost), "lifecycle=%v", lifecycle)
+		require.Equal(t, want, call(http.MethodPut), "lifecycle=%v", lifecycle)
+		require.Equal(t, http.StatusMethodNotAllowed, call(http.MethodGet))
+		s.stop(t)
+	}
+}
