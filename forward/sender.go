@@ -492,16 +492,18 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 	return 0
 }
 
-// NewHTTPClient returns a client trusting the PEM CAs in caFile (system roots
-// if empty). It fails if the file cannot be read or holds no certificate.
-func NewHTTPClient(caFile string) (*http.Client, error) {
+// NewHTTPClient returns a client that trusts the PEM CAs in caFile (the
+// system roots when empty), re-read when the file changes on disk
+// (webtls.CAFileTransport: a rotated service CA needs no restart), and
+// presents the client certificate that cert returns (nil: none; see
+// webtls.ClientCertificate). It fails if caFile cannot be read or holds no
+// certificate.
+func NewHTTPClient(caFile string, cert func(*tls.CertificateRequestInfo) (*tls.Certificate, error)) (*http.Client, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	if caFile != "" {
-		pool, err := webtls.LoadCAFile(caFile)
-		if err != nil {
-			return nil, err
-		}
-		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetClientCertificate: cert}
+	rt, err := webtls.CAFileTransport(tr, caFile)
+	if err != nil {
+		return nil, err
 	}
-	return &http.Client{Transport: tr}, nil
+	return &http.Client{Transport: rt}, nil
 }

@@ -2,40 +2,12 @@ package forward
 
 import (
 	"context"
-	"crypto/tls"
-	"errors"
 	"net/http"
-
-	"github.com/phonehome/phonehome/webtls"
 )
 
-// Helpers for telemeter-client's flags that have no counterpart in our
-// federate client: a client certificate towards Prometheus
-// (--tls-cert-file, --tls-private-key-file) and an inline bearer token
-// (--from-token).
-
-// WithClientCertificate makes client (built by NewHTTPClient) present the
-// certificate in certFile and keyFile. The pair is loaded now, so a bad pair
-// fails at start, and re-loaded when either file changes on disk, so a
-// rotated certificate is picked up without a restart (webtls.ClientCertificate).
-func WithClientCertificate(client *http.Client, certFile, keyFile string) error {
-	tr, ok := client.Transport.(*http.Transport)
-	if !ok {
-		return errors.New("client certificate: unexpected transport")
-	}
-	get, err := webtls.ClientCertificate(certFile, keyFile)
-	if err != nil {
-		return err
-	}
-	if tr.TLSClientConfig == nil {
-		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
-	tr.TLSClientConfig.GetClientCertificate = get
-	return nil
-}
-
 // WithBearerToken makes client send token as a bearer token on every
-// request that carries no Authorization header of its own.
+// request that carries no Authorization header of its own (telemeter-client's
+// inline --from-token, which our federate client has no counterpart for).
 func WithBearerToken(client *http.Client, token string) {
 	next := client.Transport
 	if next == nil {
@@ -56,6 +28,13 @@ func (b bearerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	r := req.Clone(req.Context())
 	r.Header.Set("Authorization", b.value)
 	return b.next.RoundTrip(r)
+}
+
+// CloseIdleConnections lets http.Client.CloseIdleConnections reach next.
+func (b bearerTransport) CloseIdleConnections() {
+	if c, ok := b.next.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
 }
 
 // StaticToken is an inline bearer token (telemeter-client's --to-token).

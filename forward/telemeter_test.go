@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/phonehome/phonehome/forward/telemetertest"
+	"github.com/phonehome/phonehome/webtls"
 	"github.com/phonehome/phonehome/webtls/webtlstest"
 )
 
@@ -285,9 +286,10 @@ func TestInlineBearerAndClientCertificate(t *testing.T) {
 	caFile := filepath.Join(dir, "ca.crt")
 	require.NoError(t, os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600))
 
-	client, err := NewHTTPClient(caFile)
+	cert, err := webtls.ClientCertificate(certFile, keyFile)
 	require.NoError(t, err)
-	require.NoError(t, WithClientCertificate(client, certFile, keyFile))
+	client, err := NewHTTPClient(caFile, cert)
+	require.NoError(t, err)
 	WithBearerToken(client, "inline")
 	resp, err := client.Get(srv.URL)
 	require.NoError(t, err)
@@ -296,6 +298,6 @@ func TestInlineBearerAndClientCertificate(t *testing.T) {
 	require.Equal(t, "telemeter-client", gotCN)
 	client.CloseIdleConnections()
 
-	require.Error(t, WithClientCertificate(client, keyFile, certFile), "a bad pair fails at start")
-	require.Error(t, WithClientCertificate(client, filepath.Join(dir, "missing"), keyFile))
+	_, err = NewHTTPClient(filepath.Join(dir, "missing"), cert)
+	require.ErrorContains(t, err, "missing", "a CA file that cannot be read fails at start")
 }

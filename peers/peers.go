@@ -24,7 +24,6 @@ package peers
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"encoding/hex"
 	"fmt"
 	"log/slog"
@@ -60,13 +59,12 @@ const ScopeLocal = "local"
 
 // Options are the optional dependencies of a Set.
 type Options struct {
-	// HTTPClient, when set, is the transport to peers (for example one
-	// with client TLS); its Transport is wrapped with the peer headers and
-	// its Timeout left as is (Config.Timeout bounds each read).
+	// HTTPClient, when set, is the transport to peers (for example
+	// tls_config's, webtls.ClientConfig.NewRoundTripper); its Transport is
+	// wrapped with the peer headers and its Timeout left as is
+	// (Config.Timeout bounds each read). Nil: a clone of
+	// http.DefaultTransport.
 	HTTPClient *http.Client
-	// TLSConfig, when set and HTTPClient is not, is the client TLS of a
-	// transport built like http.DefaultTransport.
-	TLSConfig *tls.Config
 	// Resolver resolves dns+ and dnssrv+ endpoints; nil is net.DefaultResolver.
 	Resolver Resolver
 	// Now is the clock; nil is time.Now.
@@ -126,9 +124,7 @@ func New(logger *slog.Logger, reg prometheus.Registerer, cfg Config, opts Option
 	case opts.HTTPClient != nil:
 		s.base = http.DefaultTransport
 	default:
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.TLSClientConfig = opts.TLSConfig
-		s.base = t
+		s.base = http.DefaultTransport.(*http.Transport).Clone()
 	}
 	for _, e := range cfg.Endpoints {
 		ep, err := parseEndpoint(e)

@@ -469,9 +469,9 @@ func TestPeersOverMutualTLS(t *testing.T) {
 		cfg := f.config(addr)
 		cfg.Scheme, cfg.TLSConfig = "https", tc
 		require.NoError(t, cfg.Validate())
-		tlsCfg, err := tc.TLSConfig()
+		rt, err := tc.NewRoundTripper()
 		require.NoError(t, err)
-		s, err := New(discard, nil, cfg, Options{TLSConfig: tlsCfg})
+		s, err := New(discard, nil, cfg, Options{HTTPClient: &http.Client{Transport: rt}})
 		require.NoError(t, err)
 		return s
 	}

@@ -18,6 +18,7 @@ import (
 // server against the system roots and presents no certificate.
 type ClientConfig struct {
 	// CAFile is a PEM bundle of the CAs to trust; empty: the system roots.
+	// NewRoundTripper's transports re-read it when it changes on disk.
 	CAFile string `yaml:"ca_file,omitempty"`
 	// CertFile and KeyFile are the client certificate and its key (PEM):
 	// both or neither. They are re-read when either file changes on disk.
@@ -73,16 +74,17 @@ func (c ClientConfig) TLSConfig() (*tls.Config, error) {
 	return cfg, nil
 }
 
-// NewTransport returns a clone of http.DefaultTransport (proxy settings,
-// timeouts, HTTP/2) that uses c.TLSConfig().
-func (c ClientConfig) NewTransport() (*http.Transport, error) {
+// NewRoundTripper returns a clone of http.DefaultTransport (proxy
+// settings, timeouts, HTTP/2) that uses c.TLSConfig() and re-reads CAFile
+// when it changes on disk (CAFileTransport).
+func (c ClientConfig) NewRoundTripper() (http.RoundTripper, error) {
 	cfg, err := c.TLSConfig()
 	if err != nil {
 		return nil, err
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = cfg
-	return tr, nil
+	return CAFileTransport(tr, c.CAFile)
 }
 
 // LoadCAFile reads a PEM bundle of CA certificates into a pool. It fails

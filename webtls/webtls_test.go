@@ -221,12 +221,12 @@ func TestClientConfig(t *testing.T) {
 
 	c := webtls.ClientConfig{CAFile: ca.File, CertFile: clientCert, KeyFile: clientKey}
 	require.NoError(t, c.Validate())
-	tr, err := c.NewTransport()
+	tr, err := c.NewRoundTripper()
 	require.NoError(t, err)
-	tr.DisableKeepAlives = true
 	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	hello := func() string {
 		t.Helper()
+		client.CloseIdleConnections() // a new handshake for each
 		resp, err := client.Get("https://" + addr + "/")
 		require.NoError(t, err)
 		defer resp.Body.Close()
@@ -247,15 +247,84 @@ func TestClientConfig(t *testing.T) {
 		require.NoError(t, os.Chtimes(p[1], future, future))
 	}
 	require.Contains(t, hello(), "hello cluster-a-rotated")
-	tr.CloseIdleConnections()
+	client.CloseIdleConnections()
 
 	// Without the CA the server is not trusted; without a certificate the
 	// server refuses.
-	tr2, err := webtls.ClientConfig{}.NewTransport()
+	client2 := &http.Client{Timeout: 10 * time.Second}
+	client2.Transport, err = webtls.ClientConfig{}.NewRoundTripper()
 	require.NoError(t, err)
-	_, err = (&http.Client{Transport: tr2, Timeout: 10 * time.Second}).Get("https://" + addr + "/")
+	_, err = client2.Get("https://" + addr + "/")
 	require.Error(t, err)
-	tr2.CloseIdleConnections()
+	client2.CloseIdleConnections()
+}
+
+// replaceFile writes content over path as kubelet updates a mounted
+// ConfigMap (a new file renamed into place), with a modification time that
+// moves even on filesystems with coarse ones.
+func replaceFile(t *testing.T, path string, content []byte, mod time.Time) {
+	t.Helper()
+	tmp := path + ".tmp"
+	require.NoError(t, os.WriteFile(tmp, content, 0o600))
+	require.NoError(t, os.Chtimes(tmp, mod, mod))
+	require.NoError(t, os.Rename(tmp, path))
+}
+
+// The CA bundle is re-read when it changes, as OpenShift's service CA
+// rotates: the bundle gains the new CA, then the server's certificate is
+// re-issued by it. A bundle that does not load keeps the last good one.
+func TestCAFileRotation(t *testing.T) {
+	old, next := webtlstest.NewCA(t, "service-ca-1"), webtlstest.NewCA(t, "service-ca-2")
+	cert, key := old.Server(t, "prometheus")
+	addr := serve(t, writeFile(t, "web.yml", fmt.Sprintf("tls_server_config:\n  cert_file: %s\n  key_file: %s\n", cert, key)))
+	pemOf := func(ca *webtlstest.CA) []byte {
+		b, err := os.ReadFile(ca.File)
+		require.NoError(t, err)
+		return b
+	}
+	bundle := writeFile(t, "service-ca.crt", string(pemOf(old)))
+
+	rt, err := webtls.ClientConfig{CAFile: bundle}.NewRoundTripper()
+	require.NoError(t, err)
+	client := &http.Client{Transport: rt, Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+	get := func(newConnection bool) error {
+		t.Helper()
+		if newConnection {
+			client.CloseIdleConnections()
+		}
+		resp, err := client.Get("https://" + addr + "/")
+		if err != nil {
+			return err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.Body.Close()
+	}
+	require.NoError(t, get(true))
+
+	// The server's certificate is re-issued by a CA the bundle lacks: new
+	// connections fail.
+	next.ServerTo(t, "prometheus", cert, key)
+	require.ErrorContains(t, get(true), "certificate signed by unknown authority")
+
+	// The bundle gains the new CA: trusted from the next request on, and
+	// the idle connection verified with the old bundle is closed.
+	mod := time.Now().Add(time.Minute)
+	replaceFile(t, bundle, append(pemOf(old), pemOf(next)...), mod)
+	require.NoError(t, get(false))
+	require.NoError(t, get(true))
+
+	// A bundle half written keeps the last good one.
+	replaceFile(t, bundle, []byte("-----BEGIN CERTIFICATE-----\nMIIB"), mod.Add(time.Minute))
+	require.NoError(t, get(true))
+
+	// Back to the old CA alone: the new one is no longer trusted.
+	replaceFile(t, bundle, pemOf(old), mod.Add(2*time.Minute))
+	require.ErrorContains(t, get(true), "certificate signed by unknown authority")
+
+	// A bad bundle fails at start.
+	_, err = webtls.ClientConfig{CAFile: filepath.Join(t.TempDir(), "missing.crt")}.NewRoundTripper()
+	require.ErrorContains(t, err, "missing.crt")
 }
 
 func TestClientConfigValidate(t *testing.T) {

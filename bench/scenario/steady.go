@@ -132,7 +132,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	fo := fleet.Options{
 		Token: o.Token, Rounds: o.Rounds, Step: o.Step,
-		Start:       firstTimestamp(time.Now(), o.Rounds, o.Step),
+		Start:       FirstTimestamp(time.Now(), o.Rounds, o.Step),
 		Concurrency: o.Concurrency, BatchSeries: o.BatchSeries,
 		// The 10k-cluster catch-up needs 6.5 GB of bodies; with the
 		// receiver's ~8 GB that still fits a 23 GiB machine.
@@ -222,10 +222,10 @@ func targetProtocol(tg Target, want string) string {
 // blockRange is the 2h block range both TSDBs align blocks to.
 const blockRange = 2 * time.Hour
 
-// firstTimestamp places all rounds inside the previous 2h-aligned block
+// FirstTimestamp places all rounds inside the previous 2h-aligned block
 // range when they fit, so that both servers write exactly one block and block
 // sizes compare like for like; otherwise the rounds end about now.
-func firstTimestamp(now time.Time, rounds int, step time.Duration) time.Time {
+func FirstTimestamp(now time.Time, rounds int, step time.Duration) time.Time {
 	span := time.Duration(rounds-1) * step
 	if span < blockRange-2*time.Minute {
 		return now.Truncate(blockRange).Add(-blockRange + time.Minute)

@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/csv"
 	"errors"
 	"flag"
@@ -131,7 +132,7 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	fs.Var(&f.renames, "rename", "Metric rename old=new (comma-separated, repeatable; default ALERTS=alerts).")
 	fs.StringVar(&f.listen, "listen", ":9002", "Address for /metrics, /healthz and /readyz.")
 	fs.StringVar(&f.listen, "web.listen-address", ":9002", "Alias of --listen.")
-	fs.BoolVar(&f.webEnableLifecycle, "web.enable-lifecycle", false, "Enable configuration reload via HTTP (POST or PUT /-/reload on --listen), as in Prometheus. SIGHUP reloads regardless.")
+	fs.BoolVar(&f.webEnableLifecycle, "web.enable-lifecycle", true, "Serve configuration reload over HTTP (POST or PUT /-/reload on --listen), as telemeter-client does for cluster-monitoring-operator's reload sidecar; false answers 403, as Prometheus does without the flag. SIGHUP reloads regardless.")
 	fs.StringVar(&f.webConfig, "web.config.file", "", "Prometheus exporter-toolkit web config for --listen: TLS, client certificates (mTLS), TLS versions and cipher suites, basic auth; certificates are re-read on change. Empty: plain HTTP.")
 	fs.StringVar(&f.configFile, "config.file", "", "Optional YAML file: relabel_configs, limits, queue and send settings.")
 	fs.StringVar(&f.gatheringURL, "gathering-url", "", "URL of the fleet's gathering definition (e.g. <to>/api/v1/gathering), polled every gathering.interval; it replaces the local selectors, which remain the fallback.")
@@ -323,35 +324,25 @@ func load(f *flags) (*setup, error) {
 			add(fmt.Errorf("--%s %s: empty", tf.name, tf.path))
 		}
 	}
-	if s.fromClient, err = forward.NewHTTPClient(f.fromCAFile); err != nil {
+	fromCert, err := clientCertificate("tls-cert-file", "tls-private-key-file", f.tlsCertFile, f.tlsKeyFile)
+	if err != nil {
+		add(err)
+	}
+	toCert, err := clientCertificate("to-cert-file", "to-key-file", f.toCertFile, f.toKeyFile)
+	if err != nil {
+		add(err)
+	}
+	if s.fromClient, err = forward.NewHTTPClient(f.fromCAFile, fromCert); err != nil {
 		add(fmt.Errorf("--from-ca-file: %w", err))
 	}
-	if s.toClient, err = forward.NewHTTPClient(f.toCAFile); err != nil {
+	if s.toClient, err = forward.NewHTTPClient(f.toCAFile, toCert); err != nil {
 		add(fmt.Errorf("--to-ca-file: %w", err))
-	}
-	switch {
-	case f.toCertFile != "" && f.toKeyFile != "":
-		if s.toClient != nil {
-			if err := forward.WithClientCertificate(s.toClient, f.toCertFile, f.toKeyFile); err != nil {
-				add(fmt.Errorf("--to-cert-file/--to-key-file: %w", err))
-			}
-		}
-	case f.toCertFile != "" || f.toKeyFile != "":
-		add(errors.New("--to-cert-file and --to-key-file: give both or neither"))
 	}
 	if err := webtls.ValidateWebConfig(f.webConfig, webtls.ServerOptions{BasicAuth: true}); err != nil {
 		add(fmt.Errorf("--web.config.file: %w", err))
 	}
 	if s.fromClient != nil {
 		s.fromClient.Timeout = time.Duration(s.file.Federate.Timeout)
-		switch {
-		case f.tlsCertFile != "" && f.tlsKeyFile != "":
-			if err := forward.WithClientCertificate(s.fromClient, f.tlsCertFile, f.tlsKeyFile); err != nil {
-				add(fmt.Errorf("--tls-cert-file/--tls-private-key-file: %w", err))
-			}
-		case f.tlsCertFile != "" || f.tlsKeyFile != "":
-			add(errors.New("--tls-cert-file and --tls-private-key-file: give both or neither"))
-		}
 		if f.fromToken != "" {
 			forward.WithBearerToken(s.fromClient, f.fromToken)
 		}
@@ -685,4 +676,21 @@ func run(args []string, stderr io.Writer) int {
 	}
 	logger.Info("forwarder stopped")
 	return 0
+}
+
+// clientCertificate loads the client certificate named by the flags
+// certFlag and keyFlag (both or neither; nil when neither): a bad pair
+// fails at start, a rotated one is re-read (webtls.ClientCertificate).
+func clientCertificate(certFlag, keyFlag, certFile, keyFile string) (func(*tls.CertificateRequestInfo) (*tls.Certificate, error), error) {
+	switch {
+	case certFile == "" && keyFile == "":
+		return nil, nil
+	case certFile == "" || keyFile == "":
+		return nil, fmt.Errorf("--%s and --%s: give both or neither", certFlag, keyFlag)
+	}
+	get, err := webtls.ClientCertificate(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--%s/--%s: %w", certFlag, keyFlag, err)
+	}
+	return get, nil
 }

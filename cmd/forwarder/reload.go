@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,16 +27,13 @@ var errPseudonymChanged = errors.New("the cluster pseudonym would change (--id o
 // section (and any added later) is read only at start.
 var liveSections = map[string]bool{"matches": true, "anonymize_labels": true, "relabel_configs": true}
 
-// startOnlyFiles are the flags naming files that are read only at start
-// (the CA bundles are compiled into the HTTP clients). Token files,
-// client certificates and --web.config.file are re-read while running.
-var startOnlyFiles = []string{"from-ca-file", "to-ca-file"}
-
 // reloader re-runs load with the command line the process started with, on
 // SIGHUP or POST /-/reload, and puts the policy of a valid new configuration
 // in force: the selectors (--match-file, matches) and the relabeling
-// (relabel_configs, anonymize labels, renames, external labels). Everything
-// else is read only at start: a change to it is logged and flagged by
+// (relabel_configs, anonymize labels, renames, external labels). The files
+// the HTTP clients and the listener use (CA bundles, client certificates,
+// token files, --web.config.file) need no reload: they are re-read when they
+// change. Everything else is read only at start: a change to it is logged and flagged by
 // phonehome_forward_config_restart_required, and applies at the next
 // start. An invalid configuration, or one that changes the cluster
 // pseudonym, is logged and counted, and the running policy stays.
@@ -47,7 +43,6 @@ type reloader struct {
 	logger  *slog.Logger
 	flags   *flags
 	started *setup                       // as loaded at start
-	files   map[string][sha256.Size]byte // digests of startOnlyFiles at start
 	fwd     *forward.Forwarder           // nil while telemetry is disabled
 	// poller, when set (--gathering-url), owns what is in force: a
 	// definition from the fleet, or the local selectors as its fallback.
@@ -85,7 +80,7 @@ func newReloadMetrics(reg prometheus.Registerer) reloadMetrics {
 		}),
 		restartRequired: f.NewGauge(prometheus.GaugeOpts{
 			Name: "phonehome_forward_config_restart_required",
-			Help: "1 when the configuration read by the last reload differed from the running one in what a reload does not apply (the cluster pseudonym, federate, send, queue, authorize and gathering settings, CA files): a restart is needed for it. Edits not yet reloaded are not seen.",
+			Help: "1 when the configuration read by the last reload differed from the running one in what a reload does not apply (the cluster pseudonym, federate, send, queue, authorize and gathering settings): a restart is needed for it. Edits not yet reloaded are not seen.",
 		}),
 	}
 	m.reloads.WithLabelValues("success")
@@ -98,7 +93,7 @@ func newReloadMetrics(reg prometheus.Registerer) reloadMetrics {
 // newReloader returns a reloader for the process started with f and s. fwd
 // is nil while telemetry is disabled. reg may be nil.
 func newReloader(logger *slog.Logger, reg prometheus.Registerer, f *flags, s *setup, fwd *forward.Forwarder) *reloader {
-	r := &reloader{logger: logger, flags: f, started: s, files: fileDigests(f), fwd: fwd, m: newReloadMetrics(reg)}
+	r := &reloader{logger: logger, flags: f, started: s, fwd: fwd, m: newReloadMetrics(reg)}
 	r.relabel.Store(&s.relabel)
 	return r
 }
@@ -203,34 +198,11 @@ func (r *reloader) applyPolicy(next *setup) error {
 	})
 }
 
-// restartOnly names what next changes that only a restart applies: the
-// --config.file sections by YAML key, and the start-only files by flag.
-// Flags cannot change, so the derived values compared are the file's.
+// restartOnly names the --config.file sections, by YAML key, that next
+// changes and only a restart applies. Flags cannot change, so the derived
+// values compared are the file's.
 func (r *reloader) restartOnly(next *setup) []string {
-	out := configdiff.Sections(r.started.file, next.file, liveSections)
-	now := fileDigests(r.flags)
-	for _, name := range startOnlyFiles {
-		if now[name] != r.files[name] {
-			out = append(out, "--"+name)
-		}
-	}
-	return out
-}
-
-// fileDigests hashes the contents of the startOnlyFiles that are set (only
-// to compare them, never logged).
-func fileDigests(f *flags) map[string][sha256.Size]byte {
-	paths := map[string]string{"from-ca-file": f.fromCAFile, "to-ca-file": f.toCAFile}
-	out := map[string][sha256.Size]byte{}
-	for _, name := range startOnlyFiles {
-		if paths[name] == "" {
-			continue
-		}
-		if b, err := os.ReadFile(paths[name]); err == nil {
-			out[name] = sha256.Sum256(b)
-		}
-	}
-	return out
+	return configdiff.Sections(r.started.file, next.file, liveSections)
 }
 
 // run reloads whenever hup delivers, until ctx is done.
@@ -245,9 +217,11 @@ func (r *reloader) run(ctx context.Context, hup <-chan os.Signal) error {
 	}
 }
 
-// handler serves POST and PUT /-/reload as Prometheus does: only with
-// --web.enable-lifecycle (403 otherwise), 200 once reloaded, 500 with the
-// reason the running configuration was kept.
+// handler serves POST and PUT /-/reload: 200 once reloaded, 500 with the
+// reason the running configuration was kept, 403 when not enabled
+// (--web.enable-lifecycle=false). It is on by default, as in
+// telemeter-client: a reload only re-reads the files the process was started
+// with, and cannot change the cluster's pseudonym.
 func (r *reloader) handler(enabled bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		if !enabled {

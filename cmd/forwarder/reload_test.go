@@ -178,7 +178,7 @@ func TestReloadRefusesAnotherPseudonym(t *testing.T) {
 	require.Zero(t, testutil.ToFloat64(fx.rl.m.restartRequired))
 }
 
-func TestRestartOnlyNamesSectionsAndStartOnlyFiles(t *testing.T) {
+func TestRestartOnlyNamesSections(t *testing.T) {
 	fx := newReloadFixture(t, "metric_a\n", "send:\n  timeout: 30s\n", "--queue.max-bytes=1MiB")
 	// queue.max_bytes is overridden by the flag: not a change. The live
 	// sections are applied, not flagged.
@@ -198,15 +198,18 @@ func TestRestartOnlyNamesSectionsAndStartOnlyFiles(t *testing.T) {
 	require.Zero(t, testutil.ToFloat64(fx.rl.m.restartRequired))
 }
 
-func TestRestartOnlyComparesCAFiles(t *testing.T) {
+// A changed CA bundle needs no restart: the clients re-read it themselves
+// (webtls.CAFileTransport), so a reload after it (CMO's reload sidecar
+// watches the service CA bundle) succeeds and flags nothing.
+func TestReloadAfterCAFileChangeNeedsNoRestart(t *testing.T) {
 	ca := webtlstest.NewCA(t, "one")
 	fx := newReloadFixture(t, "metric_a\n", "", "--from-ca-file="+ca.File)
 	other, err := os.ReadFile(webtlstest.NewCA(t, "two").File)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(ca.File, other, 0o600))
-	next, err := load(fx.rl.flags)
-	require.NoError(t, err)
-	require.Equal(t, []string{"--from-ca-file"}, fx.rl.restartOnly(next))
+	require.NoError(t, fx.rl.Reload())
+	require.Zero(t, testutil.ToFloat64(fx.rl.m.restartRequired))
+	require.Equal(t, 1.0, fx.reloads("success"))
 }
 
 func TestReloadWithGatheringReappliesTheDefinition(t *testing.T) {
@@ -265,7 +268,7 @@ func TestReloadEndpoint(t *testing.T) {
 	}
 	rec := post(fx.rl.handler(false), http.MethodPost)
 	require.Equal(t, http.StatusForbidden, rec.Code)
-	require.Zero(t, fx.reloads("success")+fx.reloads("failure"), "no reload without --web.enable-lifecycle")
+	require.Zero(t, fx.reloads("success")+fx.reloads("failure"), "no reload with --web.enable-lifecycle=false")
 
 	for _, method := range []string{http.MethodPost, http.MethodPut} {
 		require.Equal(t, http.StatusOK, post(fx.rl.handler(true), method).Code)
@@ -366,13 +369,14 @@ func TestSIGHUPDuringShutdownFlush(t *testing.T) {
 	require.NoError(t, s.cmd.Wait(), "a SIGHUP during the shutdown flush must not kill the forwarder: %s", s.log())
 }
 
-// TestReloadEndpointOnTheBinary: /-/reload as the process serves it:
-// refused without --web.enable-lifecycle, POST and PUT only with it.
+// TestReloadEndpointOnTheBinary: /-/reload as the process serves it: POST
+// and PUT by default, as telemeter-client (cluster-monitoring-operator's
+// reload sidecar POSTs it), refused with --web.enable-lifecycle=false.
 func TestReloadEndpointOnTheBinary(t *testing.T) {
-	for _, lifecycle := range []bool{false, true} {
+	for _, lifecycle := range []bool{true, false} {
 		args := []string{"--disabled"}
-		if lifecycle {
-			args = append(args, "--web.enable-lifecycle")
+		if !lifecycle {
+			args = append(args, "--web.enable-lifecycle=false")
 		}
 		s := startSelf(t, args...)
 		call := func(method string) int {

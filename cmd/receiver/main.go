@@ -222,12 +222,14 @@ func run(args []string, stderr io.Writer) int {
 	// erased the local storage.
 	db.HoldShipping(eraser.ShippingHeld)
 	// Fleet view: local data, the bucket and the peers' heads (remote read).
-	peerTLS, err := cfg.Peers.TLSConfig.TLSConfig() // validated with the config; the client certificate is re-read on change
+	// Validated with the config; the CA bundle and the client certificate
+	// are re-read when they change.
+	peerTransport, err := cfg.Peers.TLSConfig.NewRoundTripper()
 	if err != nil {
 		logger.Error("invalid configuration", "file", *configFile, "err", fmt.Errorf("peers.tls_config: %w", err))
 		return 2
 	}
-	peerSet, err := peers.New(logger.With("component", "peers"), reg, cfg.Peers, peers.Options{TLSConfig: peerTLS})
+	peerSet, err := peers.New(logger.With("component", "peers"), reg, cfg.Peers, peers.Options{HTTPClient: &http.Client{Transport: peerTransport}})
 	if err != nil {
 		logger.Error("invalid configuration", "file", *configFile, "err", err)
 		return 2

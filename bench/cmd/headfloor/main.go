@@ -18,6 +18,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -29,6 +30,7 @@ import (
 
 	"github.com/phonehome/phonehome/bench"
 	"github.com/phonehome/phonehome/bench/fleet"
+	"github.com/phonehome/phonehome/bench/scenario"
 )
 
 func main() {
@@ -47,6 +49,8 @@ func run() error {
 		seed       = flag.Uint64("seed", 1, "Fleet seed (benchrun's default).")
 		settle     = flag.Duration("settle", 10*time.Second, "Wait after the release before reading RSS.")
 		gogc       = flag.Int("gogc", 70, "GOGC, as the receiver's default.")
+		stripe     = flag.Int("stripe-size", 0, "EXPERIMENT stripe size")
+		heapProf   = flag.String("heap-profile", "", "EXPERIMENT heap profile")
 	)
 	flag.Parse()
 	debug.SetGCPercent(*gogc)
@@ -74,6 +78,9 @@ func run() error {
 	opts.EnableOverlappingCompaction = false
 	opts.WALCompression = compression.Snappy
 	opts.IsolationDisabled = true
+	if *stripe > 0 {
+		opts.StripeSize = *stripe
+	}
 	db, err := tsdb.Open(dir, slog.New(slog.DiscardHandler), nil, opts, nil)
 	if err != nil {
 		return err
@@ -84,7 +91,9 @@ func run() error {
 	symbols := labels.NewSymbolTable()
 	sb := labels.NewScratchBuilderWithSymbolTable(symbols, 16)
 	refs := make([]storage.SeriesRef, f.ActiveSeries())
-	t0 := time.Now().Add(-time.Duration(*rounds) * *step).UnixMilli()
+	// As benchrun: rounds that straddle a 2h boundary would hold two head
+	// chunks per series until the older one is memory-mapped.
+	t0 := scenario.FirstTimestamp(time.Now(), *rounds, *step).UnixMilli()
 	var batch fleet.Batch
 	start := time.Now()
 	for r := range *rounds {
@@ -131,6 +140,11 @@ func run() error {
 	fmt.Printf("  file-backed:   %.1f MiB = %.0f B per series\n", mib(after.file), per(after.file))
 	fmt.Printf("heap in use:     %.1f MiB = %.0f B per series\n", mib(ms.HeapInuse), per(ms.HeapInuse))
 	fmt.Printf("RSS growth over idle: %.0f B per series\n", per(after.rss-idle.rss))
+	if *heapProf != "" {
+		hf, _ := os.Create(*heapProf)
+		pprof.WriteHeapProfile(hf)
+		hf.Close()
+	}
 	runtime.KeepAlive(db)
 	return nil
 }
