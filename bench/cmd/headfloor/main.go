@@ -49,8 +49,8 @@ func run() error {
 		seed       = flag.Uint64("seed", 1, "Fleet seed (benchrun's default).")
 		settle     = flag.Duration("settle", 10*time.Second, "Wait after the release before reading RSS.")
 		gogc       = flag.Int("gogc", 70, "GOGC, as the receiver's default.")
-		stripe     = flag.Int("stripe-size", 0, "EXPERIMENT stripe size")
-		heapProf   = flag.String("heap-profile", "", "EXPERIMENT heap profile")
+		stripe     = flag.Int("stripe-size", 0, "TSDB's head stripe size (0: its default, 16384).")
+		heapProf   = flag.String("heap-profile", "", "Write a heap profile here after the reading.")
 	)
 	flag.Parse()
 	debug.SetGCPercent(*gogc)
@@ -141,9 +141,9 @@ func run() error {
 	fmt.Printf("heap in use:     %.1f MiB = %.0f B per series\n", mib(ms.HeapInuse), per(ms.HeapInuse))
 	fmt.Printf("RSS growth over idle: %.0f B per series\n", per(after.rss-idle.rss))
 	if *heapProf != "" {
-		hf, _ := os.Create(*heapProf)
-		pprof.WriteHeapProfile(hf)
-		hf.Close()
+		if err := writeHeapProfile(*heapProf); err != nil {
+			return err
+		}
 	}
 	runtime.KeepAlive(db)
 	return nil
@@ -174,3 +174,15 @@ func readRSS() rss {
 }
 
 func mib(b uint64) float64 { return float64(b) / (1 << 20) }
+
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}
