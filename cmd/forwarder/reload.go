@@ -42,8 +42,8 @@ var liveSections = map[string]bool{"matches": true, "anonymize_labels": true, "r
 type reloader struct {
 	logger  *slog.Logger
 	flags   *flags
-	started *setup                       // as loaded at start
-	fwd     *forward.Forwarder           // nil while telemetry is disabled
+	started *setup             // as loaded at start
+	fwd     *forward.Forwarder // nil while telemetry is disabled
 	// poller, when set (--gathering-url), owns what is in force: a
 	// definition from the fleet, or the local selectors as its fallback.
 	// Set before the run group starts.
