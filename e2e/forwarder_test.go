@@ -178,8 +178,14 @@ func forwarderArgs(t *testing.T, prom, to, queueDir string, extra ...string) []s
 // waitFederated waits until Prometheus has scraped the fixture.
 func waitFederated(t *testing.T, prom string) {
 	t.Helper()
+	waitFederatedWith(t, http.DefaultClient, prom)
+}
+
+// waitFederatedWith is waitFederated over client (TLS, say).
+func waitFederatedWith(t *testing.T, client *http.Client, prom string) {
+	t.Helper()
 	eventually(t, time.Minute, func() error {
-		resp, err := http.Get(prom + "/federate?match[]=" + url.QueryEscape(`{__name__="cluster_version"}`))
+		resp, err := client.Get(prom + "/federate?match[]=" + url.QueryEscape(`{__name__="cluster_version"}`))
 		if err != nil {
 			return err
 		}

@@ -207,6 +207,15 @@ func startPrometheus(t *testing.T, config string, extraArgs ...string) *Process 
 // configurations that must name Prometheus' own address (self-scrape).
 func startPrometheusAt(t *testing.T, addr, config string, extraArgs ...string) *Process {
 	t.Helper()
+	p := launchPrometheusAt(t, addr, config, extraArgs...)
+	waitHTTP(t, p.URL()+"/-/ready", http.StatusOK)
+	return p
+}
+
+// launchPrometheusAt is startPrometheusAt up to the log line that says
+// Prometheus serves: the caller waits for readiness (over TLS, say).
+func launchPrometheusAt(t *testing.T, addr, config string, extraArgs ...string) *Process {
+	t.Helper()
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "prometheus.yml")
 	require.NoError(t, os.WriteFile(cfgPath, []byte(config), 0o600))
@@ -216,11 +225,9 @@ func startPrometheusAt(t *testing.T, addr, config string, extraArgs ...string) *
 		"--web.listen-address=" + addr,
 		"--log.format=json",
 	}, extraArgs...)
-	p := startProcess(t, "/usr/bin/prometheus", "prometheus", args, func(line string) (string, bool) {
+	return startProcess(t, "/usr/bin/prometheus", "prometheus", args, func(line string) (string, bool) {
 		return addr, strings.Contains(line, "Server is ready to receive web requests")
 	})
-	waitHTTP(t, p.URL()+"/-/ready", http.StatusOK)
-	return p
 }
 
 // freeAddr returns a loopback address that was free a moment ago.
