@@ -176,6 +176,23 @@ func (f *Federator) fetchLazy(ctx context.Context, matches []string, fn func(*Sa
 	return f.fetch(ctx, f.urlFor(matches), fn, true)
 }
 
+// withoutSelectors shortens the URL in a failed request's error to its
+// endpoint and the number of selectors: the federate URL carries every one
+// (OpenShift's allowlist makes it ~20 KB), which would bury the reason in
+// the log line.
+func withoutSelectors(err error) error {
+	var ue *url.Error
+	if !errors.As(err, &ue) {
+		return err
+	}
+	if u, perr := url.Parse(ue.URL); perr == nil && u.RawQuery != "" {
+		n := len(u.Query()["match[]"])
+		u.RawQuery = ""
+		ue.URL = fmt.Sprintf("%s (%d match[])", u, n)
+	}
+	return err
+}
+
 func (f *Federator) fetch(ctx context.Context, target string, fn func(*Sample) error, lazy bool) (FetchStats, error) {
 	var st FetchStats
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
@@ -191,7 +208,7 @@ func (f *Federator) fetch(ctx context.Context, target string, fn func(*Sample) e
 	}
 	resp, err := f.client.Do(req)
 	if err != nil {
-		return st, fmt.Errorf("federate: %w", err)
+		return st, fmt.Errorf("federate: %w", withoutSelectors(err))
 	}
 	defer func() {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))

@@ -598,6 +598,14 @@ func TestFetchErrors(t *testing.T) {
 	defer srv.Close()
 	_, err := NewFederator(mustURL(t, srv.URL), http.DefaultClient, FederateOptions{}).Fetch(context.Background(), func(*Sample) error { return nil })
 	require.ErrorContains(t, err, "HTTP 403: nope")
+
+	// A failed request names the endpoint and how many selectors, not each
+	// of them (a log line, not 20 KB of URL).
+	srv.Close()
+	_, err = NewFederator(mustURL(t, srv.URL), http.DefaultClient, FederateOptions{}).FetchMatching(context.Background(),
+		[]string{"up", `{__name__="csv_succeeded"}`}, func(*Sample) error { return nil })
+	require.ErrorContains(t, err, "federate: Get \""+srv.URL+"/federate (2 match[])\"")
+	require.NotContains(t, err.Error(), "csv_succeeded")
 }
 
 // eventually polls cond every 5ms until it holds, failing after 10s.
