@@ -609,13 +609,15 @@ func run(args []string, stderr io.Writer) int {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+	readyz := func(w http.ResponseWriter, _ *http.Request) {
 		if !ready.Load() {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")
-	})
+	}
+	mux.HandleFunc("GET /readyz", readyz)
+	mux.HandleFunc("GET /healthz/ready", readyz) // telemeter-client's path, for probes written for it
 	mux.Handle("POST /-/reload", reloader.handler(f.webEnableLifecycle))
 	mux.Handle("PUT /-/reload", reloader.handler(f.webEnableLifecycle))
 	if fwd != nil { // telemeter-client's /federate: what the last cycle sent, as it left

@@ -189,8 +189,10 @@ func TestDisabledServesHealthAndSendsNothing(t *testing.T) {
 		s := startSelf(t, args...)
 		code, _ := get(t, "http://"+s.addr+"/healthz")
 		require.Equal(t, http.StatusOK, code)
-		code, _ = get(t, "http://"+s.addr+"/readyz")
-		require.Equal(t, http.StatusOK, code)
+		for _, path := range []string{"/readyz", "/healthz/ready"} { // the second is telemeter-client's
+			code, _ = get(t, "http://"+s.addr+path)
+			require.Equal(t, http.StatusOK, code, path)
+		}
 		code, body := get(t, "http://"+s.addr+"/metrics")
 		require.Equal(t, http.StatusOK, code)
 		for _, line := range strings.Split(body, "\n") { // only the reload's own metrics: nothing collects
