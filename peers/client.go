@@ -32,6 +32,7 @@ type peer struct {
 	query   *http.Client      // pushdown.Path, metadata, label and series calls
 
 	fallback map[string]*atomic.Bool // by call (callLabels, callSeries): read from its series (indexCallDone)
+	down     reachability            // marked when a call cannot connect (reachability.go)
 
 	mu      sync.Mutex
 	horizon map[string]observation // by tenant
@@ -119,7 +120,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 	}
 	start := t.set.now()
-	resp, err := t.set.base.RoundTrip(req)
+	resp, err := t.set.roundTrip(t.peer, req)
 	if err != nil {
 		return nil, err
 	}

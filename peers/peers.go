@@ -89,6 +89,8 @@ type Set struct {
 	now       func() time.Time
 	m         *metrics
 	endpoints []endpoint
+	// probeEvery is how often unreachable peers are probed (probeInterval).
+	probeEvery time.Duration
 
 	replicaToken atomic.Pointer[string]
 	tenantTokens atomic.Pointer[map[string]string]
@@ -104,14 +106,19 @@ func New(logger *slog.Logger, reg prometheus.Registerer, cfg Config, opts Option
 	var id [8]byte
 	_, _ = rand.Read(id[:])
 	s := &Set{
-		logger:   logger,
-		cfg:      cfg,
-		instance: hex.EncodeToString(id[:]),
-		resolver: opts.Resolver,
-		now:      opts.Now,
-		m:        newMetrics(reg),
-		peers:    map[string]*peer{},
+		logger:     logger,
+		cfg:        cfg,
+		instance:   hex.EncodeToString(id[:]),
+		resolver:   opts.Resolver,
+		now:        opts.Now,
+		m:          newMetrics(reg),
+		peers:      map[string]*peer{},
+		probeEvery: probeInterval,
 	}
+	s.m.unreachable = promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "phonehome_peers_unreachable",
+		Help: "Peers that could not be connected to, skipped by queries (a warning each) until they answer a probe of /-/ready again.",
+	}, s.unreachable)
 	if s.resolver == nil {
 		s.resolver = net.DefaultResolver
 	}
@@ -156,8 +163,12 @@ func (s *Set) Enabled() bool { return len(s.endpoints) > 0 }
 
 // Run resolves the DNS endpoints and re-reads the token files every refresh
 // interval until ctx ends. Failures are logged and counted; the previous
-// peers and tokens stay.
+// peers and tokens stay. It also probes the peers marked unreachable
+// (reachability.go).
 func (s *Set) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { s.probeLoop(ctx) })
 	for {
 		s.Refresh(ctx)
 		t := time.NewTimer(time.Duration(s.cfg.RefreshInterval))
@@ -341,6 +352,7 @@ type metrics struct {
 	reads       *prometheus.CounterVec
 	labelCalls  *prometheus.CounterVec
 	duration    prometheus.Histogram
+	unreachable prometheus.GaugeFunc // set by New: it counts the Set's peers
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
