@@ -140,3 +140,30 @@ func TestChainWithoutStaticTokens(t *testing.T) {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// A token bound to the raw id acts as the pseudonym, with the raw id as its
+// alias; one bound to the pseudonym, or to none, is unchanged.
+func TestPseudonymTokens(t *testing.T) {
+	h, err := NewClusterIDHasher([]byte("0123456789abcdef"))
+	require.NoError(t, err)
+	const raw = "0f2c6b3e-6d0e-4e7b-9a51-2d6f1c9b8a77"
+	ps := h.Pseudonym(raw)
+	toks, err := NewTokens([]TokenEntry{
+		{Token: "raw", Tenant: "acme", ClusterID: raw},
+		{Token: "ps", Tenant: "acme", ClusterID: ps},
+		{Token: "unbound", Tenant: "acme"},
+	})
+	require.NoError(t, err)
+	a := PseudonymTokens{Authenticator: toks, Hasher: h}
+	for token, want := range map[string]Identity{
+		"raw":     {Tenant: "acme", ClusterID: ps, ClusterIDAlias: raw, Allow: PermAll},
+		"ps":      {Tenant: "acme", ClusterID: ps, Allow: PermAll},
+		"unbound": {Tenant: "acme", Allow: PermAll},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/api/v1/write", nil)
+		r.Header.Set("Authorization", "Bearer "+token)
+		id, err := a.Authenticate(r)
+		require.NoError(t, err, token)
+		require.Equal(t, want, id, token)
+	}
+}

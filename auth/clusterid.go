@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
+	"net/http"
 	"os"
 	"regexp"
 	"strings"
@@ -50,4 +51,26 @@ func (h *ClusterIDHasher) Pseudonym(id string) string {
 	m := hmac.New(sha256.New, h.key)
 	m.Write([]byte(id))
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:16])
+}
+
+// PseudonymTokens binds a static token bound to a cluster's raw id (a
+// tokens file may name either form, see PseudonymBound) to its pseudonym, as
+// the Telemeter paths bind theirs: writes with it store the pseudonym, and
+// series that carry the raw _id are rewritten (Identity.ClusterIDAlias).
+// Without it such a token wrote the raw id to the WAL and the blocks.
+type PseudonymTokens struct {
+	Authenticator
+	Hasher *ClusterIDHasher
+}
+
+// Authenticate implements Authenticator.
+func (p PseudonymTokens) Authenticate(r *http.Request) (Identity, error) {
+	id, err := p.Authenticator.Authenticate(r)
+	if err != nil || id.ClusterID == "" {
+		return id, err
+	}
+	if ps := p.Hasher.Pseudonym(id.ClusterID); ps != id.ClusterID {
+		id.ClusterID, id.ClusterIDAlias = ps, id.ClusterID
+	}
+	return id, nil
 }

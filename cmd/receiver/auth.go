@@ -55,8 +55,12 @@ func setupAuth(logger *slog.Logger, reg prometheus.Registerer, cfg receive.AuthC
 		fleet = auth.NewWebhook(wh.URL, &http.Client{Timeout: time.Duration(wh.Timeout)})
 		writeFleet = auth.NewWebhook(wh.URL, &http.Client{Timeout: time.Duration(wh.Timeout)})
 	}
+	var static auth.Authenticator = tokens
+	if hasher != nil { // a token bound to the raw id writes as its pseudonym
+		static = auth.PseudonymTokens{Authenticator: tokens, Hasher: hasher}
+	}
 	s := authSetup{
-		authn: tokens, tokens: tokens,
+		authn: static, tokens: tokens,
 		telemeter: auth.NewTelemeterBearer(reg, writeFleet, auth.TelemeterOptions{
 			Hasher:           hasher,
 			CacheTTL:         time.Duration(cfg.Telemeter.TokenCacheTTL),
@@ -72,7 +76,7 @@ func setupAuth(logger *slog.Logger, reg prometheus.Registerer, cfg receive.AuthC
 		return authSetup{}, err
 	}
 	issuer := auth.NewIssuer(keys, time.Duration(cfg.CredentialTTL), nil)
-	s.authn = auth.Chain{Issuer: issuer, Static: tokens}
+	s.authn = auth.Chain{Issuer: issuer, Static: static}
 	s.authorize = auth.NewAuthorizeHandler(logger, reg, fleet, issuer, hasher)
 	return s, nil
 }
