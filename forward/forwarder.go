@@ -153,6 +153,7 @@ type metrics struct {
 	sendDuration  prometheus.Histogram
 	retries       prometheus.Counter
 	cachedSeries  prometheus.Gauge
+	tc            telemeterClientMetrics
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -199,6 +200,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		cachedSeries: f.NewGauge(prometheus.GaugeOpts{
 			Name: "phonehome_forward_cached_series", Help: "Federated series whose filtering and relabeling are remembered across cycles.",
 		}),
+		tc: newTelemeterClientMetrics(f),
 	}
 	for _, r := range []string{"success", "error"} {
 		m.cycles.WithLabelValues(r)
@@ -385,6 +387,7 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 	start := time.Now()
 	defer func() {
 		f.m.cycleDuration.Observe(time.Since(start).Seconds())
+		f.m.tc.request(requestFederate, err != nil)
 		if err != nil {
 			f.m.cycles.WithLabelValues("error").Inc()
 			return
@@ -542,6 +545,9 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 	flush()
 
 	f.m.federated.Add(float64(federated + st.OverBytes))
+	if ferr == nil {
+		f.m.tc.federation(federated+st.OverBytes, kept)
+	}
 	f.m.federateBytes.Add(float64(st.Bytes))
 	f.m.filtered.WithLabelValues(ReasonAllowlist).Add(float64(allowOut))
 	f.m.filtered.WithLabelValues(ReasonRelabel).Add(float64(relabOut))
@@ -745,6 +751,7 @@ func (f *Forwarder) deliver(ctx context.Context, payload []byte, pos Position) {
 		w, err := f.send(ctx, rec)
 		f.m.sendDuration.Observe(time.Since(start).Seconds())
 		f.m.requests.WithLabelValues(codeOf(err)).Inc()
+		f.m.tc.request(requestSend, err != nil && ctx.Err() == nil) // not a failure: stopped at shutdown
 		if err == nil {
 			sent := n
 			if w.Known && w.Samples+w.Histograms < n {

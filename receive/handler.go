@@ -185,6 +185,9 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rt route) {
 	if err == nil && rt == routeUpload {
 		code = http.StatusOK // telemeter-client takes nothing else for success
 	}
+	if rt == routeTelemeterWrite && code == http.StatusTooManyRequests {
+		code = telemeterRetryable
+	}
 
 	hdr := w.Header()
 	if proto != protoV1 { // 1.0 responses carry no counts, as Prometheus' (the compliance suite checks it)
@@ -198,15 +201,15 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rt route) {
 		w.WriteHeader(code)
 		return
 	}
+	var rl *rateLimitedError
 	switch {
-	case code >= 500:
+	case code >= 500 && !errors.As(err, &rl): // a limit answered 503 (telemeterRetryable) is no fault
 		h.logger.Error("write failed", "code", code, "err", err)
 	default:
 		h.logger.Debug("write rejected", "code", code, "err", err)
 	}
-	var rl *rateLimitedError
 	switch {
-	case errors.As(err, &rl) && code == http.StatusTooManyRequests:
+	case errors.As(err, &rl) && code != http.StatusRequestEntityTooLarge:
 		hdr.Set("Retry-After", strconv.Itoa(int(math.Ceil(rl.retryAfter.Seconds()))))
 	case code == http.StatusServiceUnavailable:
 		hdr.Set("Retry-After", "5")

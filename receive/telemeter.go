@@ -27,6 +27,8 @@ import (
 //     a cluster runs two replicas. Uploads come from whichever replica the
 //     federation request reached; on remote-write both replicas send, and
 //     only the one elected per cluster is written (replicaTracker).
+//   - A refusal for a rate or in-flight limit is 503 with Retry-After on
+//     /metrics/v1/receive, not 429 (telemeterRetryable).
 //   - Uploads are stored at the time they are received, as telemeter-server
 //     stores them, so a cluster whose clock is off still reports "now"
 //     (unless the sender asks to keep its timestamps, keepUploadTimestamps).
@@ -41,6 +43,14 @@ const (
 )
 
 func (r route) telemeter() bool { return r != routeRemoteWrite }
+
+// telemeterRetryable: Prometheus drops a remote-write batch answered 429
+// unless its remote_write sets retry_on_http_429, which
+// cluster-monitoring-operator's telemetry remote_write does not; a 5xx it
+// retries, after Retry-After. So on /metrics/v1/receive a limit that only
+// asks the cluster to wait is answered 503, or the batch would be lost.
+// (telemeter-client re-reads /federate after any failure: /upload keeps 429.)
+const telemeterRetryable = http.StatusServiceUnavailable
 
 // keepUploadTimestamps: forward.HeaderTimestamps on an upload with the
 // value forward.TimestampsSource keeps the samples' own timestamps. The
