@@ -201,13 +201,46 @@ type peerQuerier struct {
 }
 
 // Select reads the peer's series over remote read; series only (hints.Func
-// "series", the series API) are asked of its index (seriesCall).
+// "series", the series API) are asked of its index (seriesCall). The call
+// starts at once and the set waits for its answer (pendingSet): PromQL and
+// the series API ask for every selector (every match[] set) before they
+// iterate any, so the peer is asked for all of them together rather than
+// one after another, and a query takes the slowest call, not their sum.
 func (q *peerQuerier) Select(ctx context.Context, sortSeries bool, hints *promstorage.SelectHints, ms ...*labels.Matcher) promstorage.SeriesSet {
-	if hints != nil && hints.Func == "series" {
-		return q.seriesCall(ctx, sortSeries, hints, ms)
+	if hints != nil {
+		h := *hints // the caller's to reuse once Select returns
+		hints = &h
 	}
-	return q.read(ctx, sortSeries, hints, ms)
+	ms = slices.Clone(ms)
+	ch := make(chan promstorage.SeriesSet, 1)
+	go func() {
+		if hints != nil && hints.Func == "series" {
+			ch <- q.seriesCall(ctx, sortSeries, hints, ms)
+			return
+		}
+		ch <- q.read(ctx, sortSeries, hints, ms)
+	}()
+	return &pendingSet{ch: ch}
 }
+
+// pendingSet is a series set whose call is under way: its first use waits
+// for the answer. The call ends by itself (the peer's timeout, or ctx).
+type pendingSet struct {
+	ch  <-chan promstorage.SeriesSet
+	set promstorage.SeriesSet
+}
+
+func (p *pendingSet) answer() promstorage.SeriesSet {
+	if p.set == nil {
+		p.set = <-p.ch
+	}
+	return p.set
+}
+
+func (p *pendingSet) Next() bool                        { return p.answer().Next() }
+func (p *pendingSet) At() promstorage.Series            { return p.answer().At() }
+func (p *pendingSet) Err() error                        { return p.answer().Err() }
+func (p *pendingSet) Warnings() annotations.Annotations { return p.answer().Warnings() }
 
 // read reads the peer's series of ms over remote read.
 func (q *peerQuerier) read(ctx context.Context, sortSeries bool, hints *promstorage.SelectHints, ms []*labels.Matcher) promstorage.SeriesSet {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -405,3 +406,49 @@ func TestFanOutLeavesItsOwnAnswerAsItIs(t *testing.T) {
 // deadPeer refuses connections for good: port 1 on loopback has no server
 // (a closed test server's port could be taken again meanwhile).
 const deadPeer = "127.0.0.1:1"
+
+// Selects of one query (PromQL's selectors, the series API's match[] sets)
+// ask the peer together: the peer sees both reads in flight at once, where
+// asked one after another each would wait for the other until the barrier
+// gives up.
+func TestSelectsAskThePeerTogether(t *testing.T) {
+	f := newFixture(t)
+	peerB := f.set(t, nil, f.config())
+	h, _ := replicaHandler(peerB, tenantDBs{"acme": openDB(t, map[string][]int64{"x": {1000}, "y": {2000}})}, nil)
+	var inFlight, most atomic.Int64
+	arrived := make(chan struct{})
+	var once sync.Once
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		if n == 2 {
+			once.Do(func() { close(arrived) })
+		}
+		select { // both reads, or give up
+		case <-arrived:
+		case <-time.After(10 * time.Second):
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+
+	a := f.set(t, nil, f.config(host(srv)))
+	q, err := a.NewReader(tenantDBs{}, nil).Querier("acme", 0, 10_000)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, q.Close()) }()
+	ctx := context.Background()
+	sets := []promstorage.SeriesSet{
+		q.Select(ctx, true, nil, labels.MustNewMatcher(labels.MatchEqual, "__name__", "x")),
+		q.Select(ctx, true, nil, labels.MustNewMatcher(labels.MatchEqual, "__name__", "y")),
+	}
+	for i, name := range []string{"x", "y"} {
+		require.True(t, sets[i].Next(), name)
+		require.Equal(t, name, sets[i].At().Labels().Get("__name__"))
+		require.False(t, sets[i].Next())
+		require.NoError(t, sets[i].Err())
+		require.Empty(t, sets[i].Warnings())
+	}
+	require.Equal(t, int64(2), most.Load(), "the two reads were in flight together")
+}

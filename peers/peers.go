@@ -11,7 +11,8 @@
 // read from each peer's own and merged too (Metadata, MetadataHandler), and
 // label names and values and the series API's series are asked of each
 // peer's index rather than read from its series (IndexHandler). Peers are
-// asked in parallel, so a call takes as long as the slowest peer.
+// asked in parallel, and a query's selectors together (peerQuerier.Select),
+// so a query takes as long as the slowest call, not their sum.
 //
 // A peer reports, with each answer, its horizon: the time before which all
 // it holds and can still accept is in the bucket. Queries that end before it
