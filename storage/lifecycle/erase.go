@@ -66,7 +66,9 @@ func (r *Runner) EraseBucket(ctx context.Context, tenant string, ms []*labels.Ma
 	var todo, drop, partial []block
 	for _, b := range blocks {
 		switch {
-		case b.meta != nil && b.meta.Thanos.Source == storage.SourceErasure:
+		case b.meta != nil && b.meta.Thanos.Source == storage.SourceErasure && b.mark == nil:
+			// A marked rewrite is on its way out: its parent is
+			// rewritten again rather than deleted with it.
 			for _, p := range b.meta.Compaction.Parents {
 				replaced[p.ULID] = true
 			}
