@@ -18,6 +18,8 @@ import (
 type bucket interface {
 	Upload(ctx context.Context, name string, r io.Reader, opts ...objstore.ObjectUploadOption) error
 	Get(ctx context.Context, name string) (io.ReadCloser, error) // meta.json, to check a shipped block (inBucket)
+	// Attributes checks the files of a shipped block (filesInBucket).
+	Attributes(ctx context.Context, name string) (objstore.ObjectAttributes, error)
 	IsObjNotFoundErr(err error) bool
 	Close() error
 }

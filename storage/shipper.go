@@ -126,8 +126,13 @@ func (db *DB) shipLocked(ctx context.Context) error {
 }
 
 // uploadBlock uploads chunks and index, then meta.json last, so readers never
-// see a partial block. A block already in the bucket, with a valid meta.json
-// naming it, is not uploaded again.
+// see a partial block. A block already complete in the bucket is not
+// uploaded again. The upload is checked afterwards: the bucket's lifecycle
+// deletes uploads without meta.json (an erasure at once, when their index
+// holds the erased id), and a deletion racing this upload would leave a
+// meta.json over missing objects. Taking that for shipped would make the
+// broken copy the only one once the local block ages out; an error keeps
+// the block local, and the next round uploads it again.
 func (db *DB) uploadBlock(ctx context.Context, t *tenant, dir string, meta tsdb.BlockMeta) error {
 	ok, err := db.inBucket(ctx, meta.ULID)
 	if err != nil {
@@ -141,14 +146,25 @@ func (db *DB) uploadBlock(ctx context.Context, t *tenant, dir string, meta tsdb.
 		labels = map[string]string{}
 	}
 	labels[tenantLabel] = t.name
-	return UploadBlock(ctx, db.bkt, dir, meta, labels, SourceReceive)
+	if err := UploadBlock(ctx, db.bkt, dir, meta, labels, SourceReceive); err != nil {
+		return err
+	}
+	switch ok, err := db.inBucket(ctx, meta.ULID); {
+	case err != nil:
+		return fmt.Errorf("check upload: %w", err)
+	case !ok:
+		return errors.New("upload incomplete in the bucket (objects deleted meanwhile), will upload again")
+	}
+	return nil
 }
 
-// inBucket reports whether block id is in the bucket: its meta.json exists,
-// decodes and names id. An existing meta.json is not enough: the filesystem
-// bucket writes objects in place, so a crash or a full disk can leave it
-// empty or torn, and a block taken for shipped is deleted locally after
-// retention. Uploading again is always safe: the objects are the same.
+// inBucket reports whether block id is complete in the bucket: its
+// meta.json exists, decodes and names id, and every file it lists exists
+// at its size. An existing meta.json is not enough: the filesystem bucket
+// writes objects in place, so a crash or a full disk can leave it empty or
+// torn, a deletion of a partial upload can race the upload, and a block
+// taken for shipped is deleted locally after retention. Uploading again is
+// always safe: the objects are the same.
 func (db *DB) inBucket(ctx context.Context, id ulid.ULID) (bool, error) {
 	bkt := db.bkt
 	name := path.Join(id.String(), "meta.json")
@@ -168,6 +184,29 @@ func (db *DB) inBucket(ctx context.Context, id ulid.ULID) (bool, error) {
 	if m.ULID != id {
 		db.logger.Warn("meta.json in the bucket names another block, uploading the block again", "block", id.String(), "names", m.ULID.String())
 		return false, nil
+	}
+	return db.filesInBucket(ctx, id, m.Thanos.Files)
+}
+
+// filesInBucket reports whether every file of block id but meta.json
+// exists in the bucket with its listed size.
+func (db *DB) filesInBucket(ctx context.Context, id ulid.ULID, files []ThanosFile) (bool, error) {
+	for _, f := range files {
+		if f.RelPath == "meta.json" {
+			continue
+		}
+		attrs, err := db.bkt.Attributes(ctx, path.Join(id.String(), f.RelPath))
+		if db.bkt.IsObjNotFoundErr(err) {
+			db.logger.Warn("block in the bucket lacks a file, uploading it again", "block", id.String(), "file", f.RelPath)
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("check %s: %w", f.RelPath, err)
+		}
+		if f.SizeBytes > 0 && attrs.Size != f.SizeBytes {
+			db.logger.Warn("block in the bucket has a file of the wrong size, uploading it again", "block", id.String(), "file", f.RelPath, "size", attrs.Size, "want", f.SizeBytes)
+			return false, nil
+		}
 	}
 	return true, nil
 }

@@ -30,6 +30,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/thanos-io/objstore"
+
+	"github.com/phonehome/phonehome/storage"
 )
 
 // TenantLabel is the meta.json thanos.labels key naming a block's tenant.
@@ -397,8 +399,8 @@ func (s *Store) selectLocked(tenant string, mint, maxt int64, skip map[ulid.ULID
 // another block's sources — a compactor's or an erasure's result replaces
 // it — as Thanos' deduplicate filter does, so the same samples are never
 // read twice while both are in the bucket (until the source is marked and
-// deleted). Of two blocks with the same sources, the newer ULID (the
-// rewrite) is kept. A block that covers another covers its time range too,
+// deleted). Of two blocks with the same sources, the rewrite is kept
+// (storage.Replaces). A block that covers another covers its time range too,
 // so the blocks overlapping a query are enough to decide.
 func withoutReplaced(metas []tsdb.BlockMeta) []tsdb.BlockMeta {
 	bySource := map[ulid.ULID][]int{}
@@ -407,23 +409,12 @@ func withoutReplaced(metas []tsdb.BlockMeta) []tsdb.BlockMeta {
 			bySource[src] = append(bySource[src], i)
 		}
 	}
-	covers := func(a, b tsdb.BlockMeta) bool { // a replaces b
-		if len(a.Compaction.Sources) < len(b.Compaction.Sources) {
-			return false
-		}
-		for _, src := range b.Compaction.Sources {
-			if !slices.Contains(a.Compaction.Sources, src) {
-				return false
-			}
-		}
-		return len(a.Compaction.Sources) > len(b.Compaction.Sources) || a.ULID.Compare(b.ULID) > 0
-	}
 	out := metas[:0:0]
 	for i, b := range metas {
 		replaced := false
 		if len(b.Compaction.Sources) > 0 {
 			for _, j := range bySource[b.Compaction.Sources[0]] {
-				if j != i && covers(metas[j], b) {
+				if j != i && storage.Replaces(metas[j], b) {
 					replaced = true
 					break
 				}

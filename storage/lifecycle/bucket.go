@@ -175,6 +175,26 @@ func markForDeletion(ctx context.Context, bkt objstore.Bucket, id ulid.ULID, det
 // the deletion mark last (so a crash half-way leaves a marked block that the
 // next run finishes deleting). It returns the bytes deleted.
 func deleteBlock(ctx context.Context, bkt objstore.Bucket, id ulid.ULID) (int64, error) {
+	return deleteObjects(ctx, bkt, id, false)
+}
+
+// errUploadCompleted refuses the deletion of an upload taken for partial
+// whose meta.json has appeared since: a shipper finished it meanwhile.
+var errUploadCompleted = errors.New("upload completed since the scan")
+
+// deletePartial is deleteBlock for a block scanned without meta.json (an
+// abandoned upload, or one holding an erased id): it fails with
+// errUploadCompleted, deleting nothing, if the block has a meta.json now,
+// since the shipper that completed it takes it for shipped and will
+// delete its local copy.
+func deletePartial(ctx context.Context, bkt objstore.Bucket, id ulid.ULID) (int64, error) {
+	return deleteObjects(ctx, bkt, id, true)
+}
+
+// deleteObjects deletes meta.json first, then the index (a shipper
+// completing the upload meanwhile finds it missing when it checks its
+// upload, and uploads again), the other objects, and the mark last.
+func deleteObjects(ctx context.Context, bkt objstore.Bucket, id ulid.ULID, partial bool) (int64, error) {
 	var names []string
 	if err := bkt.Iter(ctx, id.String(), func(name string) error {
 		names = append(names, name)
@@ -182,20 +202,22 @@ func deleteBlock(ctx context.Context, bkt objstore.Bucket, id ulid.ULID) (int64,
 	}, objstore.WithRecursiveIter()); err != nil {
 		return 0, fmt.Errorf("list block %s: %w", id, err)
 	}
-	meta, mark := path.Join(id.String(), MetaFile), path.Join(id.String(), DeletionMarkFile)
-	ordered := make([]string, 0, len(names))
-	hasMark := false
-	for _, n := range names {
-		switch n {
-		case meta:
-			ordered = append([]string{n}, ordered...)
-		case mark:
-			hasMark = true
-		default:
+	meta, index, mark := path.Join(id.String(), MetaFile), path.Join(id.String(), IndexFile), path.Join(id.String(), DeletionMarkFile)
+	if partial && slices.Contains(names, meta) {
+		return 0, fmt.Errorf("block %s: %w", id, errUploadCompleted)
+	}
+	var ordered []string
+	for _, n := range []string{meta, index} {
+		if slices.Contains(names, n) {
 			ordered = append(ordered, n)
 		}
 	}
-	if hasMark {
+	for _, n := range names {
+		if n != meta && n != index && n != mark {
+			ordered = append(ordered, n)
+		}
+	}
+	if slices.Contains(names, mark) {
 		ordered = append(ordered, mark)
 	}
 	var bytes int64

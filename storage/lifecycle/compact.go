@@ -88,19 +88,9 @@ func groupKey(ls map[string]string) string {
 	return strings.Join(parts, ",")
 }
 
-// covers reports whether a replaces b: b's sources are all among a's, and a
-// has more of them or, with the same sources, the newer ULID.
+// covers reports whether a replaces b (storage.Replaces), within a tenant.
 func covers(a, b *block) bool {
-	as, bs := a.meta.Compaction.Sources, b.meta.Compaction.Sources
-	if len(bs) == 0 || len(as) < len(bs) || a.tenant() != b.tenant() {
-		return false
-	}
-	for _, s := range bs {
-		if !slices.Contains(as, s) {
-			return false
-		}
-	}
-	return len(as) > len(bs) || a.id.Compare(b.id) > 0
+	return a.tenant() == b.tenant() && storage.Replaces(a.meta.BlockMeta, b.meta.BlockMeta)
 }
 
 // compact runs one compaction pass over the live blocks: it first marks

@@ -66,7 +66,9 @@ func (r *Runner) EraseBucket(ctx context.Context, tenant string, ms []*labels.Ma
 	var todo, drop, partial []block
 	for _, b := range blocks {
 		switch {
-		case b.meta != nil && b.meta.Thanos.Source == storage.SourceErasure:
+		case b.meta != nil && b.meta.Thanos.Source == storage.SourceErasure && b.mark == nil:
+			// A marked rewrite is on its way out: its parent is
+			// rewritten again rather than deleted with it.
 			for _, p := range b.meta.Compaction.Parents {
 				replaced[p.ULID] = true
 			}
@@ -95,7 +97,14 @@ func (r *Runner) EraseBucket(ctx context.Context, tenant string, ms []*labels.Ma
 	res.Blocks = len(todo)
 	progress(0, len(todo))
 	for _, b := range drop {
-		n, err := deleteBlock(ctx, r.bkt, b.id)
+		del := deleteBlock
+		if b.meta == nil && b.mark == nil {
+			// An upload in progress may complete meanwhile: then it is a
+			// block, of this tenant or not, and the rerun (a fresh scan)
+			// rewrites it if it is the tenant's.
+			del = deletePartial
+		}
+		n, err := del(ctx, r.bkt, b.id)
 		r.m.deletedBytes.Add(float64(n))
 		if err != nil {
 			r.m.failures.WithLabelValues("erase").Inc()

@@ -202,8 +202,12 @@ func (r *Runner) deleteMarked(ctx context.Context, blocks []block) []error {
 			if last.IsZero() || now.Sub(last) < delay {
 				continue // an upload in progress
 			}
-			n, err := deleteBlock(ctx, r.bkt, b.id)
+			n, err := deletePartial(ctx, r.bkt, b.id)
 			r.m.deletedBytes.Add(float64(n))
+			if errors.Is(err, errUploadCompleted) {
+				r.logger.Info("abandoned upload completed meanwhile, kept", "block", b.id.String())
+				continue
+			}
 			if err != nil {
 				r.m.failures.WithLabelValues("delete").Inc()
 				errs = append(errs, fmt.Errorf("abandoned upload: %w", err))
