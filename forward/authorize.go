@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -369,7 +370,9 @@ func (a *Authorizer) exchange(ctx context.Context) error {
 	if out.Token == "" || secs <= 0 {
 		return fmt.Errorf("%w: answer without token or lifetime", ErrAuthorize)
 	}
-	life := time.Duration(secs) * time.Second
+	// Saturate: a lifetime beyond a Duration is a long one, not (wrapped
+	// around) an expired credential that would be exchanged again at once.
+	life := time.Duration(min(secs, int64(math.MaxInt64/time.Second))) * time.Second
 	frac := a.opts.RenewAt - max(a.opts.Jitter, 0)*rand.Float64()
 	c := &credential{
 		token: out.Token, labels: out.Labels, telemeter: telemeter,

@@ -232,6 +232,25 @@ func TestAuthorizerRenewsBeforeExpiry(t *testing.T) {
 	require.NotEqual(t, tok1, tok2)
 }
 
+// TestAuthorizerHugeLifetimeIsLong: a lifetime beyond what a Duration
+// holds (a receiver meaning "does not expire") is a long one. It used to
+// wrap around to an expired credential: every write and every turn of Run
+// exchanged again at once, a tight loop of /authorize requests.
+func TestAuthorizerHugeLifetimeIsLong(t *testing.T) {
+	for _, secs := range []int64{9223372037, 18446744074} {
+		ar := newAuthReceiver(t)
+		ar.lifetime = secs
+		a := newTestAuthorizer(t, ar, nil, AuthorizerOptions{})
+		tok, err := a.Token(context.Background())
+		require.NoError(t, err, "expires_in_seconds %d", secs)
+		a.mu.Lock()
+		c := a.cur
+		a.mu.Unlock()
+		require.Equal(t, c.token, tok)
+		require.Greater(t, time.Until(c.renewAt), 24*time.Hour, "expires_in_seconds %d: renewed at once", secs)
+	}
+}
+
 func TestAuthorizerRunRetriesFailedExchange(t *testing.T) {
 	ar := newAuthReceiver(t)
 	ar.authStatus = []int{http.StatusBadGateway, http.StatusBadGateway}

@@ -113,3 +113,32 @@ func TestRecordEvictedBeforeDeliveryIsNotSent(t *testing.T) {
 	require.Zero(t, testutil.ToFloat64(f.m.sent))
 	require.Equal(t, 10.0, testutil.ToFloat64(f.m.dropped.WithLabelValues(ReasonQueueFull)))
 }
+
+// answerSender answers every record with w and err.
+type answerSender struct {
+	w   Written
+	err error
+}
+
+func (s answerSender) Send(context.Context, *prompb.WriteRequest) error { return s.err }
+
+func (s answerSender) SendRecord(context.Context, Record) (Written, error) { return s.w, s.err }
+
+// TestRejectedRequestCountsWhatWasWritten: a 400 whose written counts say
+// part of the request was stored (our receiver writes the valid series of a
+// request it answers 400, e.g. a backlog partly beyond the out-of-order
+// window) counts those samples as sent and only the rest as dropped.
+func TestRejectedRequestCountsWhatWasWritten(t *testing.T) {
+	q := openTestQueue(t, t.TempDir(), QueueOptions{})
+	require.NoError(t, q.Append(encodePayloadV2(10, []byte("body"))))
+	s := answerSender{w: Written{Samples: 6, Known: true}, err: &HTTPError{Code: 400, Message: "too old"}}
+	f := New(discardLogger(), nil, nil, Policy{}, q, s, Options{})
+	p, pos, _, ok, err := q.Peek()
+	require.NoError(t, err)
+	require.True(t, ok)
+	f.deliver(context.Background(), p, pos)
+	require.Equal(t, 6.0, testutil.ToFloat64(f.m.sent))
+	require.Equal(t, 4.0, testutil.ToFloat64(f.m.dropped.WithLabelValues(ReasonHTTP4xx)))
+	records, _ := q.Len()
+	require.Zero(t, records, "a rejection is not retried")
+}

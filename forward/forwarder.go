@@ -779,9 +779,16 @@ func (f *Forwarder) deliver(ctx context.Context, payload []byte, pos Position) {
 			if !errors.As(err, &he) {
 				reason = ReasonInvalid
 			}
-			f.m.dropped.WithLabelValues(reason).Add(float64(n))
+			// A 4xx may come after the valid part of the request was
+			// stored (2.0 responses say how much): that part was sent.
+			written := 0
+			if w.Known {
+				written = min(w.Samples+w.Histograms, n)
+			}
+			f.m.sent.Add(float64(written))
+			f.m.dropped.WithLabelValues(reason).Add(float64(n - written))
 			counted = true
-			f.logger.Warn("remote write rejected, dropping request", "samples", n, "err", err)
+			f.logger.Warn("remote write rejected, dropping request", "samples", n, "written", written, "err", err)
 			f.ack(pos)
 			return
 		}

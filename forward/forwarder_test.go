@@ -423,6 +423,18 @@ func TestParseRetryAfter(t *testing.T) {
 	require.Equal(t, 90*time.Second, parseRetryAfter(now.Add(90*time.Second).Format(http.TimeFormat), now))
 }
 
+// TestParseRetryAfterHugeIsLong: a Retry-After beyond what a Duration holds
+// asks for a long wait (capped by the caller at 10 minutes); it used to wrap
+// around, to 290ms for 18446744074 (a retry storm) or to a negative, ignored
+// value for 9223372037.
+func TestParseRetryAfterHugeIsLong(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, v := range []string{"9223372037", "18446744074", "99999999999999", "99999999999999999999"} {
+		require.GreaterOrEqual(t, parseRetryAfter(v, now), 10*time.Minute, "Retry-After: %s", v)
+	}
+	require.Equal(t, time.Duration(0), parseRetryAfter("-99999999999999999999", now))
+}
+
 func TestDeliverRetriesThenSucceeds(t *testing.T) {
 	prom := fakePrometheus(t, readFixture(t, "federate-sample.prom"), false)
 	recv := newFakeReceiver(t, 503, 500, 429)

@@ -21,8 +21,10 @@ import (
 
 // On-disk format
 //
-// The queue is a directory of segment files named <20-digit sequence>.seg and a
-// cursor file. A segment is a sequence of records:
+// The queue is a directory of segment files named <20-digit sequence>.seg, a
+// cursor file and a lock file (flocked while a Queue has the directory open,
+// so a second forwarder on it fails to start instead of overwriting
+// records). A segment is a sequence of records:
 //
 //	| length uint32 BE | crc32c uint32 BE | unix_ms int64 BE | payload (length bytes) |
 //
@@ -142,6 +144,7 @@ type Queue struct {
 	total   int64       // sum of segment sizes
 	closed  bool
 	notify  chan struct{} // signalled (non-blocking) on Append
+	lock    *os.File      // holds the directory's flock until Close
 }
 
 type queueMetrics struct {
@@ -171,7 +174,11 @@ func OpenQueue(dir string, logger *slog.Logger, reg prometheus.Registerer, opts 
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("create queue dir: %w", err)
 	}
-	q := &Queue{dir: dir, opts: opts, logger: logger, notify: make(chan struct{}, 1)}
+	lock, err := lockDir(dir, logger)
+	if err != nil {
+		return nil, err
+	}
+	q := &Queue{dir: dir, opts: opts, logger: logger, notify: make(chan struct{}, 1), lock: lock}
 	f := promauto.With(reg)
 	q.m = &queueMetrics{
 		bytes: f.NewGauge(prometheus.GaugeOpts{
@@ -620,6 +627,11 @@ func (q *Queue) closeFiles() error {
 	for _, s := range q.segs {
 		if err := s.f.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close segment: %w", err))
+		}
+	}
+	if q.lock != nil { // last: the segments are closed before another may open them
+		if err := q.lock.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close queue lock: %w", err))
 		}
 	}
 	return errors.Join(errs...)

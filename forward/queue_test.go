@@ -237,3 +237,20 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 	})
 }
+
+// TestQueueDirectoryIsExclusive: two forwarders on one queue directory
+// (a shared volume, a second replica) would append at the same offsets of
+// the head segment and overwrite each other's records. The second is
+// refused until the first closes the queue.
+func TestQueueDirectoryIsExclusive(t *testing.T) {
+	dir := t.TempDir()
+	q1, err := OpenQueue(dir, discardLogger(), nil, QueueOptions{})
+	require.NoError(t, err)
+	_, err = OpenQueue(dir, discardLogger(), nil, QueueOptions{})
+	require.ErrorIs(t, err, ErrQueueLocked)
+
+	require.NoError(t, q1.Append([]byte("one")))
+	require.NoError(t, q1.Close())
+	q2 := openTestQueue(t, dir, QueueOptions{})
+	require.Equal(t, []string{"one"}, drain(t, q2), "the lock is released by Close")
+}

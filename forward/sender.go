@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
@@ -478,9 +479,14 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 	if v == "" {
 		return 0
 	}
-	if s, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
-		if s < 0 {
+	// Out of range is still a number: a huge wait saturates (and is capped
+	// by the caller) rather than wrapping around to a short one.
+	if s, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
+		switch {
+		case s < 0:
 			return 0
+		case s > int64(math.MaxInt64/time.Second):
+			return math.MaxInt64
 		}
 		return time.Duration(s) * time.Second
 	}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -20,6 +21,8 @@ import (
 	"github.com/prometheus/prometheus/prompb"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/phonehome/phonehome/forward"
 )
 
 // TestMain doubles as the forwarder binary when re-executed by startSelf.
@@ -282,4 +285,22 @@ func TestForwardsFixtureAndStopsCleanly(t *testing.T) {
 	}
 	require.NotContains(t, s.log(), "to-token")
 	require.NotContains(t, s.log(), "0123456789abcdef-salt")
+}
+
+// TestSecondForwarderOnAQueueDirExits1: the queue directory is locked; a
+// second forwarder on it stops at start, saying why, instead of
+// overwriting the first one's records.
+func TestSecondForwarderOnAQueueDirExits1(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "queue")
+	first, err := forward.OpenQueue(dir, slog.New(slog.DiscardHandler), nil, forward.QueueOptions{})
+	require.NoError(t, err)
+	defer first.Close()
+	var stderr bytes.Buffer
+	code := run([]string{
+		"--from=http://127.0.0.1:1", "--to=http://127.0.0.1:2", "--id=abc", "--match=up",
+		"--anonymize-salt-file=" + writeFile(t, "salt", "0123456789abcdef-salt\n"),
+		"--queue.dir=" + dir, "--listen=127.0.0.1:0",
+	}, &stderr)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr.String(), "queue directory is in use by another forwarder")
 }
