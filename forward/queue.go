@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -145,6 +146,9 @@ type Queue struct {
 	closed  bool
 	notify  chan struct{} // signalled (non-blocking) on Append
 	lock    *os.File      // holds the directory's flock until Close
+	// writeTo writes a record to a segment: (*os.File).Write, or a full
+	// disk in tests.
+	writeTo func(*os.File, []byte) (int, error)
 }
 
 type queueMetrics struct {
@@ -178,7 +182,7 @@ func OpenQueue(dir string, logger *slog.Logger, reg prometheus.Registerer, opts 
 	if err != nil {
 		return nil, err
 	}
-	q := &Queue{dir: dir, opts: opts, logger: logger, notify: make(chan struct{}, 1), lock: lock}
+	q := &Queue{dir: dir, opts: opts, logger: logger, notify: make(chan struct{}, 1), lock: lock, writeTo: (*os.File).Write}
 	f := promauto.With(reg)
 	q.m = &queueMetrics{
 		bytes: f.NewGauge(prometheus.GaugeOpts{
@@ -385,6 +389,17 @@ func (q *Queue) Append(payloads ...[]byte) error {
 		}
 	}
 	n, err := q.write(payloads)
+	for errors.Is(err, syscall.ENOSPC) && n < len(payloads) && len(q.segs) > 1 {
+		// The disk is full before the queue is: make room as a full queue
+		// does, by dropping the oldest segment's records, so that the
+		// newest data is kept rather than refused.
+		if err = q.dropOldestSegment(); err != nil {
+			break
+		}
+		var more int
+		more, err = q.write(payloads[n:])
+		n += more
+	}
 	if n > 0 {
 		q.updateGauges()
 		select {
@@ -439,7 +454,7 @@ func (q *Queue) write(payloads [][]byte) (int, error) {
 			h = q.segs[len(q.segs)-1]
 		}
 		buf = EncodeRecord(buf[:0], now, p)
-		if _, err := h.f.Write(buf); err != nil {
+		if _, err := q.writeTo(h.f, buf); err != nil {
 			// Leave the file consistent with what we know: cut the torn write.
 			_ = h.f.Truncate(h.size)
 			_, _ = h.f.Seek(h.size, io.SeekStart)
@@ -460,6 +475,21 @@ func (q *Queue) sync(dirty map[*segment]bool) error {
 		}
 	}
 	return nil
+}
+
+// dropOldestSegment drops the records of the oldest segment that is not
+// the head (reporting them to OnDrop) and deletes it, for a disk that is
+// full (ENOSPC) before MaxBytes is reached.
+func (q *Queue) dropOldestSegment() error {
+	oldest := q.segs[0].seq
+	for len(q.records) > 0 && q.records[0].seq == oldest {
+		q.dropOldest()
+	}
+	q.logger.Warn("disk full before the queue: dropping its oldest segment", "dir", q.dir, "queue_bytes", q.total)
+	if err := q.gc(); err != nil {
+		return err
+	}
+	return q.writeCursor()
 }
 
 // dropOldest removes the oldest record, reporting it to OnDrop.

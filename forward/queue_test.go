@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"syscall"
 	"testing"
 	"time"
 
@@ -253,4 +254,38 @@ func TestQueueDirectoryIsExclusive(t *testing.T) {
 	require.NoError(t, q1.Close())
 	q2 := openTestQueue(t, dir, QueueOptions{})
 	require.Equal(t, []string{"one"}, drain(t, q2), "the lock is released by Close")
+}
+
+// A disk that fills before MaxBytes does: the queue drops its oldest
+// segment and keeps the newest data, as a full queue does, rather than
+// refusing every new record while it keeps the old ones.
+func TestQueueFullDiskDropsOldest(t *testing.T) {
+	dir := t.TempDir()
+	var dropped []string
+	recSize := int64(recordHeaderSize + len("a-000"))
+	q := openTestQueue(t, dir, QueueOptions{
+		MaxBytes: 100 * recSize, SegmentBytes: 2 * recSize,
+		OnDrop: func(p []byte, _ Position) { dropped = append(dropped, string(p)) },
+	})
+	disk := 7 * recSize // room for 7 records
+	q.writeTo = func(f *os.File, b []byte) (int, error) {
+		if q.total+int64(len(b)) > disk {
+			return 0, &os.PathError{Op: "write", Path: f.Name(), Err: syscall.ENOSPC}
+		}
+		return f.Write(b)
+	}
+	in := payloads("a", 25)
+	for _, p := range in {
+		require.NoError(t, q.Append(p))
+	}
+	got := drain(t, q)
+	require.NotEmpty(t, got)
+	require.Equal(t, strs(in[len(in)-len(got):]), got, "the newest survive, in order")
+	require.Equal(t, strs(in[:len(in)-len(got)]), dropped, "the oldest are dropped (and reported), in order")
+
+	// With nothing left to drop, a full disk is an error.
+	q.writeTo = func(f *os.File, _ []byte) (int, error) {
+		return 0, &os.PathError{Op: "write", Path: f.Name(), Err: syscall.ENOSPC}
+	}
+	require.ErrorIs(t, q.Append([]byte("a-999")), syscall.ENOSPC)
 }
