@@ -47,7 +47,27 @@ func (ss *sessions) refuse(l *limits.Limiter, id auth.Identity, ts *prompb.TimeS
 			cluster = ""
 		}
 	}
-	ss.get(l, id.Tenant, cluster).Refuse(reason, samples, func() string { return formatLabels(ts.Labels) })
+	ss.get(l, id.Tenant, cluster).Refuse(reason, samples, func() string { return formatExample(ts.Labels, id.ClusterID) })
+}
+
+// redactedID stands in the status page's example for an _id that is not the
+// credential's cluster: it may be a raw cluster id (a UUID), which the
+// receiver keeps nowhere, or another cluster's.
+const redactedID = "<another cluster's _id, not shown>"
+
+// formatExample is formatLabels for a refusal's example, with an _id other
+// than cluster's (when the credential has one) redacted.
+func formatExample(ls []prompb.Label, cluster string) string {
+	if v := clusterOf(ls); cluster == "" || v == "" || v == cluster {
+		return formatLabels(ls)
+	}
+	out := slices.Clone(ls)
+	for i := range out {
+		if out[i].Name == clusterLabel {
+			out[i].Value = redactedID
+		}
+	}
+	return formatLabels(out)
 }
 
 // done publishes every Session of the request, with its protocol and client.

@@ -120,3 +120,20 @@ func TestValidateRewritesTheRawIDBeforeRefusing(t *testing.T) {
 		})
 	}
 }
+
+// A series refused for naming another _id than its credential's keeps its
+// labels as the status page's example, but not that _id: it may be a raw
+// cluster id (an upload that skipped the pseudonym) or another cluster's.
+func TestRefusalExampleRedactsAnotherClustersID(t *testing.T) {
+	lim := newLimiter(nil)
+	lim.TrackClusters(Reasons())
+	h := NewHandler(discard(), nil, discardWriter{}, lim, Options{})
+	id := &auth.Identity{Tenant: "acme", ClusterID: "c1"}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(encode(t, series("up", "_id", "0f2c6b3e-raw-uuid")), id))
+	require.Equal(t, http.StatusBadRequest, rec.Code)
+	recent := lim.RecentRefusals("acme", "c1")
+	require.Len(t, recent, 1)
+	require.Equal(t, reasonClusterMismatch, recent[0].Reason)
+	require.Equal(t, `{__name__="up", _id="`+redactedID+`"}`, recent[0].Example)
+}
