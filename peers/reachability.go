@@ -43,7 +43,7 @@ func (r *reachability) check(now time.Time) error {
 	if r.since.IsZero() || !now.Before(r.until) {
 		return nil
 	}
-	return fmt.Errorf("%w (since %s: %v)", errUnreachable, r.since.UTC().Format(time.RFC3339), r.err)
+	return fmt.Errorf("%w (since %s: %w)", errUnreachable, r.since.UTC().Format(time.RFC3339), r.err)
 }
 
 // mark records a failure to connect at now, which marks the peer for d,

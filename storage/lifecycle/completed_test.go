@@ -34,7 +34,7 @@ type completingBucket struct {
 func (b *completingBucket) Iter(ctx context.Context, dir string, f func(string) error, opts ...objstore.IterOption) error {
 	if dir == b.id.String() {
 		if b.n--; b.n == 0 {
-			if err := b.Bucket.Upload(ctx, path.Join(dir, MetaFile), bytes.NewReader(b.meta)); err != nil {
+			if err := b.Upload(ctx, path.Join(dir, MetaFile), bytes.NewReader(b.meta)); err != nil {
 				return err
 			}
 		}
