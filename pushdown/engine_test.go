@@ -50,6 +50,10 @@ var queries = []string{
 	`count(csv_succeeded * on (name) group_left () count by (name) (cluster_version))`,
 	`count by (_id) (label_join(csv_succeeded, "_id", "-", "_id", "version"))`,
 	`max(max_over_time(csv_succeeded[10m:1m]))`,
+	// Ties (every cluster at 0 at 0m) are broken by input order: the
+	// merged fleet's, label order.
+	`topk(2, sum by (_id) (req_bucket))`,
+	`bottomk(2, sum by (_id) (req_bucket))`,
 }
 
 const minute = int64(time.Minute / time.Millisecond)

@@ -42,10 +42,11 @@ func (q *syntheticQuerier) Select(ctx context.Context, sortSeries bool, hints *p
 			continue
 		}
 		if series, ok := q.s.parts[m.Value]; ok {
-			if sortSeries {
-				series = slices.Clone(series)
-				slices.SortFunc(series, func(a, b promstorage.Series) int { return labels.Compare(a.Labels(), b.Labels()) })
-			}
+			// Sorted even when not asked: the engine breaks ties (topk,
+			// bottomk) by input order, and the merged fleet, a merge
+			// querier, yields its series in label order.
+			series = slices.Clone(series)
+			slices.SortFunc(series, func(a, b promstorage.Series) int { return labels.Compare(a.Labels(), b.Labels()) })
 			return &listSet{series: series, i: -1}
 		}
 	}
