@@ -19,7 +19,9 @@ type Config struct {
 	SyncInterval model.Duration `yaml:"sync_interval"`
 	// CacheMaxBytes is the disk budget of downloaded blocks. The least
 	// recently used blocks are evicted beyond it; blocks in use by a query
-	// are not, so the cache may exceed it while such queries run.
+	// are not, and while they fill it no other block is downloaded (its
+	// data is missing from the answer, with a warning), so the cache
+	// exceeds it by the downloads under way at most.
 	CacheMaxBytes units.Base2Bytes `yaml:"cache_max_bytes"`
 	// DownloadTimeout bounds fetching one block.
 	DownloadTimeout model.Duration `yaml:"download_timeout"`

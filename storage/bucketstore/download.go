@@ -54,6 +54,11 @@ func (s *Store) acquire(ctx context.Context, id ulid.ULID) (*entry, error) {
 		}
 		d := s.downloads[id]
 		if d == nil {
+			if pinned := s.pinnedLocked(); pinned >= s.opts.CacheMaxBytes {
+				s.mu.Unlock()
+				s.m.downloads.WithLabelValues("cache_full").Inc()
+				return nil, fmt.Errorf("%w: %d bytes of blocks are in use by running queries", errCacheFull, pinned)
+			}
 			d = s.startDownloadLocked(id)
 		}
 		joined := !d.abandoned
@@ -93,6 +98,24 @@ func (s *Store) await(ctx context.Context, d *download) (*entry, error) {
 		d.cancel()
 	}
 	return nil, waitErr(ctx)
+}
+
+// errCacheFull refuses to download a block while the blocks in use by
+// running queries fill the cache's budget: one query over a long range must
+// not fill the disk the WAL and the head share. The block's data is missing
+// from the answer, with a warning.
+var errCacheFull = errors.New("not downloaded: the block cache (bucket_store.cache_max_bytes) is full of blocks in use by running queries; narrow the time range or raise the budget")
+
+// pinnedLocked is the size of the cached blocks in use by queries, which
+// eviction cannot free.
+func (s *Store) pinnedLocked() int64 {
+	var n int64
+	for _, e := range s.cache {
+		if e.refs > 0 {
+			n += e.size
+		}
+	}
+	return n
 }
 
 func waitErr(ctx context.Context) error {

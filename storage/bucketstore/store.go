@@ -531,7 +531,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "phonehome_bucketstore_cache_hits_total", Help: "Block reads served from the local cache.",
 		}),
 		downloads: f.NewCounterVec(prometheus.CounterOpts{
-			Name: "phonehome_bucketstore_downloads_total", Help: "Block downloads by result; cancelled: no query waited for it any more.",
+			Name: "phonehome_bucketstore_downloads_total", Help: "Block downloads by result; cancelled: no query waited for it any more; cache_full: not started, the blocks in use by queries fill cache_max_bytes.",
 		}, []string{"result"}),
 		downloadBytes: f.NewCounter(prometheus.CounterOpts{
 			Name: "phonehome_bucketstore_download_bytes_total", Help: "Bytes downloaded from the bucket.",
@@ -550,7 +550,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range []string{"success", "error"} {
 		m.syncs.WithLabelValues(r)
 	}
-	for _, r := range []string{"success", "error", "cancelled"} {
+	for _, r := range []string{"success", "error", "cancelled", "cache_full"} {
 		m.downloads.WithLabelValues(r)
 	}
 	return m

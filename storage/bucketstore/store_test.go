@@ -223,3 +223,53 @@ func TestReaderWarnsUntilTheBucketIsListed(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, readAll(t, q), 1, "listed: the block is read, without a warning")
 }
+
+// Blocks in use by running queries cannot be evicted; once they fill the
+// budget, no other block is downloaded (its data is missing, with an
+// error the merge turns into a warning) until they are released: one
+// query over a long range cannot fill the disk.
+func TestCacheFullOfBlocksInUseRefusesDownloads(t *testing.T) {
+	bucketDir := t.TempDir()
+	now := time.Now().Add(-time.Minute).UnixMilli()
+	for i := range 2 {
+		replica(t, bucketDir, fmt.Sprintf("r%d", i), func(db *storage.DB) {
+			_, err := db.Write(context.Background(), fmt.Sprintf("t%d", i), []prompb.TimeSeries{series("c", []int64{now}, func(int64) float64 { return 1 })})
+			require.NoError(t, err)
+		})
+	}
+	bkt, err := filesystem.NewBucket(bucketDir)
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	store, err := bucketstore.New(discard, reg, bkt, filepath.Join(t.TempDir(), "cache"), bucketstore.Options{CacheMaxBytes: 1})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, store.Close()) }()
+	require.NoError(t, store.Sync(context.Background()))
+	ctx := context.Background()
+
+	inUse := store.Queriers("t0", math.MinInt64, math.MaxInt64, nil)
+	require.Len(t, inUse, 1)
+	_, _, err = inUse[0].LabelNames(ctx, nil) // downloaded, and held
+	require.NoError(t, err)
+
+	other := store.Queriers("t1", math.MinInt64, math.MaxInt64, nil)
+	require.Len(t, other, 1)
+	_, _, err = other[0].LabelNames(ctx, nil)
+	require.ErrorContains(t, err, "block cache (bucket_store.cache_max_bytes) is full")
+	require.NoError(t, other[0].Close())
+	require.Equal(t, 1.0, testutil.ToFloat64(store.CacheBlocksGauge()))
+
+	require.NoError(t, inUse[0].Close())
+	other = store.Queriers("t1", math.MinInt64, math.MaxInt64, nil)
+	require.Len(t, readAll(t, other[0]), 1, "downloaded once the other block is released")
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	refused := -1.0
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if mf.GetName() == "phonehome_bucketstore_downloads_total" && m.GetLabel()[0].GetValue() == "cache_full" {
+				refused = m.GetCounter().GetValue()
+			}
+		}
+	}
+	require.Equal(t, 1.0, refused, "the refusal is counted")
+}
