@@ -45,8 +45,13 @@ type PollerOptions struct {
 	Interval    time.Duration // between polls (default 2h)
 	// Jitter spreads polls: each wait is Interval ± Jitter×Interval. 0
 	// (unset) and values >= 1 mean 0.1; a negative value turns it off.
-	Jitter  float64
-	Timeout time.Duration // one poll (default 30s)
+	Jitter float64
+	// RetryMin is the wait after a failed poll (default 1m), doubled per
+	// consecutive failure, with equal jitter, up to Interval: a forwarder
+	// that starts while the receiver is unreachable gets its definition
+	// within minutes, not an Interval later.
+	RetryMin time.Duration
+	Timeout  time.Duration // one poll (default 30s)
 	// CacheFile keeps the last good definition across restarts ("" disables).
 	CacheFile        string
 	UserAgent        string
@@ -89,6 +94,9 @@ func NewPoller(logger *slog.Logger, reg prometheus.Registerer, opts PollerOption
 	}
 	if opts.Timeout <= 0 {
 		opts.Timeout = 30 * time.Second
+	}
+	if opts.RetryMin <= 0 {
+		opts.RetryMin = time.Minute
 	}
 	f := promauto.With(reg)
 	p := &Poller{
@@ -352,14 +360,18 @@ func (p *Poller) writeCache(etag string, body []byte) error {
 	return writeFileAtomic(p.opts.CacheFile, b)
 }
 
-// Run polls at once, then every Interval ± Jitter, until ctx ends.
+// Run polls at once, then every Interval ± Jitter, until ctx ends; after a
+// failed poll sooner (wait).
 func (p *Poller) Run(ctx context.Context) error {
+	failures := 0
 	for {
-		if err := p.Poll(ctx); err != nil && ctx.Err() == nil {
-			p.logger.Debug("gathering poll failed", "err", err)
+		failures++
+		if err := p.Poll(ctx); err == nil {
+			failures = 0
+		} else if ctx.Err() == nil {
+			p.logger.Debug("gathering poll failed", "err", err, "consecutive_failures", failures)
 		}
-		d := time.Duration(float64(p.opts.Interval) * (1 + max(p.opts.Jitter, 0)*(2*rand.Float64()-1)))
-		t := time.NewTimer(d)
+		t := time.NewTimer(p.wait(failures))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -367,4 +379,21 @@ func (p *Poller) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// wait is the time to the next poll after consecutive failed polls:
+// Interval ± Jitter after a success; else RetryMin·2ⁿ with equal jitter
+// (a random half to all of it, so a fleet that failed together does not
+// retry together), until that reaches Interval.
+func (p *Poller) wait(failures int) time.Duration {
+	if failures > 0 {
+		d := p.opts.RetryMin
+		for i := 1; i < failures && d < p.opts.Interval; i++ {
+			d *= 2
+		}
+		if d < p.opts.Interval {
+			return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+		}
+	}
+	return time.Duration(float64(p.opts.Interval) * (1 + max(p.opts.Jitter, 0)*(2*rand.Float64()-1)))
 }

@@ -45,6 +45,7 @@ func (g *Gateway) Erase(tenant string, ms []*labels.Matcher) (int, error) {
 	// (the cluster's _id among them) until the next flush: drop them now.
 	st.evict = nil
 	st.fresh = slices.DeleteFunc(st.fresh, func(f freshSeries) bool { return !st.isFresh(f) })
+	g.reinternLocked() // nor may the symbol table keep them
 	if g.broken == nil {
 		err := g.log.compact(g.state, g.seq)
 		if err == nil {

@@ -87,6 +87,9 @@ type Gateway struct {
 	pending   []*record
 	pendingBy map[string]*pendingState
 	group     *commitGroup
+	// dropped counts the series dropped from the state since the labels
+	// were last moved into a new symbol table (reinternLocked).
+	dropped int
 }
 
 // Open recovers the durable state from dir (created if missing) and returns
@@ -214,6 +217,7 @@ func (g *Gateway) settleLocked(grp *commitGroup, upto uint64, size int64, err er
 		}
 		if ev := ts.apply(rec); ev > 0 {
 			g.metrics.evicted.WithLabelValues(rec.Tenant).Add(float64(ev))
+			g.dropped += ev // the table is renewed at the next flush (compactAndCopy)
 		}
 		n++
 	}
@@ -401,6 +405,7 @@ func (g *Gateway) compactAndCopy(ts int64) (map[string][]prompb.TimeSeries, uint
 		}
 	}
 	g.metrics.expiredSeries.Add(float64(expired))
+	g.noteDroppedLocked(expired) // and those evicted since the last flush
 	var err error
 	// Expiry changes the state without a log record: snapshot it too, or
 	// a restart would bring the expired series back until the next flush.

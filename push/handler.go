@@ -92,19 +92,25 @@ func (g *Gateway) handle(r *http.Request) (int, error) {
 		rj.retryAfter = max(wait, time.Second)
 		return 0, rj
 	}
-	grouping, err := parsePath(r.URL.EscapedPath())
-	if err != nil {
-		return 0, err
-	}
-	fams, err := g.decode(r)
-	if err != nil {
-		return 0, err
-	}
-	rec, err := g.buildRecord(id, grouping, fams)
+	rec, err := g.parse(r, id)
 	if err != nil {
 		return 0, err
 	}
 	return len(rec.Samples), g.accept(rec)
+}
+
+// parse turns a push request into the record it would add; it touches no
+// state (FuzzPushRequest).
+func (g *Gateway) parse(r *http.Request, id auth.Identity) (*record, error) {
+	grouping, err := parsePath(r.URL.EscapedPath())
+	if err != nil {
+		return nil, err
+	}
+	fams, err := g.decode(r)
+	if err != nil {
+		return nil, err
+	}
+	return g.buildRecord(id, grouping, fams)
 }
 
 // parsePath returns the grouping labels of a Pushgateway path:

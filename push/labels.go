@@ -17,11 +17,48 @@ import (
 // one per process and keeps every series it has accepted, so one table that
 // only grows is its size. Only what the state keeps is interned: a push
 // builds its labels in a table of its own (buildRecord), so a refused push
-// adds nothing here. Used under the Gateway's mutex, or by openState before
-// the Gateway exists: a table must not grow under a concurrent build
-// (Prometheus' ScratchBuilder.Labels reads it unlocked). Other builds ignore
-// the table.
+// adds nothing here. A table never forgets a string, so the strings of
+// series the state drops (evicted, expired, erased) would stay for good:
+// a token holder pushing junk label values once per flush, each evicted
+// for the next, would grow it without bound. The Gateway moves what it
+// holds into a new table once it has dropped as many series as it holds
+// (reinternLocked), and at every erasure. Used under the Gateway's mutex,
+// or by openState before the Gateway exists: a table must not grow under a
+// concurrent build (Prometheus' ScratchBuilder.Labels reads it unlocked).
+// Other builds ignore the table.
 var symbols = labels.NewSymbolTable()
+
+// minDroppedForReintern spares a small state a new table at every flush.
+const minDroppedForReintern = 64
+
+// reinternLocked moves the labels of every series held into a new table,
+// leaving the strings of the dropped ones to the garbage collector with the
+// old table. Labels built in the old one stay valid (they point to it), and
+// series keys do not depend on the table. Called with mu held and no
+// record pending (their evictions name series by the old table's labels;
+// harmless, but nothing should hold it longer than needed).
+func (g *Gateway) reinternLocked() {
+	symbols = labels.NewSymbolTable()
+	for _, ts := range g.state {
+		for _, it := range ts.Series {
+			it.Labels = intern(it.Labels)
+		}
+	}
+	g.dropped = 0
+}
+
+// noteDroppedLocked counts series dropped from the state and renews the
+// table once they are as many as those held. Called as reinternLocked.
+func (g *Gateway) noteDroppedLocked(n int) {
+	g.dropped += n
+	held := 0
+	for _, ts := range g.state {
+		held += len(ts.Series)
+	}
+	if g.dropped >= max(held, minDroppedForReintern) {
+		g.reinternLocked()
+	}
+}
 
 func newLabelsBuilder(n int) labels.ScratchBuilder {
 	return labels.NewScratchBuilderWithSymbolTable(symbols, n)
