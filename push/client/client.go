@@ -277,13 +277,15 @@ func (c *Client) encode() ([]byte, error) {
 }
 
 // url is the Pushgateway-style path: /metrics/job/<job>{/<label>/<value>},
-// base64url-encoding values that are empty or contain a slash.
+// base64url-encoding values that are empty or contain a slash, and "." and
+// "..", which a server's path cleaning would remove (Go's ServeMux answers a
+// redirect, which turns the push into a GET).
 func (c *Client) url() string {
 	var b strings.Builder
 	b.WriteString(strings.TrimSuffix(c.opts.URL, "/"))
 	b.WriteString("/metrics")
 	seg := func(name, value string) {
-		if value == "" || strings.Contains(value, "/") {
+		if value == "" || value == "." || value == ".." || strings.Contains(value, "/") {
 			b.WriteString("/" + name + "@base64/")
 			if value == "" {
 				b.WriteString("=")

@@ -68,6 +68,10 @@ func TestPushSendsCountersWithLabels(t *testing.T) {
 	require.Equal(t, 1, rc.requests)
 	require.Equal(t, "Bearer tok", rc.auth)
 	require.Equal(t, "/metrics/job/installer/source@base64/Y2kvbmlnaHRseQ/z/1", rc.path)
+	for value, want := range map[string]string{".": "/metrics/job/installer/v@base64/Lg", "..": "/metrics/job/installer/v@base64/Li4", "": "/metrics/job/installer/v@base64/="} {
+		c := New(Options{URL: "http://x", Grouping: map[string]string{"v": value}, Getenv: noEnv})
+		require.Equal(t, "http://x"+want, c.url(), "%q: a path segment no server cleans away", value)
+	}
 	require.Len(t, rc.fams, 2)
 	inv := rc.fams[0]
 	require.Equal(t, "cluster_installation_invocation", inv.GetName())
