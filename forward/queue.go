@@ -625,7 +625,8 @@ func (q *Queue) oldestAge() float64 {
 	if len(q.records) == 0 {
 		return 0
 	}
-	return q.opts.Now().Sub(q.records[0].t).Seconds()
+	// Not below 0: the wall clock may have moved back since it was queued.
+	return max(0, q.opts.Now().Sub(q.records[0].t).Seconds())
 }
 
 func (q *Queue) updateGauges() {

@@ -183,11 +183,13 @@ func (q *query) newInner(ctx context.Context, data promstorage.Queryable, expr s
 }
 
 func (q *query) Exec(ctx context.Context) *promql.Result {
-	ctx, cancel := context.WithCancel(ctx)
-	if t := q.e.opts.Timeout; t > 0 {
-		ctx, cancel = context.WithTimeout(ctx, t)
-	}
+	ctx, cancel := context.WithCancel(ctx) // Cancel's: it ends the timeout's too
 	defer cancel()
+	if t := q.e.opts.Timeout; t > 0 {
+		var stop context.CancelFunc
+		ctx, stop = context.WithTimeout(ctx, t)
+		defer stop()
+	}
 	q.mu.Lock()
 	q.cancel = cancel
 	q.mu.Unlock()
