@@ -227,11 +227,12 @@ func (a *seriesAppender) appendFloat(s prompb.Sample) error {
 }
 
 func (a *seriesAppender) appendHistogram(h prompb.Histogram) error {
+	ih, fh, err := toHistograms(h)
+	if err != nil {
+		return err
+	}
 	return a.append(func(ref promstorage.SeriesRef, ls labels.Labels) (promstorage.SeriesRef, error) {
-		if h.IsFloatHistogram() {
-			return a.app.AppendHistogram(ref, ls, h.Timestamp, nil, h.ToFloatHistogram())
-		}
-		return a.app.AppendHistogram(ref, ls, h.Timestamp, h.ToIntHistogram(), nil)
+		return a.app.AppendHistogram(ref, ls, h.Timestamp, ih, fh)
 	})
 }
 
