@@ -33,6 +33,10 @@ func (b *bucket) sync(now time.Time, cfg *resolved, r float64, burst int) {
 	}
 }
 
+// maxRetryAfter caps a Retry-After in seconds (68 years): a wait for a very
+// low rate could otherwise overflow time.Duration and turn into 1s.
+const maxRetryAfter = math.MaxInt32
+
 // AllowSamples takes n samples from the token buckets of cluster and of
 // tenant. Each bucket holds up to its burst, starts full and refills at its
 // samples_per_second; a rate of 0 disables that bucket. An empty cluster
@@ -127,7 +131,7 @@ func (l *Limiter) samples(tenant, cluster string, n int, take bool) (retryAfter 
 		return 0, l.reject(LimitBurstPerTenant, float64(lim.BurstPerTenant))
 	}
 	var (
-		wait  time.Duration
+		wait  float64 // seconds: as a Duration, a low rate's wait overflows
 		limit string
 		value float64
 	)
@@ -137,7 +141,7 @@ func (l *Limiter) samples(tenant, cluster string, n int, take bool) (retryAfter 
 		}
 		need := float64(min(max(n, 1), burst))
 		if have := b.TokensAt(now); have < need {
-			if d := time.Duration((need - have) / r * float64(time.Second)); limit == "" || d > wait {
+			if d := (need - have) / r; limit == "" || d > wait {
 				wait, limit, value = d, name, r
 			}
 		}
@@ -152,8 +156,8 @@ func (l *Limiter) samples(tenant, cluster string, n int, take bool) (retryAfter 
 		if take && cbk != nil && cb.TokensAt(now) < float64(n) {
 			cbk.owed = n // n <= burst, checked above
 		}
-		secs := math.Ceil(wait.Seconds())
-		return time.Duration(max(secs, 1)) * time.Second, l.reject(limit, value)
+		secs := min(max(math.Ceil(wait), 1), maxRetryAfter)
+		return time.Duration(secs) * time.Second, l.reject(limit, value)
 	}
 	if !take {
 		return 0, nil
