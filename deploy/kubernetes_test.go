@@ -26,6 +26,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8slabels "k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -365,6 +366,42 @@ func TestDevAndProductionShape(t *testing.T) {
 		if role, ok := o.(*rbacv1.Role); ok {
 			require.Equal(t, "openshift-monitoring", role.Namespace)
 			require.Equal(t, []string{"prometheuses/api"}, role.Rules[0].Resources)
+		}
+	}
+}
+
+// TestServiceMonitorScrapesEachReplicaOnce: the ServiceMonitor selects one
+// Service, the headless one whose name is the job the alerts select on. Both
+// Services carry app.kubernetes.io/name; selecting by it alone scrapes every
+// replica twice, under two jobs.
+func TestServiceMonitorScrapesEachReplicaOnce(t *testing.T) {
+	r := build(t, filepath.Join(kubeDir, "overlays/production"))
+	var monitors []*serviceMonitor
+	var services []*corev1.Service
+	for _, o := range r.objs {
+		switch o := o.(type) {
+		case *serviceMonitor:
+			monitors = append(monitors, o)
+		case *corev1.Service:
+			services = append(services, o)
+		}
+	}
+	require.Len(t, monitors, 1)
+	sel, err := metav1.LabelSelectorAsSelector(&monitors[0].Spec.Selector)
+	require.NoError(t, err)
+	var selected []string
+	for _, s := range services {
+		if sel.Matches(k8slabels.Set(s.Labels)) {
+			selected = append(selected, s.Name)
+		}
+	}
+	require.Equal(t, []string{"phonehome-receiver-headless"}, selected)
+	alerts := readPrometheusRule(t, filepath.Join(kubeDir, "monitoring/receiver-alerts.yaml"))
+	for _, g := range alerts.Spec.Groups {
+		for _, rule := range g.Rules {
+			if strings.Contains(rule.Expr, "job=") {
+				require.Contains(t, rule.Expr, `job="phonehome-receiver-headless"`, rule.Alert)
+			}
 		}
 	}
 }
