@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -404,6 +406,64 @@ func TestServiceMonitorScrapesEachReplicaOnce(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestProbesAndPortsServed: every probe of our containers asks for a path the
+// binary serves, on a declared port that is the one the binary listens on.
+func TestProbesAndPortsServed(t *testing.T) {
+	served := map[string][]string{
+		"receiver":  {"/-/healthy", "/-/ready", "/healthz", "/healthz/ready"},
+		"forwarder": {"/healthz", "/readyz", "/healthz/ready"},
+	}
+	listenFlags := map[string][]string{
+		"receiver":  {"--web.listen-address="},
+		"forwarder": {"--listen=", "--web.listen-address="},
+	}
+	defaultPort := map[string]int32{"receiver": 9291, "forwarder": 9002}
+	probes := 0
+	for _, k := range kustomizations(t) {
+		if k.component {
+			continue
+		}
+		for name, pt := range build(t, k.dir).podTemplates() {
+			for _, c := range pt.Spec.Containers {
+				if len(c.Command) == 0 || !strings.HasPrefix(c.Command[0], "/usr/local/bin/") {
+					continue
+				}
+				binary := filepath.Base(c.Command[0])
+				where := fmt.Sprintf("%s: %s container %s", k.dir, name, c.Name)
+				port := defaultPort[binary]
+				for _, a := range c.Args {
+					for _, f := range listenFlags[binary] {
+						if v, ok := strings.CutPrefix(a, f); ok {
+							_, p, err := net.SplitHostPort(v)
+							require.NoError(t, err, where)
+							n, err := strconv.Atoi(p)
+							require.NoError(t, err, where)
+							port = int32(n)
+						}
+					}
+				}
+				for _, pr := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe, c.StartupProbe} {
+					if pr == nil {
+						continue
+					}
+					require.NotNil(t, pr.HTTPGet, where)
+					require.Contains(t, served[binary], pr.HTTPGet.Path, where)
+					p := pr.HTTPGet.Port
+					if p.StrVal != "" {
+						idx := slices.IndexFunc(c.Ports, func(cp corev1.ContainerPort) bool { return cp.Name == p.StrVal })
+						require.GreaterOrEqual(t, idx, 0, "%s: probe port %q is not declared", where, p.StrVal)
+						require.Equal(t, port, c.Ports[idx].ContainerPort, "%s: port %q is not where %s listens", where, p.StrVal, binary)
+					} else {
+						require.Equal(t, port, p.IntVal, where)
+					}
+					probes++
+				}
+			}
+		}
+	}
+	require.GreaterOrEqual(t, probes, 6)
 }
 
 // TestSecurityContexts: every container of every built workload runs as
