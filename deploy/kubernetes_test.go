@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -26,6 +28,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8slabels "k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -367,6 +370,100 @@ func TestDevAndProductionShape(t *testing.T) {
 			require.Equal(t, []string{"prometheuses/api"}, role.Rules[0].Resources)
 		}
 	}
+}
+
+// TestServiceMonitorScrapesEachReplicaOnce: the ServiceMonitor selects one
+// Service, the headless one whose name is the job the alerts select on. Both
+// Services carry app.kubernetes.io/name; selecting by it alone scrapes every
+// replica twice, under two jobs.
+func TestServiceMonitorScrapesEachReplicaOnce(t *testing.T) {
+	r := build(t, filepath.Join(kubeDir, "overlays/production"))
+	var monitors []*serviceMonitor
+	var services []*corev1.Service
+	for _, o := range r.objs {
+		switch o := o.(type) {
+		case *serviceMonitor:
+			monitors = append(monitors, o)
+		case *corev1.Service:
+			services = append(services, o)
+		}
+	}
+	require.Len(t, monitors, 1)
+	sel, err := metav1.LabelSelectorAsSelector(&monitors[0].Spec.Selector)
+	require.NoError(t, err)
+	var selected []string
+	for _, s := range services {
+		if sel.Matches(k8slabels.Set(s.Labels)) {
+			selected = append(selected, s.Name)
+		}
+	}
+	require.Equal(t, []string{"phonehome-receiver-headless"}, selected)
+	alerts := readPrometheusRule(t, filepath.Join(kubeDir, "monitoring/receiver-alerts.yaml"))
+	for _, g := range alerts.Spec.Groups {
+		for _, rule := range g.Rules {
+			if strings.Contains(rule.Expr, "job=") {
+				require.Contains(t, rule.Expr, `job="phonehome-receiver-headless"`, rule.Alert)
+			}
+		}
+	}
+}
+
+// TestProbesAndPortsServed: every probe of our containers asks for a path the
+// binary serves, on a declared port that is the one the binary listens on.
+func TestProbesAndPortsServed(t *testing.T) {
+	served := map[string][]string{
+		"receiver":  {"/-/healthy", "/-/ready", "/healthz", "/healthz/ready"},
+		"forwarder": {"/healthz", "/readyz", "/healthz/ready"},
+	}
+	listenFlags := map[string][]string{
+		"receiver":  {"--web.listen-address="},
+		"forwarder": {"--listen=", "--web.listen-address="},
+	}
+	defaultPort := map[string]int32{"receiver": 9291, "forwarder": 9002}
+	probes := 0
+	for _, k := range kustomizations(t) {
+		if k.component {
+			continue
+		}
+		for name, pt := range build(t, k.dir).podTemplates() {
+			for _, c := range pt.Spec.Containers {
+				if len(c.Command) == 0 || !strings.HasPrefix(c.Command[0], "/usr/local/bin/") {
+					continue
+				}
+				binary := filepath.Base(c.Command[0])
+				where := fmt.Sprintf("%s: %s container %s", k.dir, name, c.Name)
+				port := defaultPort[binary]
+				for _, a := range c.Args {
+					for _, f := range listenFlags[binary] {
+						if v, ok := strings.CutPrefix(a, f); ok {
+							_, p, err := net.SplitHostPort(v)
+							require.NoError(t, err, where)
+							n, err := strconv.Atoi(p)
+							require.NoError(t, err, where)
+							port = int32(n)
+						}
+					}
+				}
+				for _, pr := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe, c.StartupProbe} {
+					if pr == nil {
+						continue
+					}
+					require.NotNil(t, pr.HTTPGet, where)
+					require.Contains(t, served[binary], pr.HTTPGet.Path, where)
+					p := pr.HTTPGet.Port
+					if p.StrVal != "" {
+						idx := slices.IndexFunc(c.Ports, func(cp corev1.ContainerPort) bool { return cp.Name == p.StrVal })
+						require.GreaterOrEqual(t, idx, 0, "%s: probe port %q is not declared", where, p.StrVal)
+						require.Equal(t, port, c.Ports[idx].ContainerPort, "%s: port %q is not where %s listens", where, p.StrVal, binary)
+					} else {
+						require.Equal(t, port, p.IntVal, where)
+					}
+					probes++
+				}
+			}
+		}
+	}
+	require.GreaterOrEqual(t, probes, 6)
 }
 
 // TestSecurityContexts: every container of every built workload runs as

@@ -223,6 +223,18 @@ func (c *Config) validatePolicy() error {
 			errs = append(errs, fmt.Errorf("storage.bucket.s3.secret_key_file: %w", err))
 		}
 	}
+	if f := c.Upstream.BearerTokenFile; c.Upstream.URL != "" && f != "" {
+		if _, err := os.Stat(f); err != nil {
+			errs = append(errs, fmt.Errorf("upstream.bearer_token_file: %w", err))
+		}
+	}
+	for i, am := range c.Rules.Alertmanagers {
+		if am.BearerTokenFile != "" {
+			if _, err := os.Stat(am.BearerTokenFile); err != nil {
+				errs = append(errs, fmt.Errorf("rules.alertmanagers[%d].bearer_token_file: %w", i, err))
+			}
+		}
+	}
 	for i, n := range c.ElideLabels {
 		switch {
 		case !model.LegacyValidation.IsValidLabelName(n):

@@ -68,6 +68,18 @@ func TestLoadConfigNamesEveryProblem(t *testing.T) {
 		require.ErrorContains(t, err, want)
 	}
 
+	// Files the config names exist (--check-config), relative to the config.
+	body := "upstream:\n  url: http://up:9/api/v1/write\n  bearer_token_file: up-token\nrules:\n  files: [rules.yaml]\n  alertmanagers:\n  - url: http://am:9093\n    bearer_token_file: am-token\n"
+	_, err = LoadConfig(writeConfig(t, body))
+	require.ErrorContains(t, err, "upstream.bearer_token_file: stat ")
+	require.ErrorContains(t, err, "rules.alertmanagers[0].bearer_token_file: stat ")
+	p := writeConfig(t, body)
+	for _, f := range []string{"up-token", "am-token", "rules.yaml"} {
+		require.NoError(t, os.WriteFile(filepath.Join(filepath.Dir(p), f), []byte("t\n"), 0o600))
+	}
+	_, err = LoadConfig(p)
+	require.NoError(t, err)
+
 	_, err = LoadConfig(filepath.Join(t.TempDir(), "missing.yaml"))
 	require.ErrorContains(t, err, "read config")
 }
