@@ -32,6 +32,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/version"
 
 	"github.com/phonehome/phonehome/allowlist"
 	"github.com/phonehome/phonehome/forward"
@@ -40,10 +41,24 @@ import (
 	"github.com/phonehome/phonehome/webtls"
 )
 
-// forwarderVersion is checked against a gathering definition's min_forwarder_version.
-const forwarderVersion = "0.1.0"
+// forwarderVersion is this build's version, which the image's VERSION build
+// argument sets (prometheus/common's version.Version, as for the receiver):
+// sent in the User-Agent (the status page lists the fleet's versions) and
+// checked against a gathering definition's min_forwarder_version. A build
+// without one (go build, VERSION=dev) is baseVersion.
+var forwarderVersion = buildVersion(version.Version)
 
-const userAgent = "phonehome-forwarder/" + forwarderVersion
+// baseVersion is the version of a build that names none.
+const baseVersion = "0.1.0"
+
+var userAgent = "phonehome-forwarder/" + forwarderVersion
+
+func buildVersion(v string) string {
+	if v == "" || v == "dev" {
+		return baseVersion
+	}
+	return strings.TrimPrefix(v, "v")
+}
 
 func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
 
@@ -81,22 +96,22 @@ type flags struct {
 	interval                         time.Duration
 	saltFile                         string
 	// telemeter-client's flags without a counterpart of ours.
-	fromToken, toToken, salt         string // inline secrets
-	toUpload, toAuth                 string
-	limitBytes                       int64
-	tlsCertFile, tlsKeyFile          string
-	toCertFile, toKeyFile, webConfig string
-	verbose                          bool
-	protocol                         string
-	listen, configFile, gatheringURL string
-	queueDir                         string
-	queueMaxBytes                    units.Base2Bytes
-	logLevel, logFormat              string
-	authorize                        string
-	rwVersion                        string
-	checkConfig, disabled            bool
-	webEnableLifecycle               bool
-	set                              map[string]bool // flags given explicitly
+	fromToken, toToken, salt           string // inline secrets
+	toUpload, toAuth                   string
+	limitBytes                         int64
+	tlsCertFile, tlsKeyFile            string
+	toCertFile, toKeyFile, webConfig   string
+	verbose                            bool
+	protocol                           string
+	listen, configFile, gatheringURL   string
+	queueDir                           string
+	queueMaxBytes                      units.Base2Bytes
+	logLevel, logFormat                string
+	authorize                          string
+	rwVersion                          string
+	checkConfig, disabled, showVersion bool
+	webEnableLifecycle                 bool
+	set                                map[string]bool // flags given explicitly
 }
 
 func parseFlags(args []string, stderr io.Writer) (*flags, error) {
@@ -144,6 +159,7 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	fs.BoolVar(&f.verbose, "verbose", false, "Alias of -v.")
 	fs.StringVar(&f.logFormat, "log.format", "json", "json or logfmt.")
 	fs.BoolVar(&f.checkConfig, "check-config", false, "Validate flags and configuration, print ok and exit.")
+	fs.BoolVar(&f.showVersion, "version", false, "Print the version and exit.")
 	fs.BoolVar(&f.disabled, "disabled", false, "Opt out of telemetry: collect and send nothing.")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -439,6 +455,10 @@ func run(args []string, stderr io.Writer) int {
 		}
 		fmt.Fprintf(stderr, "forwarder: %v\n", err)
 		return 2
+	}
+	if f.showVersion {
+		fmt.Fprintln(stderr, version.Print("forwarder"))
+		return 0
 	}
 	logger, err := newLogger(stderr, f.logLevel, f.logFormat)
 	if err != nil {

@@ -304,3 +304,15 @@ func TestSecondForwarderOnAQueueDirExits1(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr.String(), "queue directory is in use by another forwarder")
 }
+
+// The image's VERSION build argument (prometheus/common's version.Version)
+// is the forwarder's version, as the receiver's: in its User-Agent and
+// against min_forwarder_version. A build that names none is baseVersion.
+func TestBuildVersion(t *testing.T) {
+	for in, want := range map[string]string{"": baseVersion, "dev": baseVersion, "v1.4.2": "1.4.2", "1.5.0-rc.1": "1.5.0-rc.1"} {
+		require.Equal(t, want, buildVersion(in), in)
+	}
+	var stderr bytes.Buffer
+	require.Equal(t, 0, run([]string{"--version"}, &stderr))
+	require.Contains(t, stderr.String(), "forwarder, version")
+}

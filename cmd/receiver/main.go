@@ -75,6 +75,10 @@ func run(args []string, stderr io.Writer) int {
 	}
 	fs := flag.NewFlagSet("receiver", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "Usage: receiver [flags]\n       receiver erase [flags]   erase a cluster's data offline (receiver erase --help)\n\nFlags:")
+		fs.PrintDefaults()
+	}
 	var (
 		configFile       = fs.String("config.file", "", "Path to the YAML configuration file. Empty means all defaults.")
 		listenAddr       = fs.String("web.listen-address", ":9291", "Address to listen on for the API, ingest and telemetry.")
