@@ -208,7 +208,10 @@ type peerQuerier struct {
 // one after another, and a query takes the slowest call, not their sum.
 func (q *peerQuerier) Select(ctx context.Context, sortSeries bool, hints *promstorage.SelectHints, ms ...*labels.Matcher) promstorage.SeriesSet {
 	if hints != nil {
-		h := *hints // the caller's to reuse once Select returns
+		// The caller's to change once Select returns: PromQL sorts
+		// Grouping while the call encodes it.
+		h := *hints
+		h.Grouping = slices.Clone(hints.Grouping)
 		hints = &h
 	}
 	ms = slices.Clone(ms)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -451,4 +452,27 @@ func TestSelectsAskThePeerTogether(t *testing.T) {
 		require.Empty(t, sets[i].Warnings())
 	}
 	require.Equal(t, int64(2), most.Load(), "the two reads were in flight together")
+}
+
+// Select's call runs on after it returns: it must not read what the caller
+// changes then. PromQL sorts the hints' Grouping after Select (promql's
+// evaluator); under -race a shared slice is a data race.
+func TestSelectOwnsItsHints(t *testing.T) {
+	f := newFixture(t)
+	peerB := f.set(t, nil, f.config())
+	b := serve(t, peerB, tenantDBs{"acme": openDB(t, map[string][]int64{"x": {1000}})}, nil)
+	a := f.set(t, nil, f.config(host(b)))
+	q, err := a.NewReader(tenantDBs{}, nil).Querier("acme", 0, 10_000)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, q.Close()) }()
+	hints := &promstorage.SelectHints{Start: 0, End: 10_000, Func: "sum", By: true, Grouping: []string{"zone", "cluster", "b", "a"}}
+	ss := q.Select(context.Background(), true, hints, labels.MustNewMatcher(labels.MatchEqual, "__name__", "x"))
+	slices.Sort(hints.Grouping)
+	hints.Grouping[0] = "changed"
+	n := 0
+	for ss.Next() {
+		n++
+	}
+	require.NoError(t, ss.Err())
+	require.Equal(t, 1, n)
 }
