@@ -24,15 +24,6 @@ func startTLSFixturePrometheus(t *testing.T, addr, exporterHost, webConfig strin
 	return p
 }
 
-// replaceFileAtomically writes content over path as the kubelet updates a
-// mounted ConfigMap: a new file renamed into place.
-func replaceFileAtomically(t *testing.T, path string, content []byte) {
-	t.Helper()
-	tmp := path + ".tmp"
-	require.NoError(t, os.WriteFile(tmp, content, 0o600))
-	require.NoError(t, os.Rename(tmp, path))
-}
-
 // TestForwarderFollowsServiceCARotation: OpenShift's service CA rotates
 // under a running forwarder, as cluster-monitoring-operator deploys
 // telemeter-client: the CA bundle (--from-ca-file) gains the new CA, CMO's
@@ -43,13 +34,8 @@ func TestForwarderFollowsServiceCARotation(t *testing.T) {
 	hashedID := relabel.Anonymize([]byte(fwdSalt), fwdClusterID)
 	dir := t.TempDir()
 	oldCA, newCA := webtlstest.NewCA(t, "service-ca-1"), webtlstest.NewCA(t, "service-ca-2")
-	pemOf := func(ca *webtlstest.CA) []byte {
-		b, err := os.ReadFile(ca.File)
-		require.NoError(t, err)
-		return b
-	}
 	bundle := filepath.Join(dir, "service-ca.crt")
-	require.NoError(t, os.WriteFile(bundle, pemOf(oldCA), 0o600))
+	require.NoError(t, os.WriteFile(bundle, oldCA.PEM(), 0o600))
 	cert, key := oldCA.Server(t, "prometheus-k8s")
 	web := filepath.Join(dir, "web.yml")
 	require.NoError(t, os.WriteFile(web, fmt.Appendf(nil, "tls_server_config:\n  cert_file: %s\n  key_file: %s\n", cert, key), 0o600))
@@ -69,7 +55,7 @@ func TestForwarderFollowsServiceCARotation(t *testing.T) {
 
 	// The service CA rotates: the bundle carries both CAs, and the reload
 	// sidecar calls /-/reload, which needs no flag and no restart.
-	replaceFileAtomically(t, bundle, append(pemOf(oldCA), pemOf(newCA)...))
+	webtlstest.ReplaceFile(t, bundle, append(oldCA.PEM(), newCA.PEM()...))
 	code, body := postReload(t, fwdURL)
 	require.Equal(t, http.StatusOK, code, body)
 	require.Equal(t, 0.0, metricsValue(t, fwdURL, "phonehome_forward_config_restart_required", nil))
@@ -83,7 +69,7 @@ func TestForwarderFollowsServiceCARotation(t *testing.T) {
 	waitFresh(t, recv.URL(), q, 4, rotated)
 
 	// The old CA leaves the bundle: the forwarder goes on.
-	replaceFileAtomically(t, bundle, pemOf(newCA))
+	webtlstest.ReplaceFile(t, bundle, newCA.PEM())
 	waitCycles(t, fwdURL, metricsValue(t, fwdURL, "phonehome_forward_cycles_total", map[string]string{"result": "success"})+2)
 	require.Equal(t, pid, fwd.cmd.Process.Pid)
 	select {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"path/filepath"
 	"strings"
@@ -241,10 +242,7 @@ func TestClientConfig(t *testing.T) {
 	for _, p := range [][2]string{{c2, clientCert}, {k2, clientKey}} {
 		b, err := os.ReadFile(p[0])
 		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(p[1], b, 0o600))
-		// Modification times on some filesystems are coarse: make sure they move.
-		future := time.Now().Add(time.Minute)
-		require.NoError(t, os.Chtimes(p[1], future, future))
+		webtlstest.ReplaceFile(t, p[1], b)
 	}
 	require.Contains(t, hello(), "hello cluster-a-rotated")
 	client.CloseIdleConnections()
@@ -259,17 +257,6 @@ func TestClientConfig(t *testing.T) {
 	client2.CloseIdleConnections()
 }
 
-// replaceFile writes content over path as kubelet updates a mounted
-// ConfigMap (a new file renamed into place), with a modification time that
-// moves even on filesystems with coarse ones.
-func replaceFile(t *testing.T, path string, content []byte, mod time.Time) {
-	t.Helper()
-	tmp := path + ".tmp"
-	require.NoError(t, os.WriteFile(tmp, content, 0o600))
-	require.NoError(t, os.Chtimes(tmp, mod, mod))
-	require.NoError(t, os.Rename(tmp, path))
-}
-
 // The CA bundle is re-read when it changes, as OpenShift's service CA
 // rotates: the bundle gains the new CA, then the server's certificate is
 // re-issued by it. A bundle that does not load keeps the last good one.
@@ -277,12 +264,7 @@ func TestCAFileRotation(t *testing.T) {
 	old, next := webtlstest.NewCA(t, "service-ca-1"), webtlstest.NewCA(t, "service-ca-2")
 	cert, key := old.Server(t, "prometheus")
 	addr := serve(t, writeFile(t, "web.yml", fmt.Sprintf("tls_server_config:\n  cert_file: %s\n  key_file: %s\n", cert, key)))
-	pemOf := func(ca *webtlstest.CA) []byte {
-		b, err := os.ReadFile(ca.File)
-		require.NoError(t, err)
-		return b
-	}
-	bundle := writeFile(t, "service-ca.crt", string(pemOf(old)))
+	bundle := writeFile(t, "service-ca.crt", string(old.PEM()))
 
 	rt, err := webtls.ClientConfig{CAFile: bundle}.NewRoundTripper()
 	require.NoError(t, err)
@@ -309,17 +291,29 @@ func TestCAFileRotation(t *testing.T) {
 
 	// The bundle gains the new CA: trusted from the next request on, and
 	// the idle connection verified with the old bundle is closed.
-	mod := time.Now().Add(time.Minute)
-	replaceFile(t, bundle, append(pemOf(old), pemOf(next)...), mod)
+	webtlstest.ReplaceFile(t, bundle, append(old.PEM(), next.PEM()...))
 	require.NoError(t, get(false))
 	require.NoError(t, get(true))
 
 	// A bundle half written keeps the last good one.
-	replaceFile(t, bundle, []byte("-----BEGIN CERTIFICATE-----\nMIIB"), mod.Add(time.Minute))
+	webtlstest.ReplaceFile(t, bundle, []byte("-----BEGIN CERTIFICATE-----\nMIIB"))
 	require.NoError(t, get(true))
 
+	// After a change no connection verified with the bundle before is
+	// reused: the next request makes a new one, verified with the new one.
+	webtlstest.ReplaceFile(t, bundle, append(old.PEM(), next.PEM()...))
+	var reused bool
+	trace := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }})
+	req, err := http.NewRequestWithContext(trace, http.MethodGet, "https://"+addr+"/", nil)
+	require.NoError(t, err)
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, resp.Body.Close())
+	require.False(t, reused, "a new connection, verified with the new bundle")
+
 	// Back to the old CA alone: the new one is no longer trusted.
-	replaceFile(t, bundle, pemOf(old), mod.Add(2*time.Minute))
+	webtlstest.ReplaceFile(t, bundle, old.PEM())
 	require.ErrorContains(t, get(true), "certificate signed by unknown authority")
 
 	// A bad bundle fails at start.

@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -82,10 +83,30 @@ func (ca *CA) ServerTo(t testing.TB, name, certFile, keyFile string) {
 	for _, p := range [][2]string{{c, certFile}, {k, keyFile}} {
 		b, err := os.ReadFile(p[0])
 		require.NoError(t, err)
-		tmp := p[1] + ".tmp"
-		require.NoError(t, os.WriteFile(tmp, b, 0o600))
-		require.NoError(t, os.Rename(tmp, p[1]))
+		ReplaceFile(t, p[1], b)
 	}
+}
+
+// PEM returns the CA certificate in PEM, as File holds it: a part of a
+// bundle.
+func (ca *CA) PEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})
+}
+
+// replaced counts ReplaceFile's calls: each sets a later modification time.
+var replaced atomic.Int64
+
+// ReplaceFile writes content over path as the kubelet updates a mounted
+// Secret or ConfigMap: a new file renamed into place. Its modification time
+// is later than any ReplaceFile set before, so a reader that watches it
+// sees the change even where file times are coarse.
+func ReplaceFile(t testing.TB, path string, content []byte) {
+	t.Helper()
+	tmp := path + ".tmp"
+	require.NoError(t, os.WriteFile(tmp, content, 0o600))
+	mod := time.Now().Add(time.Duration(replaced.Add(1)) * time.Second)
+	require.NoError(t, os.Chtimes(tmp, mod, mod))
+	require.NoError(t, os.Rename(tmp, path))
 }
 
 // ClientPair issues a client certificate as Client does and returns it
