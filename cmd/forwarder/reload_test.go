@@ -212,6 +212,19 @@ func TestReloadAfterCAFileChangeNeedsNoRestart(t *testing.T) {
 	require.Equal(t, 1.0, fx.reloads("success"))
 }
 
+// newGatheringReloadFixture is newReloadFixture with --gathering-url=fleet
+// and its poller, the local selectors in force until a definition arrives.
+func newGatheringReloadFixture(t *testing.T, fleet *httptest.Server) (*reloadFixture, *gathering.Poller) {
+	t.Helper()
+	fx := newReloadFixture(t, "metric_a\n", "", "--gathering-url="+fleet.URL)
+	p := gathering.NewPoller(slog.New(slog.DiscardHandler), nil, gathering.PollerOptions{
+		URL: fleet.URL, Client: fleet.Client(), ForwarderVersion: forwarderVersion, Apply: fx.rl.applyDefinition,
+	})
+	fx.rl.poller = p
+	p.UseLocal()
+	return fx, p
+}
+
 func TestReloadWithGatheringReappliesTheDefinition(t *testing.T) {
 	var (
 		mu   sync.Mutex
@@ -223,12 +236,7 @@ func TestReloadWithGatheringReappliesTheDefinition(t *testing.T) {
 		_, _ = io.WriteString(w, body)
 	}))
 	defer fleet.Close()
-	fx := newReloadFixture(t, "metric_a\n", "", "--gathering-url="+fleet.URL)
-	p := gathering.NewPoller(slog.New(slog.DiscardHandler), nil, gathering.PollerOptions{
-		URL: fleet.URL, Client: fleet.Client(), ForwarderVersion: forwarderVersion, Apply: fx.rl.applyDefinition,
-	})
-	fx.rl.poller = p
-	p.UseLocal()
+	fx, p := newGatheringReloadFixture(t, fleet)
 
 	// The local selectors are the fallback while no definition is in force:
 	// a reload updates them.
@@ -313,12 +321,7 @@ func TestSIGHUPReloads(t *testing.T) {
 func TestReloadWithoutLocalSelectorsStillRelabels(t *testing.T) {
 	fleet := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { http.NotFound(w, nil) }))
 	defer fleet.Close()
-	fx := newReloadFixture(t, "metric_a\n", "", "--gathering-url="+fleet.URL)
-	p := gathering.NewPoller(slog.New(slog.DiscardHandler), nil, gathering.PollerOptions{
-		URL: fleet.URL, Client: fleet.Client(), ForwarderVersion: forwarderVersion, Apply: fx.rl.applyDefinition,
-	})
-	fx.rl.poller = p
-	p.UseLocal()
+	fx, _ := newGatheringReloadFixture(t, fleet)
 	require.Contains(t, fx.collect(t), `replica="r"`)
 
 	fx.write(t, "match", "")
