@@ -503,11 +503,11 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 // (webtls.CAFileTransport: a rotated service CA needs no restart), and
 // presents the client certificate that cert returns (nil: none; see
 // webtls.ClientCertificate). It fails if caFile cannot be read or holds no
-// certificate.
-func NewHTTPClient(caFile string, cert func(*tls.CertificateRequestInfo) (*tls.Certificate, error)) (*http.Client, error) {
+// certificate. logger (nil: none) hears of a changed bundle.
+func NewHTTPClient(caFile string, cert func(*tls.CertificateRequestInfo) (*tls.Certificate, error), logger *slog.Logger) (*http.Client, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetClientCertificate: cert}
-	rt, err := webtls.CAFileTransport(tr, caFile)
+	rt, err := webtls.CAFileTransport(tr, caFile, logger)
 	if err != nil {
 		return nil, err
 	}

@@ -288,7 +288,7 @@ func TestInlineBearerAndClientCertificate(t *testing.T) {
 
 	cert, err := webtls.ClientCertificate(certFile, keyFile)
 	require.NoError(t, err)
-	client, err := NewHTTPClient(caFile, cert)
+	client, err := NewHTTPClient(caFile, cert, nil)
 	require.NoError(t, err)
 	WithBearerToken(client, "inline")
 	resp, err := client.Get(srv.URL)
@@ -298,6 +298,6 @@ func TestInlineBearerAndClientCertificate(t *testing.T) {
 	require.Equal(t, "telemeter-client", gotCN)
 	client.CloseIdleConnections()
 
-	_, err = NewHTTPClient(filepath.Join(dir, "missing"), cert)
+	_, err = NewHTTPClient(filepath.Join(dir, "missing"), cert, nil)
 	require.ErrorContains(t, err, "missing", "a CA file that cannot be read fails at start")
 }

@@ -469,7 +469,7 @@ func TestPeersOverMutualTLS(t *testing.T) {
 		cfg := f.config(addr)
 		cfg.Scheme, cfg.TLSConfig = "https", tc
 		require.NoError(t, cfg.Validate())
-		rt, err := tc.NewRoundTripper()
+		rt, err := tc.NewRoundTripper(nil)
 		require.NoError(t, err)
 		s, err := New(discard, nil, cfg, Options{HTTPClient: &http.Client{Transport: rt}})
 		require.NoError(t, err)

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"sync"
@@ -76,15 +77,15 @@ func (c ClientConfig) TLSConfig() (*tls.Config, error) {
 
 // NewRoundTripper returns a clone of http.DefaultTransport (proxy
 // settings, timeouts, HTTP/2) that uses c.TLSConfig() and re-reads CAFile
-// when it changes on disk (CAFileTransport).
-func (c ClientConfig) NewRoundTripper() (http.RoundTripper, error) {
+// when it changes on disk (CAFileTransport, which logs to logger).
+func (c ClientConfig) NewRoundTripper(logger *slog.Logger) (http.RoundTripper, error) {
 	cfg, err := c.TLSConfig()
 	if err != nil {
 		return nil, err
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = cfg
-	return CAFileTransport(tr, c.CAFile)
+	return CAFileTransport(tr, c.CAFile, logger)
 }
 
 // LoadCAFile reads a PEM bundle of CA certificates into a pool. It fails

@@ -3,6 +3,7 @@ package webtls
 import (
 	"crypto/tls"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"sync"
@@ -15,18 +16,26 @@ import (
 // next connection on, without a restart or a reload. Connections already
 // open keep the pool they were verified with; idle ones are closed at the
 // change. A bundle that does not load (a write half done) keeps the last
-// good pool until the file changes again.
+// good pool until the file changes again; logger (nil: none) says so, and
+// when a bundle is reloaded.
 //
 // The bundle is loaded now, so a bad one fails at start. base's TLS
 // settings (client certificate, server name, minimum version) are kept;
 // its RootCAs are replaced. With caFile empty, base is returned as it is
 // (the system roots, or base's own RootCAs).
-func CAFileTransport(base *http.Transport, caFile string) (http.RoundTripper, error) {
+func CAFileTransport(base *http.Transport, caFile string, logger *slog.Logger) (http.RoundTripper, error) {
 	if caFile == "" {
 		return base, nil
 	}
-	r := &rootsTransport{file: caFile, base: base}
-	if err := r.load(); err != nil {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	r := &rootsTransport{file: caFile, base: base, logger: logger}
+	fi, err := os.Stat(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("read CA file: %w", err)
+	}
+	if err := r.load(stampOf(fi)); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -35,11 +44,13 @@ func CAFileTransport(base *http.Transport, caFile string) (http.RoundTripper, er
 // rootsTransport serves requests from a clone of base whose RootCAs are
 // the bundle as last loaded.
 type rootsTransport struct {
-	file string
-	base *http.Transport
+	file   string
+	base   *http.Transport
+	logger *slog.Logger
 
 	mu    sync.Mutex
 	stamp fileStamp // of the bundle cur trusts
+	bad   fileStamp // of a version that did not load: not read again
 	cur   *http.Transport
 }
 
@@ -66,35 +77,34 @@ func (r *rootsTransport) CloseIdleConnections() {
 }
 
 // current loads the bundle again if its file changed since, and returns the
-// transport to use. A file that cannot be read or parsed keeps the one in
-// use: the next request tries again.
+// transport to use. A file that is gone (briefly, while it is replaced) or
+// does not load keeps the one in use.
 func (r *rootsTransport) current() *http.Transport {
 	fi, err := os.Stat(r.file)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if err != nil || stampOf(fi) == r.stamp {
+	if err != nil {
+		return r.cur
+	}
+	st := stampOf(fi)
+	if st == r.stamp || st == r.bad {
 		return r.cur
 	}
 	old := r.cur
-	if r.loadLocked() == nil && old != nil {
-		old.CloseIdleConnections()
+	if err := r.load(st); err != nil {
+		r.bad = st
+		r.logger.Warn("CA bundle changed but does not load: keeping the last good one until the file changes again", "file", r.file, "err", err)
+		return r.cur
 	}
+	old.CloseIdleConnections()
+	r.logger.Info("CA bundle reloaded", "file", r.file)
 	return r.cur
 }
 
-func (r *rootsTransport) load() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.loadLocked()
-}
-
-// loadLocked reads the bundle into a new transport. The stamp is taken
-// before the read: a change during the read is seen by the next request.
-func (r *rootsTransport) loadLocked() error {
-	fi, err := os.Stat(r.file)
-	if err != nil {
-		return fmt.Errorf("read CA file: %w", err)
-	}
+// load reads the bundle, whose stat was st, into a new transport. st is
+// taken before the read: a change during the read is seen by the next
+// request. r.mu is held, or r not yet shared.
+func (r *rootsTransport) load(st fileStamp) error {
 	pool, err := LoadCAFile(r.file)
 	if err != nil {
 		return err
@@ -104,6 +114,6 @@ func (r *rootsTransport) loadLocked() error {
 		next.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
 	next.TLSClientConfig.RootCAs = pool
-	r.cur, r.stamp = next, stampOf(fi)
+	r.cur, r.stamp = next, st
 	return nil
 }

@@ -1,6 +1,7 @@
 package webtls_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -14,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -222,7 +224,7 @@ func TestClientConfig(t *testing.T) {
 
 	c := webtls.ClientConfig{CAFile: ca.File, CertFile: clientCert, KeyFile: clientKey}
 	require.NoError(t, c.Validate())
-	tr, err := c.NewRoundTripper()
+	tr, err := c.NewRoundTripper(nil)
 	require.NoError(t, err)
 	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	hello := func() string {
@@ -250,7 +252,7 @@ func TestClientConfig(t *testing.T) {
 	// Without the CA the server is not trusted; without a certificate the
 	// server refuses.
 	client2 := &http.Client{Timeout: 10 * time.Second}
-	client2.Transport, err = webtls.ClientConfig{}.NewRoundTripper()
+	client2.Transport, err = webtls.ClientConfig{}.NewRoundTripper(nil)
 	require.NoError(t, err)
 	_, err = client2.Get("https://" + addr + "/")
 	require.Error(t, err)
@@ -266,7 +268,8 @@ func TestCAFileRotation(t *testing.T) {
 	addr := serve(t, writeFile(t, "web.yml", fmt.Sprintf("tls_server_config:\n  cert_file: %s\n  key_file: %s\n", cert, key)))
 	bundle := writeFile(t, "service-ca.crt", string(old.PEM()))
 
-	rt, err := webtls.ClientConfig{CAFile: bundle}.NewRoundTripper()
+	var logs syncBuffer
+	rt, err := webtls.ClientConfig{CAFile: bundle}.NewRoundTripper(slog.New(slog.NewTextHandler(&logs, nil)))
 	require.NoError(t, err)
 	client := &http.Client{Transport: rt, Timeout: 10 * time.Second}
 	defer client.CloseIdleConnections()
@@ -294,10 +297,14 @@ func TestCAFileRotation(t *testing.T) {
 	webtlstest.ReplaceFile(t, bundle, append(old.PEM(), next.PEM()...))
 	require.NoError(t, get(false))
 	require.NoError(t, get(true))
+	require.Contains(t, logs.String(), "CA bundle reloaded")
 
 	// A bundle half written keeps the last good one.
 	webtlstest.ReplaceFile(t, bundle, []byte("-----BEGIN CERTIFICATE-----\nMIIB"))
 	require.NoError(t, get(true))
+	require.NoError(t, get(true))
+	require.Equal(t, 1, strings.Count(logs.String(), "CA bundle changed but does not load"), "said once, naming the file: %s", logs.String())
+	require.Contains(t, logs.String(), bundle)
 
 	// After a change no connection verified with the bundle before is
 	// reused: the next request makes a new one, verified with the new one.
@@ -317,7 +324,7 @@ func TestCAFileRotation(t *testing.T) {
 	require.ErrorContains(t, get(true), "certificate signed by unknown authority")
 
 	// A bad bundle fails at start.
-	_, err = webtls.ClientConfig{CAFile: filepath.Join(t.TempDir(), "missing.crt")}.NewRoundTripper()
+	_, err = webtls.ClientConfig{CAFile: filepath.Join(t.TempDir(), "missing.crt")}.NewRoundTripper(nil)
 	require.ErrorContains(t, err, "missing.crt")
 }
 
@@ -353,4 +360,22 @@ func TestClientConfigValidate(t *testing.T) {
 		})
 	}
 	require.False(t, errors.Is(webtls.ClientConfig{}.Validate(), os.ErrNotExist))
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -223,7 +223,7 @@ func (s *setup) defaultCacheFile(queueDir string) {
 }
 
 // load validates every flag and the config file, reporting all problems at once.
-func load(f *flags) (*setup, error) {
+func load(f *flags, logger *slog.Logger) (*setup, error) {
 	s := &setup{}
 	var errs []error
 	add := func(err error) {
@@ -348,10 +348,10 @@ func load(f *flags) (*setup, error) {
 	if err != nil {
 		add(err)
 	}
-	if s.fromClient, err = forward.NewHTTPClient(f.fromCAFile, fromCert); err != nil {
+	if s.fromClient, err = forward.NewHTTPClient(f.fromCAFile, fromCert, logger.With("client", "from")); err != nil {
 		add(fmt.Errorf("--from-ca-file: %w", err))
 	}
-	if s.toClient, err = forward.NewHTTPClient(f.toCAFile, toCert); err != nil {
+	if s.toClient, err = forward.NewHTTPClient(f.toCAFile, toCert, logger.With("client", "to")); err != nil {
 		add(fmt.Errorf("--to-ca-file: %w", err))
 	}
 	if err := webtls.ValidateWebConfig(f.webConfig, webtls.ServerOptions{BasicAuth: true}); err != nil {
@@ -465,7 +465,7 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "forwarder: %v\n", err)
 		return 2
 	}
-	s, err := load(f)
+	s, err := load(f, logger)
 	if err != nil {
 		logger.Error("invalid configuration", "file", f.configFile, "err", err)
 		return 2

@@ -127,7 +127,7 @@ func (r *reloader) Reload() error {
 }
 
 func (r *reloader) reload() error {
-	next, err := load(r.flags)
+	next, err := load(r.flags, r.logger)
 	if err != nil {
 		return fmt.Errorf("invalid configuration: %w", err)
 	}

@@ -82,7 +82,7 @@ func newReloadFixture(t *testing.T, match, config string, extra ...string) *relo
 		"--anonymize-salt-file=" + filepath.Join(fx.dir, "salt"), "--queue.dir=" + filepath.Join(fx.dir, "queue"),
 	}, extra...), io.Discard)
 	require.NoError(t, err)
-	s, err := load(f)
+	s, err := load(f, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	logger := slog.New(slog.DiscardHandler)
 	q, err := forward.OpenQueue(f.queueDir, logger, nil, forward.QueueOptions{})
@@ -185,7 +185,7 @@ func TestRestartOnlyNamesSections(t *testing.T) {
 	fx.write(t, "forwarder.yaml", "send:\n  timeout: 10s\nqueue:\n  max_bytes: 2MiB\nfederate:\n  max_series: 10\nmatches: [metric_b]\nanonymize_labels: [pod]\n")
 	require.NoError(t, fx.rl.Reload())
 	require.Equal(t, 1.0, testutil.ToFloat64(fx.rl.m.restartRequired))
-	next, err := load(fx.rl.flags)
+	next, err := load(fx.rl.flags, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	require.Equal(t, []string{"federate", "send"}, fx.rl.restartOnly(next))
 	out := fx.collect(t)

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/pem"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -111,7 +112,7 @@ func TestCMODeploymentArgsAccepted(t *testing.T) {
 
 	f, err := parseFlags(args, io.Discard)
 	require.NoError(t, err)
-	s, err := load(f)
+	s, err := load(f, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	require.Len(t, f.matches, 211)
 	require.Empty(t, f.anonymizeLabels)
@@ -164,7 +165,7 @@ func TestTelemeterClientFlags(t *testing.T) {
 		"--to-token-file=" + files.token, "--id=x", "--anonymize-salt-file=" + files.salt, "--match=up",
 	}, io.Discard)
 	require.NoError(t, err)
-	s, err := load(f)
+	s, err := load(f, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	require.Equal(t, forward.ProtocolTelemeter, s.protocol, "--to-upload/--to-auth: telemeter")
 	require.Equal(t, "https://p.example", s.from.String(), "a federate URL is accepted")

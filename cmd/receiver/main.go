@@ -228,7 +228,7 @@ func run(args []string, stderr io.Writer) int {
 	// Fleet view: local data, the bucket and the peers' heads (remote read).
 	// Validated with the config; the CA bundle and the client certificate
 	// are re-read when they change.
-	peerTransport, err := cfg.Peers.TLSConfig.NewRoundTripper()
+	peerTransport, err := cfg.Peers.TLSConfig.NewRoundTripper(logger.With("component", "peers"))
 	if err != nil {
 		logger.Error("invalid configuration", "file", *configFile, "err", fmt.Errorf("peers.tls_config: %w", err))
 		return 2
