@@ -27,7 +27,9 @@ import (
 	"github.com/phonehome/phonehome/relabel"
 )
 
-// Drop and filter reasons (values of the reason label).
+// Drop and filter reasons (values of the reason label). A queued record
+// whose samples cannot be counted is counted as a record instead, in
+// phonehome_forward_dropped_records_total{reason="corrupt"|"invalid"}.
 const (
 	ReasonAllowlist      = "allowlist"        // filtered: not selected by the allowlist
 	ReasonRelabel        = "relabel"          // filtered: dropped by relabel_configs
@@ -38,7 +40,8 @@ const (
 	ReasonRecordTooLarge = "record_too_large" // dropped: one request larger than the whole queue
 	ReasonQueueError     = "queue_error"      // dropped: the queue could not store the cycle
 	ReasonHTTP4xx        = "http_4xx"         // dropped: the receiver rejected the request (not 429)
-	ReasonInvalid        = "invalid"          // dropped: a queued record could not be decoded or encoded
+	ReasonInvalid        = "invalid"          // dropped: a request could not be encoded or converted; a queued record could not be decoded
+	ReasonCorrupt        = "corrupt"          // dropped record: unreadable on disk (torn write, disk fault)
 	ReasonPartialWrite   = "partial_write"    // dropped: a 2xx whose written counts are below what was sent
 )
 
@@ -318,6 +321,7 @@ func (f *Forwarder) countQueueDrop(payload []byte, pos Position) {
 	}
 	r, err := decodePayload(payload)
 	if err != nil {
+		f.q.countInvalid(pos, err) // the queue is locked: OnDrop's contract
 		return
 	}
 	f.countEvicted(r.Samples)
@@ -730,9 +734,9 @@ func (f *Forwarder) sendLoop(ctx context.Context, draining <-chan struct{}) {
 func (f *Forwarder) deliver(ctx context.Context, payload []byte, pos Position) {
 	rec, err := decodePayload(payload)
 	if err != nil {
-		f.m.dropped.WithLabelValues(ReasonInvalid).Inc()
-		f.logger.Error("dropping undecodable queue record", "err", err)
-		f.ack(pos)
+		if err := f.q.dropInvalid(pos, err); err != nil { // its samples are unknown
+			f.logger.Error("acknowledge queue record", "err", err)
+		}
 		return
 	}
 	n := rec.Samples

@@ -39,7 +39,10 @@ import (
 //
 // Open scans every segment and truncates it at its first invalid record (short
 // header, implausible length, short payload or checksum mismatch): a torn
-// write at crash time loses only the record being written.
+// write at crash time loses only the record being written. The
+// unacknowledged records cut, and any record that cannot be read back later,
+// are counted in phonehome_forward_dropped_records_total{reason="corrupt"}
+// (see queue_dropped.go).
 
 const (
 	recordHeaderSize = 16
@@ -104,7 +107,8 @@ type QueueOptions struct {
 	SegmentBytes int64
 	// OnDrop is called, with the queue locked, for every record dropped to make
 	// room (oldest first), with its position (Peek's). The payload must not be
-	// retained. Optional.
+	// retained. A record that cannot be read back is not reported: the queue
+	// counts it as a corrupt record. Optional.
 	OnDrop func(payload []byte, pos Position)
 	// Now returns the current time (default time.Now).
 	Now func() time.Time
@@ -152,9 +156,10 @@ type Queue struct {
 }
 
 type queueMetrics struct {
-	bytes       prometheus.Gauge
-	records     prometheus.Gauge
-	corruptions prometheus.Counter
+	bytes          prometheus.Gauge
+	records        prometheus.Gauge
+	corruptions    prometheus.Counter
+	droppedRecords *prometheus.CounterVec // by reason: corrupt, invalid
 }
 
 // OpenQueue opens or creates the queue in dir, recovering from a torn or
@@ -192,8 +197,15 @@ func OpenQueue(dir string, logger *slog.Logger, reg prometheus.Registerer, opts 
 			Name: "phonehome_forward_queue_records", Help: "Unacknowledged records (remote-write requests) in the on-disk queue.",
 		}),
 		corruptions: f.NewCounter(prometheus.CounterOpts{
-			Name: "phonehome_forward_queue_corruptions_total", Help: "Invalid segment tails or cursor files found and truncated when opening the queue.",
+			Name: "phonehome_forward_queue_corruptions_total", Help: "Invalid segment tails or cursor files found when opening the queue, and records that could not be read back.",
 		}),
+		droppedRecords: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_forward_dropped_records_total",
+			Help: "Queued records lost whose samples could not be counted in phonehome_forward_dropped_samples_total, by reason: corrupt (unreadable on disk), invalid (not a request this forwarder can decode).",
+		}, []string{"reason"}),
+	}
+	for _, r := range []string{ReasonCorrupt, ReasonInvalid} {
+		q.m.droppedRecords.WithLabelValues(r)
 	}
 	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "phonehome_forward_queue_oldest_age_seconds", Help: "Age of the oldest unacknowledged record, 0 when the queue is empty.",
@@ -266,8 +278,10 @@ func (q *Queue) loadSegment(seq uint64, cur Position, curOK bool) error {
 	for off < len(b) {
 		t, _, n, err := DecodeRecord(b[off:])
 		if err != nil {
-			q.logger.Warn("truncating corrupted queue segment", "segment", path, "offset", off, "dropped_bytes", len(b)-off, "err", err)
+			lost := lostRecords(b, off, seq, cur, curOK)
+			q.logger.Warn("truncating corrupted queue segment", "segment", path, "offset", off, "dropped_bytes", len(b)-off, "dropped_records", lost, "err", err)
 			q.m.corruptions.Inc()
+			q.m.droppedRecords.WithLabelValues(ReasonCorrupt).Add(float64(lost))
 			if err := os.Truncate(path, int64(off)); err != nil {
 				return fmt.Errorf("truncate segment %s: %w", path, err)
 			}
@@ -492,15 +506,20 @@ func (q *Queue) dropOldestSegment() error {
 	return q.writeCursor()
 }
 
-// dropOldest removes the oldest record, reporting it to OnDrop.
+// dropOldest removes the oldest record, reporting it to OnDrop, or
+// counting it as corrupt if it cannot be read back.
 func (q *Queue) dropOldest() {
 	r := q.records[0]
-	if q.opts.OnDrop != nil {
-		if p, err := q.readLocked(r); err == nil {
-			q.opts.OnDrop(p, Position{seq: r.seq, off: r.off})
-		}
-	}
 	q.records = q.records[1:]
+	if q.opts.OnDrop == nil {
+		return
+	}
+	p, err := q.readLocked(r)
+	if err != nil {
+		q.dropUnreadable(r, err)
+		return
+	}
+	q.opts.OnDrop(p, Position{seq: r.seq, off: r.off})
 }
 
 // gc deletes segments whose records are all acknowledged. A fully consumed
@@ -567,10 +586,8 @@ func (q *Queue) Peek() (payload []byte, pos Position, t time.Time, ok bool, err 
 		if err == nil {
 			return p, Position{r.seq, r.off}, r.t, true, nil
 		}
-		// The file changed under us (disk fault, outside interference): skip
-		// the record rather than wedge the consumer on it forever.
-		q.logger.Error("dropping unreadable queue record", "segment", r.seq, "offset", r.off, "err", err)
-		q.m.corruptions.Inc()
+		// Skip the record rather than wedge the consumer on it forever.
+		q.dropUnreadable(r, err)
 		q.records = q.records[1:]
 		if err := q.gc(); err != nil {
 			return nil, Position{}, time.Time{}, false, err
@@ -591,6 +608,10 @@ func (q *Queue) Notify() <-chan struct{} { return q.notify }
 func (q *Queue) Pending(pos Position) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	return q.pendingLocked(pos)
+}
+
+func (q *Queue) pendingLocked(pos Position) bool {
 	return len(q.records) > 0 && q.records[0].seq == pos.seq && q.records[0].off == pos.off
 }
 
@@ -599,10 +620,14 @@ func (q *Queue) Pending(pos Position) bool {
 func (q *Queue) Ack(pos Position) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	return q.ackLocked(pos)
+}
+
+func (q *Queue) ackLocked(pos Position) error {
 	if q.closed {
 		return ErrQueueClosed
 	}
-	if len(q.records) == 0 || q.records[0].seq != pos.seq || q.records[0].off != pos.off {
+	if !q.pendingLocked(pos) {
 		return nil
 	}
 	q.records = q.records[1:]

@@ -1,0 +1,66 @@
+package forward
+
+import "encoding/binary"
+
+// Queue records lost without their samples being known are counted in
+// phonehome_forward_dropped_records_total{reason}, next to
+// phonehome_forward_dropped_samples_total: the sample count is inside the
+// payload, which is the part that cannot be trusted or read.
+
+// dropUnreadable counts and logs a record that can no longer be read back
+// (the file changed under us: a disk fault, outside interference).
+func (q *Queue) dropUnreadable(r recordRef, err error) {
+	q.logger.Error("dropping unreadable queue record", "segment", q.segPath(r.seq), "offset", r.off, "err", err)
+	q.m.corruptions.Inc()
+	q.m.droppedRecords.WithLabelValues(ReasonCorrupt).Inc()
+}
+
+// dropInvalid acknowledges the record at pos, which the consumer read back
+// but could not decode (a payload format this forwarder does not know), and
+// counts it, unless it was evicted since Peek (it was counted then).
+func (q *Queue) dropInvalid(pos Position, err error) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.pendingLocked(pos) {
+		q.countInvalid(pos, err)
+	}
+	return q.ackLocked(pos)
+}
+
+// countInvalid counts and logs a record that could not be decoded.
+func (q *Queue) countInvalid(pos Position, err error) {
+	q.logger.Error("dropping undecodable queue record", "segment", q.segPath(pos.seq), "offset", pos.off, "err", err)
+	q.m.droppedRecords.WithLabelValues(ReasonInvalid).Inc()
+}
+
+// lostRecords is how many unacknowledged records segment seq, whose bytes
+// are b, loses when it is cut at off: those at or after the cursor.
+func lostRecords(b []byte, off int, seq uint64, cur Position, curOK bool) int {
+	if curOK && seq == cur.seq && int64(off) < cur.off {
+		if cur.off >= int64(len(b)) {
+			return 0 // everything cut was acknowledged
+		}
+		off = int(cur.off) // a record boundary: the cursor is one
+	}
+	return countRecords(b[off:])
+}
+
+// countRecords estimates the records in b from their length fields alone
+// (their checksums may fail): one bad record followed by good ones counts
+// them all. Bytes that do not hold a whole record, a torn write or a
+// garbled length, count as one.
+func countRecords(b []byte) int {
+	n := 0
+	for len(b) > 0 {
+		n++
+		if len(b) < recordHeaderSize {
+			break
+		}
+		l := binary.BigEndian.Uint32(b[0:4])
+		if l > maxRecordBytes || recordHeaderSize+int(l) > len(b) {
+			break
+		}
+		b = b[recordHeaderSize+int(l):]
+	}
+	return n
+}
