@@ -151,7 +151,7 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	fs.StringVar(&f.webConfig, "web.config.file", "", "Prometheus exporter-toolkit web config for --listen: TLS, client certificates (mTLS), TLS versions and cipher suites, basic auth; certificates are re-read on change. Empty: plain HTTP.")
 	fs.StringVar(&f.configFile, "config.file", "", "Optional YAML file: relabel_configs, limits, queue and send settings.")
 	fs.StringVar(&f.gatheringURL, "gathering-url", "", "URL of the fleet's gathering definition (e.g. <to>/api/v1/gathering), polled every gathering.interval; it replaces the local selectors, which remain the fallback.")
-	fs.StringVar(&f.queueDir, "queue.dir", "data/queue", "Directory of the on-disk queue.")
+	fs.StringVar(&f.queueDir, "queue.dir", "data/queue", "Directory of the on-disk queue. If the default cannot be written, $TMPDIR/phonehome-forwarder-queue.")
 	fs.TextVar(&f.queueMaxBytes, "queue.max-bytes", 256*units.MiB, "Bound of the on-disk queue, e.g. 256MiB (overrides queue.max_bytes).")
 	fs.StringVar(&f.logLevel, "log.level", "info", "debug, info, warn or error.")
 	fs.StringVar(&f.logLevel, "log-level", "info", "Alias of --log.level (telemeter-client).")
@@ -502,14 +502,9 @@ func run(args []string, stderr io.Writer) int {
 		fromToken = "" // sent by the client itself (forward.WithBearerToken)
 	}
 	if s.disabledReason == "" && !f.set["queue.dir"] {
-		// A deployment made for telemeter-client has no --queue.dir and
-		// perhaps no writable working directory: queue in the temporary
-		// directory rather than fail to start.
-		if err := os.MkdirAll(f.queueDir, 0o700); err != nil {
-			tmp := filepath.Join(os.TempDir(), "phonehome-forwarder-queue")
-			logger.Warn("default --queue.dir is not writable, queueing in the temporary directory (set --queue.dir to a volume to keep the queue across restarts)",
-				"dir", f.queueDir, "err", err, "using", tmp)
-			f.queueDir = tmp
+		if f.queueDir, err = usableQueueDir(logger, f.queueDir, fallbackQueueDir()); err != nil {
+			logger.Error("open queue", "err", err)
+			return 1
 		}
 	}
 	s.defaultCacheFile(f.queueDir)

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"bytes"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// unwritableDir is an existing directory in which this process cannot
+// create files, even as root (which permission bits do not stop).
+func unwritableDir(t *testing.T) string {
+	t.Helper()
+	if runtime.GOOS != "linux" {
+		t.Skip("uses /proc")
+	}
+	return "/proc"
+}
+
+func TestUsableQueueDir(t *testing.T) {
+	ro := unwritableDir(t)
+	t.Run("writable", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "data", "queue")
+		got, err := usableQueueDir(slog.New(slog.DiscardHandler), dir, filepath.Join(t.TempDir(), "fallback"))
+		require.NoError(t, err)
+		require.Equal(t, dir, got)
+		entries, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		require.Empty(t, entries, "the probe file is removed")
+	})
+	// An existing directory passes MkdirAll: only writing tells.
+	t.Run("exists but not writable", func(t *testing.T) {
+		var log bytes.Buffer
+		fallback := filepath.Join(t.TempDir(), "fallback")
+		got, err := usableQueueDir(slog.New(slog.NewTextHandler(&log, nil)), ro, fallback)
+		require.NoError(t, err)
+		require.Equal(t, fallback, got)
+		require.Contains(t, log.String(), "queueing in the temporary directory")
+		require.Contains(t, log.String(), "dir="+ro)
+	})
+	t.Run("neither writable", func(t *testing.T) {
+		_, err := usableQueueDir(slog.New(slog.DiscardHandler), ro, filepath.Join(ro, "phonehome-forwarder-queue"))
+		require.ErrorContains(t, err, "no writable queue directory")
+		require.ErrorContains(t, err, "queue dir "+ro+": not writable")
+		require.ErrorContains(t, err, "queue dir "+filepath.Join(ro, "phonehome-forwarder-queue")+":")
+	})
+}
+
+// TestNoWritableQueueDirExits1: with the default --queue.dir an existing
+// directory it cannot write and $TMPDIR not writable either, the forwarder
+// exits 1 naming both, rather than fail later on the first directory alone.
+func TestNoWritableQueueDirExits1(t *testing.T) {
+	ro := unwritableDir(t)
+	cwd := t.TempDir()
+	require.NoError(t, os.Mkdir(filepath.Join(cwd, "data"), 0o700))
+	require.NoError(t, os.Symlink(ro, filepath.Join(cwd, "data", "queue")))
+	t.Chdir(cwd)
+	t.Setenv("TMPDIR", ro)
+	var stderr bytes.Buffer
+	code := run([]string{
+		"--from=http://127.0.0.1:1", "--to=http://127.0.0.1:2", "--id=abc", "--match=up",
+		"--anonymize-salt-file=" + writeFile(t, "salt", "0123456789abcdef-salt\n"), "--listen=127.0.0.1:0",
+	}, &stderr)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr.String(), "no writable queue directory")
+	require.Contains(t, stderr.String(), "queue dir data/queue: not writable")
+	require.Contains(t, stderr.String(), "queue dir "+filepath.Join(ro, "phonehome-forwarder-queue"))
+}
+
+// TestUnwritableDefaultQueueDirFallsBack: the default --queue.dir exists but
+// cannot be written (a read-only volume): the forwarder queues in $TMPDIR.
+func TestUnwritableDefaultQueueDirFallsBack(t *testing.T) {
+	ro := unwritableDir(t)
+	cwd := t.TempDir()
+	require.NoError(t, os.Mkdir(filepath.Join(cwd, "data"), 0o700))
+	require.NoError(t, os.Symlink(ro, filepath.Join(cwd, "data", "queue")))
+	tmp := t.TempDir()
+	s := startSelfIn(t, cwd, []string{"TMPDIR=" + tmp},
+		"--from=http://127.0.0.1:1", "--to=http://127.0.0.1:2", "--id=abc", "--match=up",
+		"--anonymize-salt-file="+writeFile(t, "salt", "0123456789abcdef-salt\n"), "--authorize=never")
+	s.stop(t)
+	require.Contains(t, s.log(), "queueing in the temporary directory")
+	require.FileExists(t, filepath.Join(tmp, "phonehome-forwarder-queue", "lock"))
+}
