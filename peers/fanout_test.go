@@ -3,11 +3,13 @@ package peers
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -23,6 +25,7 @@ import (
 	"github.com/prometheus/prometheus/util/annotations"
 	"github.com/stretchr/testify/require"
 
+	"github.com/phonehome/phonehome/auth"
 	"github.com/phonehome/phonehome/query"
 )
 
@@ -408,15 +411,13 @@ func TestFanOutLeavesItsOwnAnswerAsItIs(t *testing.T) {
 // (a closed test server's port could be taken again meanwhile).
 const deadPeer = "127.0.0.1:1"
 
-// Selects of one query (PromQL's selectors, the series API's match[] sets)
-// ask the peer together: the peer sees both reads in flight at once, where
-// asked one after another each would wait for the other until the barrier
-// gives up.
-func TestSelectsAskThePeerTogether(t *testing.T) {
-	f := newFixture(t)
-	peerB := f.set(t, nil, f.config())
-	h, _ := replicaHandler(peerB, tenantDBs{"acme": openDB(t, map[string][]int64{"x": {1000}, "y": {2000}})}, nil)
-	var inFlight, most atomic.Int64
+// pairedPeer serves h once two requests are in flight together; a request
+// alone gives up waiting after 10s. most is the most requests it saw in
+// flight at once.
+func pairedPeer(t *testing.T, h http.Handler) (addr string, most *atomic.Int64) {
+	t.Helper()
+	var inFlight atomic.Int64
+	most = new(atomic.Int64)
 	arrived := make(chan struct{})
 	var once sync.Once
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -427,15 +428,27 @@ func TestSelectsAskThePeerTogether(t *testing.T) {
 		if n == 2 {
 			once.Do(func() { close(arrived) })
 		}
-		select { // both reads, or give up
+		select { // both requests, or give up
 		case <-arrived:
 		case <-time.After(10 * time.Second):
 		}
 		h.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
+	return host(srv), most
+}
 
-	a := f.set(t, nil, f.config(host(srv)))
+// Selects of one query (PromQL's selectors, the series API's match[] sets)
+// ask the peer together: the peer sees both reads in flight at once, where
+// asked one after another each would wait for the other until the barrier
+// gives up.
+func TestSelectsAskThePeerTogether(t *testing.T) {
+	f := newFixture(t)
+	peerB := f.set(t, nil, f.config())
+	h, _ := replicaHandler(peerB, tenantDBs{"acme": openDB(t, map[string][]int64{"x": {1000}, "y": {2000}})}, nil)
+	b, most := pairedPeer(t, h)
+
+	a := f.set(t, nil, f.config(b))
 	q, err := a.NewReader(tenantDBs{}, nil).Querier("acme", 0, 10_000)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, q.Close()) }()
@@ -452,6 +465,42 @@ func TestSelectsAskThePeerTogether(t *testing.T) {
 		require.Empty(t, sets[i].Warnings())
 	}
 	require.Equal(t, int64(2), most.Load(), "the two reads were in flight together")
+}
+
+// A label call's match[] sets ask the peer together too (query's
+// withMatchSets; Prometheus' handlers ask for one set after another), so
+// that a peer that does not answer costs one peer timeout, not one per
+// set: the peer sees both calls in flight at once.
+func TestLabelCallMatchSetsAskThePeerTogether(t *testing.T) {
+	f := newFixture(t)
+	peerB := f.set(t, nil, f.config())
+	h, reads := replicaHandler(peerB, tenantDBs{"acme": openSeries(t, csv("b-op", "c2"), labels.FromStrings("__name__", "up", "job", "b"))}, nil)
+	for _, path := range []string{query.LabelNamesPath, "/api/v1/label/__name__/values"} {
+		t.Run(path, func(t *testing.T) {
+			b, most := pairedPeer(t, h)
+			a := f.set(t, nil, f.config(b))
+			api := query.NewHandler(discard, nil, a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}, nil), query.Options{})
+			form := url.Values{"match[]": {"csv_succeeded", "up"}}
+			r := httptest.NewRequest(http.MethodGet, path+"?"+form.Encode(), nil)
+			r = r.WithContext(auth.WithIdentity(r.Context(), auth.Identity{Tenant: "acme"}))
+			rec := httptest.NewRecorder()
+			api.ServeHTTP(rec, r)
+			require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+			var body struct {
+				Data     []string
+				Warnings []string
+			}
+			require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &body))
+			want := []string{"__name__", "_id", "job", "name"}
+			if path != query.LabelNamesPath {
+				want = []string{"csv_succeeded", "up"}
+			}
+			require.Equal(t, want, body.Data)
+			require.Empty(t, body.Warnings)
+			require.Equal(t, int64(2), most.Load(), "the two sets' calls were in flight together")
+		})
+	}
+	require.Zero(t, reads.Load(), "asked of the peer's index")
 }
 
 // Select's call runs on after it returns: it must not read what the caller

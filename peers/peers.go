@@ -12,7 +12,8 @@
 // label names and values and the series API's series are asked of each
 // peer's index rather than read from its series (IndexHandler). Peers are
 // asked in parallel, and a query's selectors together (peerQuerier.Select),
-// so a query takes as long as the slowest call, not their sum.
+// as are a label call's match[] sets (query asks for them all at the
+// first), so a query takes as long as the slowest call, not their sum.
 //
 // A peer reports, with each answer, its horizon: the time before which all
 // it holds and can still accept is in the bucket. Queries that end before it

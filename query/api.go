@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/prometheus/config"
 	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/promql"
+	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/prometheus/prometheus/rules"
 	"github.com/prometheus/prometheus/scrape"
 	v1 "github.com/prometheus/prometheus/web/api/v1"
@@ -109,6 +110,8 @@ func NewHandler(logger *slog.Logger, engine promql.QueryEngine, r Reader, opts O
 	if opts.Alertmanagers != nil {
 		amsFor = opts.Alertmanagers
 	}
+	// One parser for the API and withMatchSets, so that their sets agree.
+	promqlParser := parser.NewParser(parser.Options{})
 	api := v1.NewAPI(
 		engine, tenantQueryable{r}, nil, nil,
 		func(context.Context) v1.ScrapePoolsRetriever { return noTargets{} },
@@ -127,13 +130,20 @@ func NewHandler(logger *slog.Logger, engine promql.QueryEngine, r Reader, opts O
 		prometheus.NewRegistry(), prometheus.NewRegistry(), // the API's own metrics stay private
 		nil, false, nil, false, false, false,
 		opts.LookbackDelta, false, false, nil, nil,
-		v1.OpenAPIOptions{}, nil, false, opts.Timeout,
+		v1.OpenAPIOptions{}, promqlParser, false, opts.Timeout,
 	)
 	router := route.New()
 	api.Register(router.WithPrefix("/api/v1"))
 	mux := http.NewServeMux()
+	// The label calls ask for all their match[] sets at once (matchsets.go).
+	labelCalls := withMatchSets(promqlParser, router)
 	for _, p := range Paths {
-		mux.Handle("/api/v1"+p, router)
+		switch p = "/api/v1" + p; p {
+		case LabelNamesPath, LabelValuesPath:
+			mux.Handle(p, labelCalls)
+		default:
+			mux.Handle(p, router)
+		}
 	}
 	// Ours, not Prometheus' (which reads scrape targets and has no warnings).
 	md := opts.Metadata

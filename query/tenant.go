@@ -35,38 +35,41 @@ func (q tenantQueryable) Querier(mint, maxt int64) (promstorage.Querier, error) 
 }
 
 // tenantQuerier opens the tenant's querier on first use: the tenant is only
-// known from the context of Select and the label calls.
+// known from the context of Select and the label calls. A label call
+// whose context has several match[] sets (withMatchSets) asks for them
+// all at the first (labelBatch).
 type tenantQuerier struct {
 	r          Reader
 	mint, maxt int64
 
 	mu     sync.Mutex
 	opened map[string]promstorage.Querier
+	batch  *labelBatch
 }
 
-func (q *tenantQuerier) querier(ctx context.Context) (promstorage.Querier, error) {
+func (q *tenantQuerier) querier(ctx context.Context) (tenant string, inner promstorage.Querier, err error) {
 	id, ok := auth.FromContext(ctx)
 	if !ok || id.Tenant == "" {
-		return nil, errNoTenant
+		return "", nil, errNoTenant
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if inner, ok := q.opened[id.Tenant]; ok {
-		return inner, nil
+		return id.Tenant, inner, nil
 	}
-	inner, err := q.r.Querier(id.Tenant, q.mint, q.maxt)
+	inner, err = q.r.Querier(id.Tenant, q.mint, q.maxt)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	if q.opened == nil {
 		q.opened = map[string]promstorage.Querier{}
 	}
 	q.opened[id.Tenant] = inner
-	return inner, nil
+	return id.Tenant, inner, nil
 }
 
 func (q *tenantQuerier) Select(ctx context.Context, sortSeries bool, hints *promstorage.SelectHints, ms ...*labels.Matcher) promstorage.SeriesSet {
-	inner, err := q.querier(ctx)
+	_, inner, err := q.querier(ctx)
 	if err != nil {
 		return promstorage.ErrSeriesSet(err)
 	}
@@ -74,24 +77,49 @@ func (q *tenantQuerier) Select(ctx context.Context, sortSeries bool, hints *prom
 }
 
 func (q *tenantQuerier) LabelValues(ctx context.Context, name string, hints *promstorage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
-	inner, err := q.querier(ctx)
+	tenant, inner, err := q.querier(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	return inner.LabelValues(ctx, name, hints, ms...)
+	return q.batched(ctx, newLabelCall(tenant, true, name, hints), ms, func(ctx context.Context, ms []*labels.Matcher) ([]string, annotations.Annotations, error) {
+		return inner.LabelValues(ctx, name, hints, ms...)
+	})
 }
 
 func (q *tenantQuerier) LabelNames(ctx context.Context, hints *promstorage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
-	inner, err := q.querier(ctx)
+	tenant, inner, err := q.querier(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	return inner.LabelNames(ctx, hints, ms...)
+	return q.batched(ctx, newLabelCall(tenant, false, "", hints), ms, func(ctx context.Context, ms []*labels.Matcher) ([]string, annotations.Annotations, error) {
+		return inner.LabelNames(ctx, hints, ms...)
+	})
+}
+
+// batched answers call for ms with ask, from the request's batch when its
+// context has several match[] sets: the first call starts it.
+func (q *tenantQuerier) batched(ctx context.Context, call labelCall, ms []*labels.Matcher, ask labelAsk) ([]string, annotations.Annotations, error) {
+	if sets := matchSets(ctx); len(sets) > 1 {
+		q.mu.Lock()
+		if q.batch == nil {
+			q.batch = startLabelBatch(ctx, call, sets, ask)
+		}
+		b := q.batch
+		q.mu.Unlock()
+		if r, ok := b.answer(call, ms); ok {
+			return r.vals, r.ws, r.err
+		}
+	}
+	return ask(ctx, ms)
 }
 
 func (q *tenantQuerier) Close() error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.batch != nil { // its calls use the queriers closed below
+		q.batch.stop()
+		q.batch = nil
+	}
 	var errs []error
 	for _, inner := range q.opened {
 		errs = append(errs, inner.Close())
