@@ -3,9 +3,11 @@
 package deploy
 
 import (
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -121,6 +123,24 @@ func TestAlertsDocumented(t *testing.T) {
 				require.Contains(t, string(doc), "\n### "+r.Alert+"\n", "docs/rules.md has no section for %s", r.Alert)
 			}
 		}
+	}
+}
+
+// TestAlertsHaveRunbookRows: every alert on our own components (the
+// receiver's PrometheusRule, the forwarder's rule file) has a row in a
+// runbook table of docs/operations.md, "What to watch".
+func TestAlertsHaveRunbookRows(t *testing.T) {
+	doc, err := os.ReadFile("../docs/operations.md")
+	require.NoError(t, err)
+	alerts := slices.Collect(maps.Keys(alertExprs(t, "prometheus/phonehome-forwarder.rules.yaml")))
+	for _, g := range readPrometheusRule(t, "kubernetes/monitoring/receiver-alerts.yaml").Spec.Groups {
+		for _, r := range g.Rules {
+			alerts = append(alerts, r.Alert)
+		}
+	}
+	require.Greater(t, len(alerts), 20)
+	for _, a := range alerts {
+		require.True(t, strings.Contains(string(doc), "\n| `"+a+"` |"), "docs/operations.md has no runbook row for %s", a)
 	}
 }
 
