@@ -3,9 +3,11 @@
 package deploy
 
 import (
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -16,7 +18,8 @@ import (
 const promtool = "/usr/bin/promtool" // never skipped: CI installs it
 
 // TestPromtoolRules checks every rule file and runs every promtool unit test;
-// every rule file must be covered by at least one test file.
+// every rule file must be covered by at least one test file, and every alert
+// by a scenario (an alert_rule_test) of a test file that loads it.
 func TestPromtoolRules(t *testing.T) {
 	ruleFiles := globs(t, "rules/*.yaml", "prometheus/*.yaml")
 	testFiles := globs(t, "rules/tests/*.yaml", "prometheus/tests/*.yaml")
@@ -26,15 +29,30 @@ func TestPromtoolRules(t *testing.T) {
 	require.NoError(t, err, "promtool check rules:\n%s", out)
 
 	covered := map[string]bool{}
+	tested := map[string]map[string]bool{} // rule file -> alerts with a scenario
 	for _, tf := range testFiles {
 		var spec struct {
 			RuleFiles []string `yaml:"rule_files"`
+			Tests     []struct {
+				AlertRuleTest []struct {
+					Alertname string `yaml:"alertname"`
+				} `yaml:"alert_rule_test"`
+			} `yaml:"tests"`
 		}
 		b, err := os.ReadFile(tf)
 		require.NoError(t, err)
 		require.NoError(t, yaml.Unmarshal(b, &spec), tf)
 		for _, rf := range spec.RuleFiles {
-			covered[filepath.Clean(filepath.Join(filepath.Dir(tf), rf))] = true
+			rf = filepath.Clean(filepath.Join(filepath.Dir(tf), rf))
+			covered[rf] = true
+			if tested[rf] == nil {
+				tested[rf] = map[string]bool{}
+			}
+			for _, tc := range spec.Tests {
+				for _, a := range tc.AlertRuleTest {
+					tested[rf][a.Alertname] = true
+				}
+			}
 		}
 		t.Run(tf, func(t *testing.T) {
 			out, err := exec.Command(promtool, "test", "rules", tf).CombinedOutput()
@@ -44,7 +62,35 @@ func TestPromtoolRules(t *testing.T) {
 	}
 	for _, rf := range ruleFiles {
 		require.True(t, covered[filepath.Clean(rf)], "%s has no promtool unit test", rf)
+		for a := range alertExprs(t, rf) {
+			require.True(t, tested[filepath.Clean(rf)][a], "%s: alert %s has no promtool scenario", rf, a)
+		}
 	}
+}
+
+// alertExprs returns the alerts of a rule file, by name, with their expressions.
+func alertExprs(t *testing.T, ruleFile string) map[string]string {
+	t.Helper()
+	var f struct {
+		Groups []struct {
+			Rules []struct {
+				Alert string `yaml:"alert"`
+				Expr  string `yaml:"expr"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	b, err := os.ReadFile(ruleFile)
+	require.NoError(t, err)
+	require.NoError(t, yaml.Unmarshal(b, &f), ruleFile)
+	alerts := map[string]string{}
+	for _, g := range f.Groups {
+		for _, r := range g.Rules {
+			if r.Alert != "" {
+				alerts[r.Alert] = r.Expr
+			}
+		}
+	}
+	return alerts
 }
 
 // TestAlertsDocumented requires a summary, a description and a runbook_url
@@ -77,6 +123,24 @@ func TestAlertsDocumented(t *testing.T) {
 				require.Contains(t, string(doc), "\n### "+r.Alert+"\n", "docs/rules.md has no section for %s", r.Alert)
 			}
 		}
+	}
+}
+
+// TestAlertsHaveRunbookRows: every alert on our own components (the
+// receiver's PrometheusRule, the forwarder's rule file) has a row in a
+// runbook table of docs/operations.md, "What to watch".
+func TestAlertsHaveRunbookRows(t *testing.T) {
+	doc, err := os.ReadFile("../docs/operations.md")
+	require.NoError(t, err)
+	alerts := slices.Collect(maps.Keys(alertExprs(t, "prometheus/phonehome-forwarder.rules.yaml")))
+	for _, g := range readPrometheusRule(t, "kubernetes/monitoring/receiver-alerts.yaml").Spec.Groups {
+		for _, r := range g.Rules {
+			alerts = append(alerts, r.Alert)
+		}
+	}
+	require.Greater(t, len(alerts), 20)
+	for _, a := range alerts {
+		require.True(t, strings.Contains(string(doc), "\n| `"+a+"` |"), "docs/operations.md has no runbook row for %s", a)
 	}
 }
 

@@ -142,6 +142,9 @@ func TestDocExamplesPassCheckConfig(t *testing.T) {
 				require.NoError(t, os.WriteFile(p, []byte(y), 0o600))
 				require.NoError(t, webtls.ValidateWebConfig(p, webtls.ServerOptions{}))
 				checked["web config"]++
+			case slices.Contains(top, "scrape_configs"):
+				checkPrometheusConfig(t, dir, ex)
+				checked["prometheus config"]++
 			case slices.Contains(top, "matches") || slices.Contains(top, "relabel_configs") || slices.Contains(top, "federate"):
 				p := filepath.Join(dir, "forwarder.yaml")
 				require.NoError(t, os.WriteFile(p, []byte(ex.body), 0o600))
@@ -165,6 +168,44 @@ func TestDocExamplesPassCheckConfig(t *testing.T) {
 	t.Logf("checked: %v", checked)
 	require.GreaterOrEqual(t, checked["receiver"], 8, "%v", checked)
 	require.Equal(t, 1, checked["forwarder"], "%v", checked)
+	require.Equal(t, 1, checked["prometheus config"], "%v", checked)
+}
+
+// checkPrometheusConfig runs promtool check config on a Prometheus
+// configuration example. Each rule file it loads must be one of
+// deploy/prometheus (copied to where it names), and the jobs those rules
+// select must be scrape jobs of the example.
+func checkPrometheusConfig(t *testing.T, dir string, ex docExample) {
+	t.Helper()
+	var cfg struct {
+		RuleFiles     []string `yaml:"rule_files"`
+		ScrapeConfigs []struct {
+			JobName string `yaml:"job_name"`
+		} `yaml:"scrape_configs"`
+	}
+	require.NoError(t, yaml.Unmarshal([]byte(ex.body), &cfg))
+	var jobs []string
+	for _, sc := range cfg.ScrapeConfigs {
+		jobs = append(jobs, sc.JobName)
+	}
+	body := ex.body
+	for _, rf := range cfg.RuleFiles {
+		b, err := os.ReadFile(filepath.Join("prometheus", filepath.Base(rf)))
+		require.NoError(t, err, "%s: rule file %s is not one of deploy/prometheus", ex.where, rf)
+		for _, m := range jobMatcher.FindAllStringSubmatch(string(b), -1) {
+			require.Contains(t, jobs, m[1], "%s: %s selects a job the example does not scrape", ex.where, rf)
+		}
+		p := filepath.Join(dir, rf)
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, b, 0o600))
+		if filepath.IsAbs(rf) {
+			body = strings.ReplaceAll(body, rf, p)
+		}
+	}
+	p := filepath.Join(dir, "prometheus.yml")
+	require.NoError(t, os.WriteFile(p, []byte(body), 0o600))
+	out, err := exec.Command(promtool, "check", "config", p).CombinedOutput()
+	require.NoError(t, err, "%s: promtool check config:\n%s\n%s", ex.where, out, body)
 }
 
 // keysOf returns the sorted top-level keys of an example.

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alecthomas/units"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 	appsv1 "k8s.io/api/apps/v1"
@@ -35,6 +36,8 @@ import (
 	"sigs.k8s.io/kustomize/api/types"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/phonehome/phonehome/forward"
 )
 
 const kubeDir = "kubernetes"
@@ -360,52 +363,144 @@ func TestDevAndProductionShape(t *testing.T) {
 		})
 	}
 	// The OpenShift overlay swaps the non-resource-URL ClusterRole for a Role
-	// on prometheuses/api.
+	// on prometheuses/api, and lets prometheus-k8s discover the forwarder's
+	// endpoints in its namespace, read-only.
 	r := build(t, filepath.Join(kubeDir, "overlays/openshift-cluster"))
+	roles := map[string]*rbacv1.Role{}
 	for _, o := range r.objs {
 		_, isCR := o.(*rbacv1.ClusterRole)
 		require.False(t, isCR, "openshift-cluster must not grant a ClusterRole")
 		if role, ok := o.(*rbacv1.Role); ok {
-			require.Equal(t, "openshift-monitoring", role.Namespace)
-			require.Equal(t, []string{"prometheuses/api"}, role.Rules[0].Resources)
+			roles[role.Name] = role
 		}
+	}
+	require.Len(t, roles, 2)
+	federate := roles["phonehome-forwarder-federate"]
+	require.NotNil(t, federate)
+	require.Equal(t, "openshift-monitoring", federate.Namespace)
+	require.Equal(t, []string{"prometheuses/api"}, federate.Rules[0].Resources)
+	discover := roles["phonehome-forwarder-prometheus-k8s"]
+	require.NotNil(t, discover)
+	require.Equal(t, "phonehome", discover.Namespace)
+	for _, rule := range discover.Rules {
+		require.Equal(t, []string{"get", "list", "watch"}, rule.Verbs)
 	}
 }
 
-// TestServiceMonitorScrapesEachReplicaOnce: the ServiceMonitor selects one
-// Service, the headless one whose name is the job the alerts select on. Both
-// Services carry app.kubernetes.io/name; selecting by it alone scrapes every
-// replica twice, under two jobs.
-func TestServiceMonitorScrapesEachReplicaOnce(t *testing.T) {
-	r := build(t, filepath.Join(kubeDir, "overlays/production"))
-	var monitors []*serviceMonitor
-	var services []*corev1.Service
-	for _, o := range r.objs {
-		switch o := o.(type) {
-		case *serviceMonitor:
-			monitors = append(monitors, o)
-		case *corev1.Service:
-			services = append(services, o)
-		}
+// jobMatcher finds the job label matchers of PromQL expressions.
+var jobMatcher = regexp.MustCompile(`job=~?"([^"]*)"`)
+
+// TestServiceMonitorsScrapeWhatAlertsSelect: each build's ServiceMonitor
+// selects one Service, whose name is the job its alerts select on, and
+// scrapes /metrics on a Service port that leads to a declared port of the
+// pods (TestProbesAndPortsServed checks that the binary listens there). Both
+// receiver Services carry app.kubernetes.io/name; selecting by it alone
+// scrapes every replica twice, under two jobs.
+func TestServiceMonitorsScrapeWhatAlertsSelect(t *testing.T) {
+	for _, tc := range []struct{ dir, alerts, job string }{
+		{"overlays/production", "monitoring/receiver-alerts.yaml", "phonehome-receiver-headless"},
+		{"forwarder", "forwarder/forwarder-alerts.yaml", "phonehome-forwarder"},
+		{"overlays/openshift-cluster", "forwarder/forwarder-alerts.yaml", "phonehome-forwarder"},
+	} {
+		t.Run(tc.dir, func(t *testing.T) {
+			r := build(t, filepath.Join(kubeDir, tc.dir))
+			var monitors []*serviceMonitor
+			var services []*corev1.Service
+			for _, o := range r.objs {
+				switch o := o.(type) {
+				case *serviceMonitor:
+					monitors = append(monitors, o)
+				case *corev1.Service:
+					services = append(services, o)
+				}
+			}
+			require.Len(t, monitors, 1)
+			sel, err := metav1.LabelSelectorAsSelector(&monitors[0].Spec.Selector)
+			require.NoError(t, err)
+			var selected []*corev1.Service
+			for _, s := range services {
+				if sel.Matches(k8slabels.Set(s.Labels)) {
+					selected = append(selected, s)
+				}
+			}
+			require.Len(t, selected, 1)
+			svc := selected[0]
+			require.Equal(t, tc.job, svc.Name, "the job is the Service's name")
+
+			var pods []*corev1.PodTemplateSpec
+			for _, pt := range r.podTemplates() {
+				if k8slabels.SelectorFromSet(svc.Spec.Selector).Matches(k8slabels.Set(pt.Labels)) {
+					pods = append(pods, pt)
+				}
+			}
+			require.NotEmpty(t, pods, "Service %s selects no pod", svc.Name)
+			require.NotEmpty(t, monitors[0].Spec.Endpoints)
+			for _, ep := range monitors[0].Spec.Endpoints {
+				require.Equal(t, "/metrics", ep.Path)
+				i := slices.IndexFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == ep.Port })
+				require.GreaterOrEqual(t, i, 0, "ServiceMonitor port %q is not a port of Service %s", ep.Port, svc.Name)
+				target := svc.Spec.Ports[i].TargetPort
+				for _, pt := range pods {
+					declared := slices.ContainsFunc(pt.Spec.Containers, func(c corev1.Container) bool {
+						return slices.ContainsFunc(c.Ports, func(cp corev1.ContainerPort) bool {
+							if target.StrVal != "" {
+								return cp.Name == target.StrVal
+							}
+							return cp.ContainerPort == target.IntVal
+						})
+					})
+					require.True(t, declared, "Service %s targets port %s, which its pods do not declare", svc.Name, target.String())
+				}
+			}
+
+			alerts := readPrometheusRule(t, filepath.Join(kubeDir, tc.alerts))
+			n := 0
+			for _, g := range alerts.Spec.Groups {
+				for _, rule := range g.Rules {
+					for _, m := range jobMatcher.FindAllStringSubmatch(rule.Expr, -1) {
+						require.Equal(t, tc.job, m[1], rule.Alert)
+						n++
+					}
+				}
+			}
+			require.NotZero(t, n)
+		})
 	}
-	require.Len(t, monitors, 1)
-	sel, err := metav1.LabelSelectorAsSelector(&monitors[0].Spec.Selector)
-	require.NoError(t, err)
-	var selected []string
-	for _, s := range services {
-		if sel.Matches(k8slabels.Set(s.Labels)) {
-			selected = append(selected, s.Name)
+}
+
+// ourContainer is a container that runs one of our binaries
+// (/usr/local/bin/<binary>) in a pod template of a built kustomization.
+type ourContainer struct {
+	dir, workload, binary string
+	r                     *rendered
+	pt                    *corev1.PodTemplateSpec
+	c                     corev1.Container
+}
+
+func (oc ourContainer) String() string {
+	return fmt.Sprintf("%s: %s container %s", oc.dir, oc.workload, oc.c.Name)
+}
+
+// ourContainers lists the containers of every kustomization (but components,
+// which are built by those that use them) that run one of our binaries.
+func ourContainers(t *testing.T) []ourContainer {
+	t.Helper()
+	var out []ourContainer
+	for _, k := range kustomizations(t) {
+		if k.component {
+			continue
 		}
-	}
-	require.Equal(t, []string{"phonehome-receiver-headless"}, selected)
-	alerts := readPrometheusRule(t, filepath.Join(kubeDir, "monitoring/receiver-alerts.yaml"))
-	for _, g := range alerts.Spec.Groups {
-		for _, rule := range g.Rules {
-			if strings.Contains(rule.Expr, "job=") {
-				require.Contains(t, rule.Expr, `job="phonehome-receiver-headless"`, rule.Alert)
+		r := build(t, k.dir)
+		for name, pt := range r.podTemplates() {
+			for _, c := range pt.Spec.Containers {
+				if len(c.Command) == 0 || !strings.HasPrefix(c.Command[0], "/usr/local/bin/") {
+					continue
+				}
+				out = append(out, ourContainer{dir: k.dir, workload: name, binary: filepath.Base(c.Command[0]), r: r, pt: pt, c: c})
 			}
 		}
 	}
+	return out
 }
 
 // TestProbesAndPortsServed: every probe of our containers asks for a path the
@@ -421,46 +516,35 @@ func TestProbesAndPortsServed(t *testing.T) {
 	}
 	defaultPort := map[string]int32{"receiver": 9291, "forwarder": 9002}
 	probes := 0
-	for _, k := range kustomizations(t) {
-		if k.component {
-			continue
-		}
-		for name, pt := range build(t, k.dir).podTemplates() {
-			for _, c := range pt.Spec.Containers {
-				if len(c.Command) == 0 || !strings.HasPrefix(c.Command[0], "/usr/local/bin/") {
-					continue
-				}
-				binary := filepath.Base(c.Command[0])
-				where := fmt.Sprintf("%s: %s container %s", k.dir, name, c.Name)
-				port := defaultPort[binary]
-				for _, a := range c.Args {
-					for _, f := range listenFlags[binary] {
-						if v, ok := strings.CutPrefix(a, f); ok {
-							_, p, err := net.SplitHostPort(v)
-							require.NoError(t, err, where)
-							n, err := strconv.Atoi(p)
-							require.NoError(t, err, where)
-							port = int32(n)
-						}
-					}
-				}
-				for _, pr := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe, c.StartupProbe} {
-					if pr == nil {
-						continue
-					}
-					require.NotNil(t, pr.HTTPGet, where)
-					require.Contains(t, served[binary], pr.HTTPGet.Path, where)
-					p := pr.HTTPGet.Port
-					if p.StrVal != "" {
-						idx := slices.IndexFunc(c.Ports, func(cp corev1.ContainerPort) bool { return cp.Name == p.StrVal })
-						require.GreaterOrEqual(t, idx, 0, "%s: probe port %q is not declared", where, p.StrVal)
-						require.Equal(t, port, c.Ports[idx].ContainerPort, "%s: port %q is not where %s listens", where, p.StrVal, binary)
-					} else {
-						require.Equal(t, port, p.IntVal, where)
-					}
-					probes++
+	for _, oc := range ourContainers(t) {
+		where := oc.String()
+		port := defaultPort[oc.binary]
+		for _, a := range oc.c.Args {
+			for _, f := range listenFlags[oc.binary] {
+				if v, ok := strings.CutPrefix(a, f); ok {
+					_, p, err := net.SplitHostPort(v)
+					require.NoError(t, err, where)
+					n, err := strconv.Atoi(p)
+					require.NoError(t, err, where)
+					port = int32(n)
 				}
 			}
+		}
+		for _, pr := range []*corev1.Probe{oc.c.ReadinessProbe, oc.c.LivenessProbe, oc.c.StartupProbe} {
+			if pr == nil {
+				continue
+			}
+			require.NotNil(t, pr.HTTPGet, where)
+			require.Contains(t, served[oc.binary], pr.HTTPGet.Path, where)
+			p := pr.HTTPGet.Port
+			if p.StrVal != "" {
+				idx := slices.IndexFunc(oc.c.Ports, func(cp corev1.ContainerPort) bool { return cp.Name == p.StrVal })
+				require.GreaterOrEqual(t, idx, 0, "%s: probe port %q is not declared", where, p.StrVal)
+				require.Equal(t, port, oc.c.Ports[idx].ContainerPort, "%s: port %q is not where %s listens", where, p.StrVal, oc.binary)
+			} else {
+				require.Equal(t, port, p.IntVal, where)
+			}
+			probes++
 		}
 	}
 	require.GreaterOrEqual(t, probes, 6)
@@ -585,18 +669,11 @@ func TestImagesPinned(t *testing.T) {
 
 // TestPrometheusRules runs promtool on the PrometheusRules' spec: the
 // receiver's alerts against their unit tests, and checks that the in-cluster
-// stability rule is the one deploy/prometheus owns (and tests).
+// PrometheusRules (the stability rule, the forwarder's alerts) are the rule
+// files deploy/prometheus owns (and TestPromtoolRules tests).
 func TestPrometheusRules(t *testing.T) {
-	const promtool = "/usr/bin/promtool"
 	alerts := readPrometheusRule(t, filepath.Join(kubeDir, "monitoring/receiver-alerts.yaml"))
-	for _, g := range alerts.Spec.Groups {
-		for _, r := range g.Rules {
-			require.NotEmpty(t, r.Alert, "receiver-alerts.yaml holds alerts only")
-			require.Contains(t, []string{"critical", "warning", "info"}, r.Labels["severity"], r.Alert)
-			require.NotEmpty(t, r.Annotations["summary"], r.Alert)
-			require.NotEmpty(t, r.Annotations["description"], r.Alert)
-		}
-	}
+	requireAlertsOnly(t, "receiver-alerts.yaml", alerts)
 	dir := t.TempDir()
 	rules := filepath.Join(dir, "receiver-alerts.rules.yaml")
 	writeRuleFile(t, rules, alerts)
@@ -639,26 +716,45 @@ func TestPrometheusRules(t *testing.T) {
 	}
 	t.Logf("alerts without a promtool scenario (checked by promtool check rules only): %v", untested)
 
-	// The stability PrometheusRule carries exactly deploy/prometheus's groups.
-	stab := readPrometheusRule(t, filepath.Join(kubeDir, "forwarder/stability-rule.yaml"))
-	var inCR, owned any
-	crYAML, err := os.ReadFile(filepath.Join(kubeDir, "forwarder/stability-rule.yaml"))
-	require.NoError(t, err)
-	var cr struct {
-		Spec any `yaml:"spec"`
+	// The in-cluster PrometheusRules carry exactly deploy/prometheus's groups.
+	for cr, owned := range map[string]string{
+		"forwarder/stability-rule.yaml":   "prometheus/cluster-operator-stability.rules.yaml",
+		"forwarder/forwarder-alerts.yaml": "prometheus/phonehome-forwarder.rules.yaml",
+	} {
+		crYAML, err := os.ReadFile(filepath.Join(kubeDir, cr))
+		require.NoError(t, err)
+		var inCR struct {
+			Spec any `yaml:"spec"`
+		}
+		require.NoError(t, yaml.Unmarshal(crYAML, &inCR))
+		ownedYAML, err := os.ReadFile(owned)
+		require.NoError(t, err)
+		var groups any
+		require.NoError(t, yaml.Unmarshal(ownedYAML, &groups))
+		require.Equal(t, groups, inCR.Spec, "kubernetes/%s spec differs from %s: copy its groups", cr, owned)
 	}
-	require.NoError(t, yaml.Unmarshal(crYAML, &cr))
-	inCR = cr.Spec
-	ownedYAML, err := os.ReadFile("prometheus/cluster-operator-stability.rules.yaml")
-	require.NoError(t, err)
-	require.NoError(t, yaml.Unmarshal(ownedYAML, &owned))
-	require.Equal(t, owned, inCR, "kubernetes/forwarder/stability-rule.yaml spec differs from prometheus/cluster-operator-stability.rules.yaml: copy its groups")
-	// And the forwarder's allowlist ships what it records.
+	requireAlertsOnly(t, "forwarder-alerts.yaml", readPrometheusRule(t, filepath.Join(kubeDir, "forwarder/forwarder-alerts.yaml")))
+	// And the forwarder's allowlist ships what the stability rule records.
+	stab := readPrometheusRule(t, filepath.Join(kubeDir, "forwarder/stability-rule.yaml"))
 	matches, err := os.ReadFile(filepath.Join(kubeDir, "forwarder-config/matches.txt"))
 	require.NoError(t, err)
 	for _, g := range stab.Spec.Groups {
 		for _, r := range g.Rules {
 			require.Contains(t, string(matches), fmt.Sprintf(`{__name__=%q}`, r.Record), "matches.txt must allow %s", r.Record)
+		}
+	}
+}
+
+// requireAlertsOnly: every rule of pr is an alert with a known severity, a
+// summary and a description.
+func requireAlertsOnly(t *testing.T, name string, pr *prometheusRule) {
+	t.Helper()
+	for _, g := range pr.Spec.Groups {
+		for _, r := range g.Rules {
+			require.NotEmpty(t, r.Alert, "%s holds alerts only", name)
+			require.Contains(t, []string{"critical", "warning", "info"}, r.Labels["severity"], r.Alert)
+			require.NotEmpty(t, r.Annotations["summary"], r.Alert)
+			require.NotEmpty(t, r.Annotations["description"], r.Alert)
 		}
 	}
 }
@@ -732,36 +828,24 @@ func TestConfigsPassCheckConfig(t *testing.T) {
 	bin := binaries(t)
 	examples := build(t, filepath.Join(kubeDir, "example-secrets"))
 	checked := map[string]int{}
-	for _, k := range kustomizations(t) {
-		if k.component {
-			continue
-		}
-		r := build(t, k.dir)
-		for name, pt := range r.podTemplates() {
-			for _, c := range pt.Spec.Containers {
-				if len(c.Command) == 0 || !strings.HasPrefix(c.Command[0], "/usr/local/bin/") {
-					continue
+	for _, oc := range ourContainers(t) {
+		t.Run(oc.dir+"/"+oc.workload+"/"+oc.c.Name, func(t *testing.T) {
+			root := t.TempDir()
+			args := podFiles(t, root, oc.r, examples, oc.workload, oc.pt, oc.c)
+			cmd := exec.Command(filepath.Join(bin, oc.binary), append(args, "--check-config")...)
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "%s --check-config %s:\n%s", oc.binary, strings.Join(args, " "), out)
+			require.Contains(t, string(out), "ok")
+			// --check-config does not open every file a config names
+			// (the receiver reads storage.bucket.s3.secret_key_file only
+			// when it opens the bucket): check that each exists.
+			for _, a := range args {
+				if cfg, ok := strings.CutPrefix(a, "--config.file="); ok {
+					requireNamedFilesExist(t, cfg)
 				}
-				binary := filepath.Base(c.Command[0])
-				t.Run(k.dir+"/"+name+"/"+c.Name, func(t *testing.T) {
-					root := t.TempDir()
-					args := podFiles(t, root, r, examples, name, pt, c)
-					cmd := exec.Command(filepath.Join(bin, binary), append(args, "--check-config")...)
-					out, err := cmd.CombinedOutput()
-					require.NoError(t, err, "%s --check-config %s:\n%s", binary, strings.Join(args, " "), out)
-					require.Contains(t, string(out), "ok")
-					// --check-config does not open every file a config names
-					// (the receiver reads storage.bucket.s3.secret_key_file only
-					// when it opens the bucket): check that each exists.
-					for _, a := range args {
-						if cfg, ok := strings.CutPrefix(a, "--config.file="); ok {
-							requireNamedFilesExist(t, cfg)
-						}
-					}
-				})
-				checked[binary]++
 			}
-		}
+		})
+		checked[oc.binary]++
 	}
 	// dev, production (receiver); forwarder base, openshift-cluster, sidecar example (forwarder).
 	require.GreaterOrEqual(t, checked["receiver"], 3, "%v", checked)
@@ -962,4 +1046,64 @@ func requireNamedFilesExist(t *testing.T, config string) {
 		}
 	}
 	walk("", doc)
+}
+
+// TestQueueAlertMatchesQueueBound: the forwarder does not export its queue's
+// bound, so PhonehomeForwarderQueueFillingUp writes it out. It must be the
+// bound every shipped forwarder runs with: --queue.max-bytes, else the
+// queue.max_bytes of its --config.file, else the default.
+func TestQueueAlertMatchesQueueBound(t *testing.T) {
+	expr := alertExprs(t, "prometheus/phonehome-forwarder.rules.yaml")["PhonehomeForwarderQueueFillingUp"]
+	m := regexp.MustCompile(`> 0\.8 \* (\d+)$`).FindStringSubmatch(strings.TrimSpace(expr))
+	require.NotNil(t, m, "PhonehomeForwarderQueueFillingUp: no '> 0.8 * <bytes>' in %q", expr)
+	inRule, err := strconv.ParseInt(m[1], 10, 64)
+	require.NoError(t, err)
+
+	checked := 0
+	for _, oc := range ourContainers(t) {
+		if oc.binary != "forwarder" {
+			continue
+		}
+		where := oc.String()
+		bound := forward.DefaultFileConfig().Queue.MaxBytes
+		for _, a := range oc.c.Args {
+			if p, ok := strings.CutPrefix(a, "--config.file="); ok {
+				cfg, err := forward.ParseFileConfig([]byte(mountedConfigMapFile(t, oc.r, oc.pt, oc.c, p)))
+				require.NoError(t, err, where)
+				bound = cfg.Queue.MaxBytes
+			}
+		}
+		for _, a := range oc.c.Args { // the flag wins over the file
+			if v, ok := strings.CutPrefix(a, "--queue.max-bytes="); ok {
+				bound, err = units.ParseBase2Bytes(v)
+				require.NoError(t, err, where)
+			}
+		}
+		require.Equal(t, inRule, int64(bound), "%s: the queue's bound is not the one PhonehomeForwarderQueueFillingUp assumes: change both", where)
+		checked++
+	}
+	require.GreaterOrEqual(t, checked, 3)
+}
+
+// mountedConfigMapFile returns the content of path in container c, which must
+// be a key of a ConfigMap volume it mounts.
+func mountedConfigMapFile(t *testing.T, r *rendered, pt *corev1.PodTemplateSpec, c corev1.Container, path string) string {
+	t.Helper()
+	for _, m := range c.VolumeMounts {
+		key, ok := strings.CutPrefix(path, strings.TrimSuffix(m.MountPath, "/")+"/")
+		if !ok {
+			continue
+		}
+		for _, v := range pt.Spec.Volumes {
+			if v.Name == m.Name && v.ConfigMap != nil {
+				cm, ok := r.configMaps[v.ConfigMap.Name]
+				require.True(t, ok, "ConfigMap %s not built", v.ConfigMap.Name)
+				data, ok := cm.Data[key]
+				require.True(t, ok, "ConfigMap %s has no key %s", cm.Name, key)
+				return data
+			}
+		}
+	}
+	t.Fatalf("%s is not in a ConfigMap volume of container %s", path, c.Name)
+	return ""
 }
