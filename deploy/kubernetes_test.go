@@ -21,7 +21,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alecthomas/units"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 	appsv1 "k8s.io/api/apps/v1"
@@ -37,7 +36,6 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	sigsyaml "sigs.k8s.io/yaml"
 
-	"github.com/phonehome/phonehome/forward"
 )
 
 const kubeDir = "kubernetes"
@@ -1046,64 +1044,4 @@ func requireNamedFilesExist(t *testing.T, config string) {
 		}
 	}
 	walk("", doc)
-}
-
-// TestQueueAlertMatchesQueueBound: the forwarder does not export its queue's
-// bound, so PhonehomeForwarderQueueFillingUp writes it out. It must be the
-// bound every shipped forwarder runs with: --queue.max-bytes, else the
-// queue.max_bytes of its --config.file, else the default.
-func TestQueueAlertMatchesQueueBound(t *testing.T) {
-	expr := alertExprs(t, "prometheus/phonehome-forwarder.rules.yaml")["PhonehomeForwarderQueueFillingUp"]
-	m := regexp.MustCompile(`> 0\.8 \* (\d+)$`).FindStringSubmatch(strings.TrimSpace(expr))
-	require.NotNil(t, m, "PhonehomeForwarderQueueFillingUp: no '> 0.8 * <bytes>' in %q", expr)
-	inRule, err := strconv.ParseInt(m[1], 10, 64)
-	require.NoError(t, err)
-
-	checked := 0
-	for _, oc := range ourContainers(t) {
-		if oc.binary != "forwarder" {
-			continue
-		}
-		where := oc.String()
-		bound := forward.DefaultFileConfig().Queue.MaxBytes
-		for _, a := range oc.c.Args {
-			if p, ok := strings.CutPrefix(a, "--config.file="); ok {
-				cfg, err := forward.ParseFileConfig([]byte(mountedConfigMapFile(t, oc.r, oc.pt, oc.c, p)))
-				require.NoError(t, err, where)
-				bound = cfg.Queue.MaxBytes
-			}
-		}
-		for _, a := range oc.c.Args { // the flag wins over the file
-			if v, ok := strings.CutPrefix(a, "--queue.max-bytes="); ok {
-				bound, err = units.ParseBase2Bytes(v)
-				require.NoError(t, err, where)
-			}
-		}
-		require.Equal(t, inRule, int64(bound), "%s: the queue's bound is not the one PhonehomeForwarderQueueFillingUp assumes: change both", where)
-		checked++
-	}
-	require.GreaterOrEqual(t, checked, 3)
-}
-
-// mountedConfigMapFile returns the content of path in container c, which must
-// be a key of a ConfigMap volume it mounts.
-func mountedConfigMapFile(t *testing.T, r *rendered, pt *corev1.PodTemplateSpec, c corev1.Container, path string) string {
-	t.Helper()
-	for _, m := range c.VolumeMounts {
-		key, ok := strings.CutPrefix(path, strings.TrimSuffix(m.MountPath, "/")+"/")
-		if !ok {
-			continue
-		}
-		for _, v := range pt.Spec.Volumes {
-			if v.Name == m.Name && v.ConfigMap != nil {
-				cm, ok := r.configMaps[v.ConfigMap.Name]
-				require.True(t, ok, "ConfigMap %s not built", v.ConfigMap.Name)
-				data, ok := cm.Data[key]
-				require.True(t, ok, "ConfigMap %s has no key %s", cm.Name, key)
-				return data
-			}
-		}
-	}
-	t.Fatalf("%s is not in a ConfigMap volume of container %s", path, c.Name)
-	return ""
 }

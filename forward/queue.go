@@ -207,6 +207,9 @@ func OpenQueue(dir string, logger *slog.Logger, reg prometheus.Registerer, opts 
 	for _, r := range []string{ReasonCorrupt, ReasonInvalid} {
 		q.m.droppedRecords.WithLabelValues(r)
 	}
+	f.NewGauge(prometheus.GaugeOpts{
+		Name: "phonehome_forward_queue_max_bytes", Help: "The queue's bound (queue.max_bytes): past it, the oldest records are dropped.",
+	}).Set(float64(opts.MaxBytes))
 	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "phonehome_forward_queue_oldest_age_seconds", Help: "Age of the oldest unacknowledged record, 0 when the queue is empty.",
 	}, q.oldestAge)

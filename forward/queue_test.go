@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -204,9 +205,14 @@ func TestQueueCorruptCursorRedelivers(t *testing.T) {
 func TestQueueGauges(t *testing.T) {
 	now := time.Unix(1000, 0)
 	reg := prometheus.NewRegistry()
-	q, err := OpenQueue(t.TempDir(), discardLogger(), reg, QueueOptions{Now: func() time.Time { return now }})
+	q, err := OpenQueue(t.TempDir(), discardLogger(), reg, QueueOptions{MaxBytes: 3 << 20, Now: func() time.Time { return now }})
 	require.NoError(t, err)
 	defer q.Close()
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP phonehome_forward_queue_max_bytes The queue's bound (queue.max_bytes): past it, the oldest records are dropped.
+# TYPE phonehome_forward_queue_max_bytes gauge
+phonehome_forward_queue_max_bytes 3.145728e+06
+`), "phonehome_forward_queue_max_bytes"), "the alert on a filling queue divides by it")
 	require.NoError(t, q.Append([]byte("x"), []byte("y")))
 	now = now.Add(90 * time.Second)
 	require.Equal(t, 2.0, testutil.ToFloat64(q.m.records))
