@@ -137,3 +137,51 @@ func TestEmptyValuedLabelsAreAbsentInBothVersions(t *testing.T) {
 		require.Equal(t, int64(1), c.Series, "one series for the limits")
 	})
 }
+
+// An erased cluster's series are refused before the limiter even when an
+// empty _id comes first: the empty one is absent, the series is the erased
+// cluster's.
+func TestDenialLooksPastAnEmptyID(t *testing.T) {
+	for _, v := range versions {
+		t.Run(v.name, func(t *testing.T) {
+			lim := newLimiter(nil)
+			lim.TrackClusters(Reasons())
+			w := &fakeWriter{}
+			h := NewHandler(discard(), nil, w, lim, Options{Denied: func(_, cluster string) bool { return cluster == "erased" }})
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, v.request(t, &auth.Identity{Tenant: "acme"}, 1000, rawSeries{labels: []string{"__name__", "up", "_id", "", "_id", "erased"}}))
+			require.Equal(t, http.StatusBadRequest, rec.Code, rec.Body.String())
+			require.Contains(t, rec.Body.String(), "cluster was erased")
+			require.Empty(t, w.series)
+			_, shown := lim.Cluster("acme", "erased")
+			require.False(t, shown, "not on the status page")
+		})
+	}
+}
+
+// A refused series' example on the status page hides another cluster's
+// _id even behind an empty one.
+func TestRefusalExampleLooksPastAnEmptyID(t *testing.T) {
+	for _, v := range versions {
+		t.Run(v.name, func(t *testing.T) {
+			lim := newLimiter(nil)
+			lim.TrackClusters(Reasons())
+			h := NewHandler(discard(), nil, &fakeWriter{}, lim, Options{})
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, v.request(t, &auth.Identity{Tenant: "acme", ClusterID: "c1"}, 1000,
+				rawSeries{labels: []string{"__name__", "up", "_id", "", "_id", "c2"}, noSamples: true}))
+			require.Equal(t, http.StatusBadRequest, rec.Code, rec.Body.String())
+			refusals := lim.RecentRefusals("acme", "c1")
+			require.Len(t, refusals, 1)
+			require.NotContains(t, refusals[0].Example, "c2")
+			require.Contains(t, refusals[0].Example, redactedID)
+		})
+	}
+}
+
+func TestReplicaOfLooksPastAnEmptyValue(t *testing.T) {
+	require.Equal(t, "prometheus-k8s-1", replicaOf([]prompb.TimeSeries{
+		series("up", DefaultReplicaLabel, ""),
+		series("up", DefaultReplicaLabel, "prometheus-k8s-1"),
+	}, DefaultReplicaLabel))
+}
