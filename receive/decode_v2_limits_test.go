@@ -79,13 +79,7 @@ func TestV2EmptyLabelsTakeNoRoom(t *testing.T) {
 	for range 3 {
 		req.Timeseries = append(req.Timeseries, writev2.TimeSeries{LabelsRefs: refs, Samples: []writev2.Sample{{Value: 1, Timestamp: 1}}})
 	}
-	raw, err := req.Marshal()
-	require.NoError(t, err)
-	var d v2Request
-	require.NoError(t, decodeV2(raw, &d))
-	lim := limits.DefaultTenantLimits()
-	b, err := convertV2(&d, &lim)
-	require.NoError(t, err)
+	d, b := convertedV2(t, &req)
 	require.Len(t, d.conv.labels, 3*3, "two labels and room for an _id, per series")
 	for i := range b.series {
 		require.Nil(t, b.invalid[i].serr)
