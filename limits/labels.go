@@ -7,6 +7,8 @@ import (
 // CheckLabels returns a *LimitError if ls has more labels than
 // max_label_names_per_series, or a label name or value longer than
 // max_label_name_length or max_label_value_length (in bytes) of tenant.
+// A label with an empty value is not counted or checked: an empty value
+// means the label is absent (Prometheus' data model), and it is not stored.
 // It only reads ls. For many series of one request, Session.CheckLabels
 // avoids looking the tenant's limits up each time.
 func (l *Limiter) CheckLabels(tenant string, ls labels.Labels) error {
@@ -14,14 +16,17 @@ func (l *Limiter) CheckLabels(tenant string, ls labels.Labels) error {
 }
 
 func (l *Limiter) checkLabels(lim *TenantLimits, ls labels.Labels) error {
-	if lim.MaxLabelNamesPerSeries > 0 && ls.Len() > lim.MaxLabelNamesPerSeries {
-		return l.reject(LimitLabelNamesPerSeries, float64(lim.MaxLabelNamesPerSeries))
+	if limit := lim.MaxLabelNamesPerSeries; limit > 0 && ls.Len() > limit && present(ls) > limit {
+		return l.reject(LimitLabelNamesPerSeries, float64(limit))
 	}
 	maxName, maxValue := lim.MaxLabelNameLength, lim.MaxLabelValueLength
 	if maxName <= 0 && maxValue <= 0 {
 		return nil
 	}
 	return ls.Validate(func(lb labels.Label) error {
+		if lb.Value == "" {
+			return nil
+		}
 		if maxName > 0 && len(lb.Name) > maxName {
 			return l.reject(LimitLabelNameLength, float64(maxName))
 		}
@@ -30,6 +35,17 @@ func (l *Limiter) checkLabels(lim *TenantLimits, ls labels.Labels) error {
 		}
 		return nil
 	})
+}
+
+// present counts the labels of ls with a value.
+func present(ls labels.Labels) int {
+	n := 0
+	ls.Range(func(lb labels.Label) {
+		if lb.Value != "" {
+			n++
+		}
+	})
+	return n
 }
 
 // CheckBodyBytes returns a *LimitError (ErrTooLarge) if a compressed body of

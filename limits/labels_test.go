@@ -39,6 +39,11 @@ func TestLabelLimits(t *testing.T) {
 		{"value length under", labels.FromStrings("n", strings.Repeat("v", 19)), ""},
 		{"value length at", labels.FromStrings("n", strings.Repeat("v", 20)), ""},
 		{"value length over", labels.FromStrings("a", "ok", "n", strings.Repeat("v", 21)), LimitLabelValueLength},
+		// An empty value means the label is absent: it is not stored, so
+		// it counts for no limit.
+		{"empty values do not count", labels.FromStrings("__name__", "up", "a", "", "b", "v", "c", "", "d", "v", "e", "v"), ""},
+		{"names over, empty values aside", labels.FromStrings("__name__", "up", "a", "", "b", "v", "c", "v", "d", "v", "e", "v"), LimitLabelNamesPerSeries},
+		{"a long name with an empty value", labels.FromStrings(strings.Repeat("n", 11), "", "a", "v"), ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -16,9 +16,10 @@ import (
 // batch is one decoded request in the shape write() admits and stores.
 //
 // Remote-write 2.0 series are converted to prompb.TimeSeries (labels
-// resolved from the symbol table, samples and histograms copied one for
-// one, exemplars with their labels), so validation, _id binding, the
-// allowlist and the limits run through the same admit() for both versions.
+// resolved from the symbol table, those of empty value left out as 1.0's are
+// dropped, samples and histograms copied one for one, exemplars with their
+// labels), so validation, _id binding, the allowlist and the limits run
+// through the same admit() for both versions.
 // The conversion is 1:1 per sample, histogram and exemplar, so the counts
 // storage reports, and the written-count headers, stay exact. Start
 // timestamps are accepted (0 means unset) but not stored: the TSDB appender
@@ -148,7 +149,8 @@ func zeroLen[T any](s []T, n int) []T {
 // symbol reference in range (labels, metadata, exemplars), labels_refs of
 // even length, and samples or histograms but not both. Labels keep the
 // sender's order: validateSeries sorts (and counts) them as for 1.0, and
-// refuses duplicates.
+// refuses duplicates. A series' labels with an empty value are left out,
+// as validateSeries drops them from a 1.0 series (see labelKind).
 // The batch and the series' labels and samples live in d (d.conv) and are
 // valid until d is reused; label strings alias the body like the symbols,
 // except the metadata's and the metric name of a series with metadata, which
@@ -168,15 +170,10 @@ func convertV2(d *v2Request, lim *limits.TenantLimits) (*batch, error) {
 	c.meta = zeroLen(c.meta, n)
 	c.invalid = zeroLen(c.invalid, n)
 	c.b = batch{series: c.series, meta: c.meta, invalid: c.invalid}
-	nLabels, nSamples := 0, 0
-	for i := range req.Timeseries {
-		pairs := len(req.Timeseries[i].LabelsRefs) / 2
-		if !over(pairs, lim.MaxLabelNamesPerSeries) {
-			nLabels += pairs + 1 // +1: room for an added _id
-		}
-		nSamples += len(req.Timeseries[i].Samples)
+	nLabels, nSamples, err := c.checkSeries(req, lim)
+	if err != nil {
+		return nil, err
 	}
-	budget := labelBudgetFactor * lim.MaxDecodedBytes
 	// The prompb form costs more than the 2.0 form: a label is a 64-byte
 	// struct where it was two varints.
 	if err := d.exp.spend(labelCost*int64(nLabels) + sampleCost*int64(nSamples) + seriesCost*int64(n)); err != nil {
@@ -187,6 +184,9 @@ func convertV2(d *v2Request, lim *limits.TenantLimits) (*batch, error) {
 	sampleArena := slices.Grow(c.samples, nSamples)
 	defer func() { c.labels, c.samples = labelArena, sampleArena }()
 	for i := range req.Timeseries {
+		if c.invalid[i].serr != nil {
+			continue
+		}
 		ts := &req.Timeseries[i]
 		start := len(labelArena)
 		refuse := func(format string, args ...any) {
@@ -197,25 +197,7 @@ func convertV2(d *v2Request, lim *limits.TenantLimits) (*batch, error) {
 				samples: len(ts.Samples) + len(ts.Histograms),
 			}
 		}
-		if len(ts.Samples) > 0 && len(ts.Histograms) > 0 {
-			refuse("series has both samples and histograms")
-			continue
-		}
-		size, serr := checkRefs(ts.LabelsRefs, req.Symbols, lim)
-		for j := 0; serr == nil && j < len(ts.Exemplars); j++ {
-			var n int64
-			n, serr = checkRefs(ts.Exemplars[j].LabelsRefs, req.Symbols, lim)
-			size += n
-		}
-		if serr != nil {
-			c.invalid[i] = invalidSeries{serr: serr, samples: len(ts.Samples) + len(ts.Histograms)}
-			continue
-		}
-		if budget -= size; budget < 0 {
-			return nil, fmt.Errorf("labels of the request expand beyond %d bytes: %w", labelBudgetFactor*lim.MaxDecodedBytes, errTooLarge)
-		}
-		var err error
-		labelArena, err = appendSymbolLabels(labelArena, ts.LabelsRefs, req.Symbols)
+		labelArena, err = appendSymbolLabels(labelArena, ts.LabelsRefs, req.Symbols, seriesLabels)
 		if err != nil {
 			refuse("labels: %v", err)
 			continue
@@ -274,6 +256,44 @@ func convertV2(d *v2Request, lim *limits.TenantLimits) (*batch, error) {
 	return &c.b, nil
 }
 
+// checkSeries refuses (in c.invalid) the series of req that break a rule
+// checked without building anything: samples and histograms both, or labels
+// (the series' or an exemplar's) over the label limits. It returns the
+// labels (with room for an added _id) and samples the other series will
+// take once built, and errTooLarge when their labels pass the request's
+// budget.
+func (c *v2Conversion) checkSeries(req *writev2.Request, lim *limits.TenantLimits) (nLabels, nSamples int, err error) {
+	budget := labelBudgetFactor * lim.MaxDecodedBytes
+	for i := range req.Timeseries {
+		ts := &req.Timeseries[i]
+		var (
+			kept int
+			size int64
+			serr *seriesError
+		)
+		if len(ts.Samples) > 0 && len(ts.Histograms) > 0 {
+			serr = &seriesError{reasonInvalidSeries, "series has both samples and histograms"}
+		} else {
+			kept, size, serr = checkRefs(ts.LabelsRefs, req.Symbols, lim, seriesLabels)
+		}
+		for j := 0; serr == nil && j < len(ts.Exemplars); j++ {
+			var n int64
+			_, n, serr = checkRefs(ts.Exemplars[j].LabelsRefs, req.Symbols, lim, exemplarLabels)
+			size += n
+		}
+		if serr != nil {
+			c.invalid[i] = invalidSeries{serr: serr, samples: len(ts.Samples) + len(ts.Histograms)}
+			continue
+		}
+		if budget -= size; budget < 0 {
+			return 0, 0, fmt.Errorf("labels of the request expand beyond %d bytes: %w", labelBudgetFactor*lim.MaxDecodedBytes, errTooLarge)
+		}
+		nLabels += kept + 1 // +1: room for an added _id
+		nSamples += len(ts.Samples)
+	}
+	return nLabels, nSamples, nil
+}
+
 // keepsMetadata reports whether storage keeps m (see storage's
 // isZeroMetadata).
 func keepsMetadata(m metadata.Metadata) bool {
@@ -289,12 +309,28 @@ func (c *v2Conversion) ownMetricName(ls []prompb.Label) {
 	}
 }
 
+// labelKind says whose labels a list of references names. A series' leave
+// out the labels with an empty value (absent, in Prometheus' data model), as
+// validateSeries drops them from a 1.0 series: the same series sent in
+// either version then counts the same against the limits, has the same key
+// and _id, and is stored the same. An exemplar's are kept as sent, as a 1.0
+// exemplar's are (and Prometheus keeps them).
+type labelKind uint8
+
+const (
+	seriesLabels labelKind = iota
+	exemplarLabels
+)
+
+// keeps reports whether a label with value is kept.
+func (k labelKind) keeps(value string) bool { return value != "" || k == exemplarLabels }
+
 // appendSymbolLabels appends the labels refs name in symbols to dst, in the
-// sender's order, without a labels.Labels (one allocation per series) in
-// between; the strings are the symbols'. A series' labels are sorted, and
-// counted when they were not, by validateSeries, as 1.0's are; exemplars'
-// by convertExemplars.
-func appendSymbolLabels(dst []prompb.Label, refs []uint32, symbols []string) ([]prompb.Label, error) {
+// sender's order, those kind keeps, without a labels.Labels (one allocation
+// per series) in between; the strings are the symbols'. A series' labels are
+// sorted, and counted when they were not, by validateSeries, as 1.0's are;
+// exemplars' by convertExemplars.
+func appendSymbolLabels(dst []prompb.Label, refs []uint32, symbols []string, kind labelKind) ([]prompb.Label, error) {
 	if len(refs)%2 != 0 {
 		return dst, fmt.Errorf("invalid labelRefs length %d", len(refs))
 	}
@@ -303,7 +339,9 @@ func appendSymbolLabels(dst []prompb.Label, refs []uint32, symbols []string) ([]
 		if int(name) >= len(symbols) || int(value) >= len(symbols) {
 			return dst, fmt.Errorf("labelRefs %d (name) = %d (value) outside of symbols table (size %d)", name, value, len(symbols))
 		}
-		dst = append(dst, prompb.Label{Name: symbols[name], Value: symbols[value]})
+		if kind.keeps(symbols[value]) {
+			dst = append(dst, prompb.Label{Name: symbols[name], Value: symbols[value]})
+		}
 	}
 	return dst, nil
 }
@@ -314,28 +352,39 @@ func compareLabelNames(a, b prompb.Label) int { return strings.Compare(a.Name, b
 // multiple of max_decoded_bytes.
 const labelBudgetFactor = 4
 
-// checkRefs checks the label references of a series (or exemplar) against the
-// label limits without building anything, and returns the bytes the labels
-// would take. Out-of-range references are left for ToLabels to report.
-func checkRefs(refs []uint32, symbols []string, lim *limits.TenantLimits) (int64, *seriesError) {
-	if over(len(refs)/2, lim.MaxLabelNamesPerSeries) {
-		return 0, &seriesError{reasonLabelLimits, fmt.Sprintf("series has %d labels, the limit is %d", len(refs)/2, lim.MaxLabelNamesPerSeries)}
-	}
-	var size int64
+// checkRefs checks the labels that the references of a series (or
+// exemplar) name and kind keeps against the label limits without building
+// anything, in validateSeries' order (the count first), and returns how many
+// labels and bytes they would take. Out-of-range references count as labels
+// and are left for appendSymbolLabels to refuse.
+func checkRefs(refs []uint32, symbols []string, lim *limits.TenantLimits, kind labelKind) (kept int, size int64, serr *seriesError) {
+	var lengthErr *seriesError
 	for j := 0; j+1 < len(refs); j += 2 {
 		if int(refs[j]) >= len(symbols) || int(refs[j+1]) >= len(symbols) {
+			kept++
 			continue
 		}
 		name, value := symbols[refs[j]], symbols[refs[j+1]]
-		if over(len(name), lim.MaxLabelNameLength) {
-			return 0, &seriesError{reasonLabelLimits, fmt.Sprintf("label name of %d bytes, the limit is %d", len(name), lim.MaxLabelNameLength)}
+		if !kind.keeps(value) {
+			continue
 		}
-		if over(len(value), lim.MaxLabelValueLength) {
-			return 0, &seriesError{reasonLabelLimits, fmt.Sprintf("value of label %q has %d bytes, the limit is %d", name, len(value), lim.MaxLabelValueLength)}
+		kept++
+		switch {
+		case lengthErr != nil:
+		case over(len(name), lim.MaxLabelNameLength):
+			lengthErr = &seriesError{reasonLabelLimits, fmt.Sprintf("label name of %d bytes, the limit is %d", len(name), lim.MaxLabelNameLength)}
+		case over(len(value), lim.MaxLabelValueLength):
+			lengthErr = &seriesError{reasonLabelLimits, fmt.Sprintf("value of label %q has %d bytes, the limit is %d", name, len(value), lim.MaxLabelValueLength)}
 		}
 		size += int64(len(name) + len(value))
 	}
-	return size, nil
+	if over(kept, lim.MaxLabelNamesPerSeries) {
+		return 0, 0, &seriesError{reasonLabelLimits, fmt.Sprintf("series has %d labels, the limit is %d", kept, lim.MaxLabelNamesPerSeries)}
+	}
+	if lengthErr != nil {
+		return 0, 0, lengthErr
+	}
+	return kept, size, nil
 }
 
 // convertExemplars converts exemplars the way the series' labels are, with
@@ -347,7 +396,7 @@ func convertExemplars(in []writev2.Exemplar, symbols []string) ([]prompb.Exempla
 	}
 	out := make([]prompb.Exemplar, len(in))
 	for i, e := range in {
-		ls, err := appendSymbolLabels(nil, e.LabelsRefs, symbols)
+		ls, err := appendSymbolLabels(nil, e.LabelsRefs, symbols, exemplarLabels)
 		if err != nil {
 			return nil, err
 		}

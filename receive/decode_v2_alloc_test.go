@@ -13,11 +13,12 @@ import (
 )
 
 // Once its storage has grown, decoding and converting a request of samples
-// with metadata allocates nothing (with slicelabels, symbols are copies).
+// with metadata allocates nothing (with slicelabels, symbols are copies),
+// labels of empty value (left out) included.
 func TestDecodeV2AllocatesNothingOnceGrown(t *testing.T) {
 	b := newV2()
 	for i := range 200 {
-		b.series(labels.FromStrings("__name__", fmt.Sprintf("m%d", i%20), "_id", "c", "i", fmt.Sprint(i)), func(ts *writev2.TimeSeries) {
+		b.series(labels.FromStrings("__name__", fmt.Sprintf("m%d", i%20), "_id", "c", "i", fmt.Sprint(i), "zone", ""), func(ts *writev2.TimeSeries) {
 			ts.Samples = []writev2.Sample{{Value: float64(i), Timestamp: 1000}}
 			ts.Metadata = b.meta(model.MetricTypeGauge, fmt.Sprintf("Help of m%d.", i%20), "bytes")
 		})

@@ -9,6 +9,7 @@ import (
 
 	"github.com/alecthomas/units"
 	"github.com/golang/snappy"
+	"github.com/prometheus/prometheus/prompb"
 	writev2 "github.com/prometheus/prometheus/prompb/io/prometheus/write/v2"
 	"github.com/stretchr/testify/require"
 
@@ -63,4 +64,26 @@ func TestV2LabelExpansionIsBounded(t *testing.T) {
 		require.Equal(t, http.StatusRequestEntityTooLarge, rec.Code, rec.Body.String())
 		require.Contains(t, rec.Body.String(), "labels of the request expand beyond")
 	})
+}
+
+// Labels of empty value are absent: they count for no limit and are not
+// built, so a series of many takes room in the label arena only for the
+// labels it keeps, and no series' labels move out of the arena (sized
+// before they are built).
+func TestV2EmptyLabelsTakeNoRoom(t *testing.T) {
+	req := writev2.Request{Symbols: []string{"", "__name__", "up", "job", "a", "zone"}}
+	refs := []uint32{1, 2, 3, 4}
+	for range 100 {
+		refs = append(refs, 5, 0) // zone="", past the limit of 64 labels
+	}
+	for range 3 {
+		req.Timeseries = append(req.Timeseries, writev2.TimeSeries{LabelsRefs: refs, Samples: []writev2.Sample{{Value: 1, Timestamp: 1}}})
+	}
+	d, b := convertedV2(t, &req)
+	require.Len(t, d.conv.labels, 3*3, "two labels and room for an _id, per series")
+	for i := range b.series {
+		require.Nil(t, b.invalid[i].serr)
+		require.Equal(t, []prompb.Label{{Name: "__name__", Value: "up"}, {Name: "job", Value: "a"}}, b.series[i].Labels)
+		require.Same(t, &d.conv.labels[3*i], &b.series[i].Labels[0], "series %d is in the arena", i)
+	}
 }

@@ -377,6 +377,18 @@ func TestV2OversizedMetadataIsDropped(t *testing.T) {
 			Metadata:   writev2.Metadata{Type: writev2.Metadata_METRIC_TYPE_GAUGE, HelpRef: help},
 		})
 	}
+	_, b := convertedV2(t, &req)
+	require.Equal(t, 2, b.invalidMeta)
+	require.Equal(t, metadata.Metadata{}, b.meta[0])
+	require.Equal(t, metadata.Metadata{Type: model.MetricTypeGauge, Help: "Up."}, b.meta[2])
+	for _, s := range b.series {
+		require.Len(t, s.Samples, 1, "the samples are kept")
+	}
+}
+
+// convertedV2 decodes and converts req under the default limits.
+func convertedV2(t *testing.T, req *writev2.Request) (*v2Request, *batch) {
+	t.Helper()
 	raw, err := req.Marshal()
 	require.NoError(t, err)
 	var d v2Request
@@ -384,10 +396,5 @@ func TestV2OversizedMetadataIsDropped(t *testing.T) {
 	lim := limits.DefaultTenantLimits()
 	b, err := convertV2(&d, &lim)
 	require.NoError(t, err)
-	require.Equal(t, 2, b.invalidMeta)
-	require.Equal(t, metadata.Metadata{}, b.meta[0])
-	require.Equal(t, metadata.Metadata{Type: model.MetricTypeGauge, Help: "Up."}, b.meta[2])
-	for _, s := range b.series {
-		require.Len(t, s.Samples, 1, "the samples are kept")
-	}
+	return &d, b
 }

@@ -63,6 +63,13 @@ func (f *fakeWriter) Write(_ context.Context, tenant string, series []prompb.Tim
 		for _, l := range ts.Labels {
 			cp.Labels = append(cp.Labels, prompb.Label{Name: strings.Clone(l.Name), Value: strings.Clone(l.Value)})
 		}
+		for _, e := range ts.Exemplars {
+			ce := prompb.Exemplar{Value: e.Value, Timestamp: e.Timestamp}
+			for _, l := range e.Labels {
+				ce.Labels = append(ce.Labels, prompb.Label{Name: strings.Clone(l.Name), Value: strings.Clone(l.Value)})
+			}
+			cp.Exemplars = append(cp.Exemplars, ce)
+		}
 		for _, s := range ts.Samples {
 			if s.Value == 13 {
 				rejected++

@@ -158,10 +158,14 @@ func (p *Policy) allows(tenant string, ls []prompb.Label) bool {
 	return false
 }
 
-// labelValue returns the value of the label name in ls, or "".
+// labelValue returns the value of the label name in ls, or "". An empty
+// value means the label is absent, so one is passed over: ls may be a 1.0
+// series read before validateSeries dropped them (the deny list's check, a
+// refusal's example), whose empty _id must not hide the _id it is stored
+// under.
 func labelValue(ls []prompb.Label, name string) string {
 	for _, l := range ls {
-		if l.Name == name {
+		if l.Name == name && l.Value != "" {
 			return l.Value
 		}
 	}

@@ -79,13 +79,12 @@ type TelemeterOptions struct {
 }
 
 // replicaOf returns the replica label's value of the first series that has
-// one: a remote-write request comes from one Prometheus.
+// one (an empty value is none): a remote-write request comes from one
+// Prometheus.
 func replicaOf(series []prompb.TimeSeries, label string) string {
 	for i := range series {
-		for _, l := range series[i].Labels {
-			if l.Name == label {
-				return l.Value
-			}
+		if v := labelValue(series[i].Labels, label); v != "" {
+			return v
 		}
 	}
 	return ""

@@ -53,7 +53,8 @@ func (e *seriesError) Error() string { return e.msg }
 // removed (an empty value means "absent" in Prometheus' data model). When
 // id binds a cluster, the series' _id must equal it (or is overwritten with
 // it when overwriteID is set, or when it is the cluster's own id in clear,
-// id.ClusterIDAlias), and is added if missing.
+// id.ClusterIDAlias), and is added if missing; an _id among its exemplars'
+// labels is held to the same rule (bindExemplars).
 // Labels out of order by name, as any client that builds them from a map
 // sends them, are sorted in place, as Prometheus does (resorted reports it);
 // only what cannot be repaired (a duplicate or empty name) is refused. A
@@ -136,10 +137,37 @@ func validateSeries(ts *prompb.TimeSeries, lim *limits.TenantLimits, id auth.Ide
 	if !model.LegacyValidation.IsValidMetricName(name) {
 		return "", resorted, &seriesError{reasonInvalidLabels, fmt.Sprintf("invalid metric name %q", name)}
 	}
+	if clusterID != "" && len(ts.Exemplars) > 0 {
+		if serr := bindExemplars(ts.Exemplars, id, overwriteID); serr != nil {
+			return "", resorted, serr
+		}
+	}
 	if clusterID != "" && !hasID {
 		ts.Labels = insertLabel(ts.Labels, prompb.Label{Name: clusterLabel, Value: clusterID})
 	}
 	return name, resorted, nil
+}
+
+// bindExemplars holds an _id among exemplar labels to its series' rule: an
+// exemplar is data of the series it is attached to, whose _id is id's
+// cluster, so it may carry that _id or none. The raw id (id.ClusterIDAlias)
+// is rewritten, as is any other when overwriteID is set; any other refuses
+// the series. Without it a cluster could store, and pass upstream, another
+// cluster's _id, or its own raw id, in its exemplars.
+func bindExemplars(exemplars []prompb.Exemplar, id auth.Identity, overwriteID bool) *seriesError {
+	for i := range exemplars {
+		ls := exemplars[i].Labels
+		for j := range ls {
+			switch v := ls[j].Value; {
+			case ls[j].Name != clusterLabel, v == "", v == id.ClusterID:
+			case v == id.ClusterIDAlias, overwriteID:
+				ls[j].Value = id.ClusterID
+			default:
+				return &seriesError{reasonClusterMismatch, "exemplar _id does not match the authenticated cluster"}
+			}
+		}
+	}
+	return nil
 }
 
 // over reports whether n exceeds limit, where a limit of 0 means unlimited.
