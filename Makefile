@@ -30,7 +30,7 @@ demo: build ## Run the system on its embedded default: receiver (filesystem buck
 	./scripts/demo.sh
 
 .PHONY: test
-test: ## Run every test, e2e included (needs prometheus, alertmanager, pushgateway, versitygw: see .ci/run). -count=1: the e2e tests run binaries the test cache cannot see.
+test: ## Run every test, e2e included (needs prometheus, alertmanager, pushgateway, versitygw, thanos: see .ci/run). -count=1: the e2e tests run binaries the test cache cannot see.
 	$(GO) test -race -count=1 -timeout 40m -tags=$(RECEIVER_TAGS) ./...
 	$(GO) test -race -count=1 $(FORWARDER_PKGS)
 
