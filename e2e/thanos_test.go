@@ -89,7 +89,10 @@ func TestThanosServesCompactsAndErases(t *testing.T) {
 				path = "/api/v1/query_range"
 			}
 			code, resp := apiGet(t, base, token, path, params)
-			require.Equal(t, http.StatusOK, code, resp.Error)
+			if code != http.StatusOK { // the callers poll: a block deleted under a query, say
+				out[name] = fmt.Sprintf("HTTP %d: %s", code, resp.Error)
+				continue
+			}
 			var data struct { // without what Thanos adds (its query analysis)
 				ResultType string          `json:"resultType"`
 				Result     json.RawMessage `json:"result"`
