@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unique"
 )
 
 // The series budget evicts only series whose value a flush has written to
@@ -101,13 +102,10 @@ func (ts *tenantState) evictOrder() *evictOrder {
 // layoutOf is the key of the histogram layout the series belongs to, if it
 // belongs to one.
 func (ts *tenantState) layoutOf(it *aggItem) (string, bool) {
-	if len(ts.Layouts) == 0 { // no histogram: spare decoding the name
+	if len(ts.Layouts) == 0 || it.layout == (unique.Handle[string]{}) {
 		return "", false
 	}
-	lk, ok := layoutKeyOf(it.Labels)
-	if !ok {
-		return "", false
-	}
+	lk := it.layout.Value()
 	_, hist := ts.Layouts[lk]
 	return lk, hist
 }
