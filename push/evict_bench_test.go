@@ -33,10 +33,12 @@ func BenchmarkPushEvict(b *testing.B) {
 	for _, budget := range []int{10_000, 100_000} {
 		b.Run(fmt.Sprintf("budget=%d", budget), func(b *testing.B) {
 			g, series, types := fullBudget(b, budget, budget, &fakeWriter{})
-			flushed := func() {
+			flushed := func() { // as Flush does, without its write
 				g.mu.Lock()
-				g.state["bench"].flushed(g.seq)
+				st := g.state["bench"]
+				c, seq := evictCopy{ts: st, cands: st.evictCandidates()}, g.seq
 				g.mu.Unlock()
+				g.flushed(seq, c)
 			}
 			flushed()
 			next := budget
@@ -191,22 +193,12 @@ func medianMicros(ds []time.Duration) float64 {
 }
 
 // BenchmarkEvictOrderBuild is the once-per-flush part of BenchmarkPushEvict:
-// building a tenant's eviction order, under the Gateway's mutex, at the
-// first push after a flush that needs room.
+// building a tenant's eviction order (by the flush, outside the Gateway's
+// mutex; under it by a push that finds none).
 func BenchmarkEvictOrderBuild(b *testing.B) {
 	for _, n := range []int{10_000, 100_000} {
 		b.Run(fmt.Sprintf("series=%d", n), func(b *testing.B) {
-			ts := newTenantState()
-			sb := labels.NewScratchBuilderWithSymbolTable(labels.NewSymbolTable(), 3)
-			for i := range n {
-				sb.Reset()
-				sb.Add("__name__", "installs_total")
-				sb.Add("job", "i")
-				sb.Add("junk", strconv.Itoa(i))
-				it := &aggItem{Labels: sb.Labels(), Value: 1, Touched: int64(i), Pushes: 1 + int64(i%2), seq: uint64(i + 1)}
-				ts.Series[seriesKey(it.Labels)] = it
-			}
-			ts.flushedSeq = uint64(n)
+			ts := benchTenant(n)
 			b.ReportAllocs()
 			for b.Loop() {
 				ts.evict = nil
@@ -214,4 +206,35 @@ func BenchmarkEvictOrderBuild(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkEvictCandidates is the part of the eviction order's build done
+// under the Gateway's mutex, on its own (a flush does it in its copy of the
+// values, compactAndCopy): the copy of what it needs of each series.
+func BenchmarkEvictCandidates(b *testing.B) {
+	for _, n := range []int{10_000, 100_000} {
+		b.Run(fmt.Sprintf("series=%d", n), func(b *testing.B) {
+			ts := benchTenant(n)
+			b.ReportAllocs()
+			for b.Loop() {
+				ts.evictCandidates()
+			}
+		})
+	}
+}
+
+// benchTenant holds n flushed counter series, every other one pushed once.
+func benchTenant(n int) *tenantState {
+	ts := newTenantState()
+	sb := labels.NewScratchBuilderWithSymbolTable(labels.NewSymbolTable(), 3)
+	for i := range n {
+		sb.Reset()
+		sb.Add("__name__", "installs_total")
+		sb.Add("job", "i")
+		sb.Add("junk", strconv.Itoa(i))
+		it := &aggItem{Labels: sb.Labels(), Value: 1, Touched: int64(i), Pushes: 1 + int64(i%2), seq: uint64(i + 1)}
+		ts.Series[seriesKey(it.Labels)] = it
+	}
+	ts.flushedSeq = uint64(n)
+	return ts
 }
