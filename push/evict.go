@@ -6,20 +6,30 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unique"
 )
 
 // The series budget evicts only series whose value a flush has written to
 // the TSDB, so what may go changes at a flush, and between two flushes only
 // by pushes (a series pushed again is unflushed until the next flush) and
 // drops (evictions, erasure, expiry). The order of the evictable series is
-// therefore built once per flush, by the first push that needs room
-// (evictOrder), and consumed by the pushes until the next flush, instead of
-// scanning and sorting the tenant's series under the Gateway's mutex for
-// every push. At a full budget of 100k series a push took 75-455 ms
-// before, about 90 µs after (BenchmarkPushEvict, medians of 6 on a loaded
-// 2-core box: push/testdata/bench-evict.txt); the build, once per flush,
-// about 130 ms there, less than the flush's own copy of the state under
-// the same mutex.
+// therefore built once per flush and consumed by the pushes until the next
+// flush, instead of scanning and sorting the tenant's series under the
+// Gateway's mutex for every push. At a full budget of 100k series a push
+// took 75-455 ms before, about 90 µs after (BenchmarkPushEvict, medians of
+// 6 on a loaded 2-core box: push/testdata/bench-evict.txt).
+//
+// The build sorts every series: 40-130 ms at 100k on a loaded 2-core box
+// (BenchmarkEvictOrderBuild). The flush does it (Gateway.flushed), outside
+// the mutex, so that no push or read of the state waits for it: under the
+// mutex it only copies what the order needs of each series, in the loop
+// that copies their values for the TSDB (compactAndCopy; ~20 ms more at
+// 100k), and installs the order. The first push that needs room after a
+// flush took 42 ms at 100k series, and held every other push as long; it
+// takes 0.1 ms now (BenchmarkFirstEvictionAfterFlush,
+// push/testdata/bench-evict-flush.txt). A push that finds no order for the
+// last flush (none has run since the start, or an erasure dropped it)
+// builds it under the mutex.
 
 // evictUnit is what the budget evicts at once: one series, or a histogram
 // whole (its buckets, sum and count), or it would be left with buckets summed
@@ -44,34 +54,100 @@ type evictOrder struct {
 }
 
 // evictOrder returns the tenant's order as of its last flush, building it if
-// that flush is newer than the order.
+// that flush is newer than the order (see Gateway.flushed for the usual
+// way).
 func (ts *tenantState) evictOrder() *evictOrder {
-	if ts.evict != nil && ts.evict.flushedSeq == ts.flushedSeq {
-		return ts.evict
+	if ts.evict == nil || ts.evict.flushedSeq != ts.flushedSeq {
+		ts.evict = buildEvictOrder(ts.flushedSeq, ts.evictCandidates())
 	}
-	o := &evictOrder{flushedSeq: ts.flushedSeq}
-	// Allocated once for all the units and their series (a histogram
-	// appends its further series), not per series: the build holds the
-	// Gateway's mutex.
-	units := make([]evictUnit, 0, len(ts.Series))
-	keys, items := make([]string, len(ts.Series)), make([]*aggItem, len(ts.Series))
-	hists := map[string]int{} // layout key → index in units
+	return ts.evict
+}
+
+// evictCopy is what a flush copied of a tenant's series for its eviction
+// order (compactAndCopy), under the Gateway's mutex.
+type evictCopy struct {
+	ts    *tenantState
+	cands []evictCandidate // nil if the order as of the flush was built already
+}
+
+// flushed notes that the tenant's series up to Seq seq are in its TSDB
+// (tenantState.flushed), and installs the eviction order as of then, which
+// it builds from the flush's copy outside the mutex. Until then pushes use
+// the previous flush's order, which stays valid. The copy was made at Seq
+// seq, no record pending: a series pushed or dropped since is skipped when
+// the order is consumed (evictOrder.current), and one created since is
+// unflushed, so no order may hold it. Flush's flushMu keeps Erase and
+// expiry, the only ways to drop a tenant's state, from running meanwhile:
+// c.ts is the tenant's state.
+func (g *Gateway) flushed(seq uint64, c evictCopy) {
+	var o *evictOrder
+	if c.cands != nil {
+		o = g.buildEvictOrder(seq, c.cands)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	c.ts.flushed(seq)
+	if o != nil {
+		c.ts.evict = o
+	}
+}
+
+// evictCandidate is what the eviction order needs of one series, copied
+// under the Gateway's mutex so that the order is built without it.
+type evictCandidate struct {
+	key     string
+	it      *aggItem
+	layout  string // the key of the histogram it belongs to, or ""
+	touched int64
+	seq     uint64
+	once    bool // pushed once
+}
+
+// evictCandidates copies what the eviction order needs of each series.
+// Called with the Gateway's mutex held.
+func (ts *tenantState) evictCandidates() []evictCandidate {
+	cands := make([]evictCandidate, 0, len(ts.Series))
 	for k, it := range ts.Series {
-		uk := k
-		if lk, ok := ts.layoutOf(it); ok {
-			if i, seen := hists[lk]; seen {
+		cands = append(cands, ts.evictCandidate(k, it))
+	}
+	return cands
+}
+
+// evictCandidate copies what the eviction order needs of the series k,
+// decoding no label (aggItem.layout). Called with the Gateway's mutex held.
+func (ts *tenantState) evictCandidate(k string, it *aggItem) evictCandidate {
+	c := evictCandidate{key: k, it: it, touched: it.Touched, seq: it.seq, once: it.Pushes == 1}
+	if lk, hist := ts.layoutOf(it); hist {
+		c.layout = lk
+	}
+	return c
+}
+
+// buildEvictOrder groups the candidates into units and orders those in the
+// TSDB as of the flush at flushedSeq. It reads only cands: no lock needed.
+func buildEvictOrder(flushedSeq uint64, cands []evictCandidate) *evictOrder {
+	o := &evictOrder{flushedSeq: flushedSeq}
+	// Allocated once for all the units and their series (a histogram
+	// appends its further series), not per series.
+	units := make([]evictUnit, 0, len(cands))
+	keys, items := make([]string, len(cands)), make([]*aggItem, len(cands))
+	hists := map[string]int{} // layout key → index in units
+	for _, c := range cands {
+		uk := c.key
+		if c.layout != "" {
+			if i, seen := hists[c.layout]; seen {
 				u := &units[i]
-				u.keys, u.items = append(u.keys, k), append(u.items, it)
-				u.once = u.once && it.Pushes == 1
-				u.touched, u.seq = max(u.touched, it.Touched), max(u.seq, it.seq)
+				u.keys, u.items = append(u.keys, c.key), append(u.items, c.it)
+				u.once = u.once && c.once
+				u.touched, u.seq = max(u.touched, c.touched), max(u.seq, c.seq)
 				continue
 			}
-			hists[lk] = len(units)
-			uk = "\xffh" + lk
+			hists[c.layout] = len(units)
+			uk = "\xffh" + c.layout
 		}
 		i := len(units)
-		keys[i], items[i] = k, it
-		units = append(units, evictUnit{key: uk, keys: keys[i : i+1 : i+1], items: items[i : i+1 : i+1], once: it.Pushes == 1, touched: it.Touched, seq: it.seq})
+		keys[i], items[i] = c.key, c.it
+		units = append(units, evictUnit{key: uk, keys: keys[i : i+1 : i+1], items: items[i : i+1 : i+1], once: c.once, touched: c.touched, seq: c.seq})
 	}
 	for i := range units {
 		u := &units[i]
@@ -94,20 +170,16 @@ func (ts *tenantState) evictOrder() *evictOrder {
 	}
 	slices.SortFunc(o.once, byAge)
 	slices.SortFunc(o.often, byAge)
-	ts.evict = o
 	return o
 }
 
 // layoutOf is the key of the histogram layout the series belongs to, if it
 // belongs to one.
 func (ts *tenantState) layoutOf(it *aggItem) (string, bool) {
-	if len(ts.Layouts) == 0 { // no histogram: spare decoding the name
+	if len(ts.Layouts) == 0 || it.layout == (unique.Handle[string]{}) {
 		return "", false
 	}
-	lk, ok := layoutKeyOf(it.Labels)
-	if !ok {
-		return "", false
-	}
+	lk := it.layout.Value()
 	_, hist := ts.Layouts[lk]
 	return lk, hist
 }
@@ -246,7 +318,7 @@ func (ts *tenantState) isFresh(f freshSeries) bool {
 
 // flushed notes that the tenant's series up to Seq seq are in its TSDB
 // (evictable), and drops what that outdated: fresh series it flushed, and
-// the eviction order (rebuilt when next needed).
+// the eviction order (Gateway.flushed builds the next).
 func (ts *tenantState) flushed(seq uint64) {
 	ts.flushedSeq = seq
 	if ts.evict != nil && ts.evict.flushedSeq != seq {

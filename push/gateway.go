@@ -90,6 +90,9 @@ type Gateway struct {
 	// dropped counts the series dropped from the state since the labels
 	// were last moved into a new symbol table (reinternLocked).
 	dropped int
+	// buildEvictOrder is buildEvictOrder, which flushed calls without mu;
+	// tests replace it to hold a build.
+	buildEvictOrder func(flushedSeq uint64, cands []evictCandidate) *evictOrder
 }
 
 // Open recovers the durable state from dir (created if missing) and returns
@@ -115,6 +118,8 @@ func Open(logger *slog.Logger, reg prometheus.Registerer, dir string, w storage.
 		seq:       seq,
 		log:       l,
 		pendingBy: map[string]*pendingState{},
+
+		buildEvictOrder: buildEvictOrder,
 	}
 	for _, n := range cfg.AllowedMetrics {
 		g.allowed[n] = true
@@ -362,7 +367,7 @@ func (g *Gateway) Flush(ctx context.Context) {
 	g.flushMu.Lock()
 	defer g.flushMu.Unlock()
 	ts := g.now().UnixMilli()
-	batches, seq, err := g.compactAndCopy(ts)
+	batches, copies, seq, err := g.compactAndCopy(ts)
 	if err != nil {
 		g.metrics.compactions.WithLabelValues("failure").Inc()
 		g.logger.Error("compact push log", "err", err)
@@ -376,16 +381,14 @@ func (g *Gateway) Flush(ctx context.Context) {
 			continue
 		}
 		g.metrics.flushes.WithLabelValues("success").Inc()
-		g.mu.Lock()
-		if st := g.state[tenant]; st != nil { // its series up to seq are stored: evictable
-			st.flushed(seq)
-		}
-		g.mu.Unlock()
+		g.flushed(seq, copies[tenant]) // its series up to seq are stored: evictable
 	}
 }
 
-// compactAndCopy returns what Flush writes and the Seq it holds the state at.
-func (g *Gateway) compactAndCopy(ts int64) (map[string][]prompb.TimeSeries, uint64, error) {
+// compactAndCopy returns what Flush writes, what the eviction orders as of
+// the flush are built from (Gateway.flushed), and the Seq it holds the state
+// at.
+func (g *Gateway) compactAndCopy(ts int64) (map[string][]prompb.TimeSeries, map[string]evictCopy, uint64, error) {
 	g.syncMu.Lock()
 	defer g.syncMu.Unlock()
 	g.mu.Lock()
@@ -418,12 +421,20 @@ func (g *Gateway) compactAndCopy(ts int64) (map[string][]prompb.TimeSeries, uint
 		}
 	}
 	out := make(map[string][]prompb.TimeSeries, len(g.state))
+	copies := make(map[string]evictCopy, len(g.state))
 	for tenant, st := range g.state {
 		if len(st.Series) == 0 {
 			continue
 		}
+		c := evictCopy{ts: st}
+		if st.evict == nil || st.evict.flushedSeq != g.seq { // else no record since the order was built
+			c.cands = make([]evictCandidate, 0, len(st.Series))
+		}
 		series := make([]prompb.TimeSeries, 0, len(st.Series))
-		for _, it := range st.Series {
+		for k, it := range st.Series {
+			if c.cands != nil { // here, not in a loop of its own: the items are in the cache
+				c.cands = append(c.cands, st.evictCandidate(k, it))
+			}
 			if math.IsNaN(it.Value) {
 				continue
 			}
@@ -435,8 +446,9 @@ func (g *Gateway) compactAndCopy(ts int64) (map[string][]prompb.TimeSeries, uint
 			series = append(series, prompb.TimeSeries{Labels: pl, Samples: []prompb.Sample{{Value: it.Value, Timestamp: ts}}})
 		}
 		out[tenant] = series
+		copies[tenant] = c
 	}
-	return out, g.seq, err
+	return out, copies, g.seq, err
 }
 
 // withReplica sets ReplicaLabel in the sorted labels pl.

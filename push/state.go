@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"unique"
 
 	"github.com/prometheus/prometheus/model/labels"
 
@@ -114,6 +115,24 @@ type aggItem struct {
 	// the budget does not evict them first).
 	Pushes int64  `json:"pushes,omitempty"`
 	seq    uint64 // the last record that added to it (the snapshot's Seq if from one)
+	// layout is layoutKeyOf(Labels), zero if none: decoded once, not for
+	// every series at every flush (evictCandidates); the series of one
+	// histogram share its string.
+	layout unique.Handle[string]
+}
+
+// newAggItem is a series of the state, with its labels interned (called
+// with the Gateway's mutex held, or by openState).
+func newAggItem(ls labels.Labels) *aggItem {
+	it := &aggItem{Labels: intern(ls)}
+	it.setLayout()
+	return it
+}
+
+func (it *aggItem) setLayout() {
+	if lk, ok := layoutKeyOf(it.Labels); ok {
+		it.layout = unique.Make(lk)
+	}
 }
 
 // MarshalJSON writes a non-finite value as Prometheus' JSON API does
@@ -174,7 +193,7 @@ func (ts *tenantState) apply(rec *record) int {
 		k := seriesKey(d.Labels)
 		it, ok := ts.Series[k]
 		if !ok {
-			it = &aggItem{Labels: intern(d.Labels)}
+			it = newAggItem(d.Labels)
 			ts.Series[k] = it
 			ts.fresh = append(ts.fresh, freshSeries{k, it})
 		}
@@ -292,6 +311,7 @@ func openState(logger *slog.Logger, dir string, now int64) (map[string]*tenantSt
 					it.Touched = now
 				}
 				it.seq = s.Seq
+				it.setLayout()
 				if it.Pushes == 0 {
 					it.Pushes = 2
 				}
