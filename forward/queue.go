@@ -37,9 +37,10 @@ import (
 // not fsynced: after a power loss the queue may redeliver a few acknowledged
 // records, never lose unacknowledged ones.
 //
-// Open scans every segment and truncates it at its first invalid record (short
-// header, implausible length, short payload or checksum mismatch): a torn
-// write at crash time loses only the record being written. The
+// Open scans every segment from the cursor on and truncates it at its first
+// invalid record (short header, implausible length, short payload or
+// checksum mismatch): a torn write at crash time loses only the record being
+// written, and a corrupt acknowledged record, which is not read, nothing. The
 // unacknowledged records cut, and any record that cannot be read back later,
 // are counted in phonehome_forward_dropped_records_total{reason="corrupt"}
 // (see queue_dropped.go).
@@ -278,6 +279,11 @@ func (q *Queue) loadSegment(seq uint64, cur Position, curOK bool) error {
 		return fmt.Errorf("read segment %s: %w", path, err)
 	}
 	off := 0
+	if curOK && seq == cur.seq && cur.off <= int64(len(b)) {
+		// The acknowledged records before the cursor are not read again:
+		// one corrupt there must not cut the unacknowledged ones after it.
+		off = int(cur.off)
+	}
 	for off < len(b) {
 		t, _, n, err := DecodeRecord(b[off:])
 		if err != nil {

@@ -2,7 +2,9 @@ package query
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -103,6 +105,9 @@ type labelResult struct {
 	vals []string
 	ws   annotations.Annotations
 	err  error
+	// panicked is the call's panic, with the stack it was raised on, raised
+	// again by answer.
+	panicked any
 }
 
 // startLabelBatch starts asking for sets, with ask, under ctx (or until
@@ -126,10 +131,7 @@ func startLabelBatch(ctx context.Context, call labelCall, sets [][]*labels.Match
 	for range min(maxParallelSets, len(distinct)) {
 		b.wg.Go(func() {
 			for i := int(next.Add(1)) - 1; i < len(distinct); i = int(next.Add(1)) - 1 {
-				var r labelResult
-				if r.err = ctx.Err(); r.err == nil { // else stopped, or the caller left
-					r.vals, r.ws, r.err = ask(ctx, distinct[i])
-				}
+				r := askRecovering(ctx, ask, distinct[i])
 				b.mu.Lock()
 				b.answers[i].res = r
 				b.mu.Unlock()
@@ -140,8 +142,26 @@ func startLabelBatch(ctx context.Context, call labelCall, sets [][]*labels.Match
 	return b
 }
 
+// askRecovering makes the label call for ms unless ctx has ended (stopped,
+// or the caller left). A panic of the call is caught: in a goroutine of the
+// batch it would end the process, where asked by the handler itself it
+// failed the request only (net/http recovers it).
+func askRecovering(ctx context.Context, ask labelAsk, ms []*labels.Matcher) (r labelResult) {
+	defer func() {
+		if p := recover(); p != nil {
+			r = labelResult{panicked: fmt.Sprintf("%v [in a label call of a match[] set]\n%s", p, debug.Stack())}
+		}
+	}()
+	if r.err = ctx.Err(); r.err == nil {
+		r.vals, r.ws, r.err = ask(ctx, ms)
+	}
+	return r
+}
+
 // answer waits for the answer to ms of call; false if the batch was not
-// asked for it (another call, or a set not of the request).
+// asked for it (another call, or a set not of the request). A call that
+// panicked panics again here, on the handler's goroutine, as it did when
+// the handler made it.
 func (b *labelBatch) answer(call labelCall, ms []*labels.Matcher) (labelResult, bool) {
 	i, ok := b.index[setKey(ms)]
 	if call != b.call || !ok {
@@ -149,11 +169,14 @@ func (b *labelBatch) answer(call labelCall, ms []*labels.Matcher) (labelResult, 
 	}
 	<-b.answers[i].done
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	a := &b.answers[i]
 	r := a.res
 	if a.uses--; a.uses == 0 { // not held once every set asking for it has it
 		a.res = labelResult{}
+	}
+	b.mu.Unlock()
+	if r.panicked != nil {
+		panic(r.panicked)
 	}
 	return r, true
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -68,8 +70,8 @@ func (f *flight) mostInFlight() int {
 
 // setsReader answers a label call over a match[] set of one matcher with
 // that matcher's value, warned "saw <value>", once its flight lets it:
-// except "fail", an error, and "hang", which waits for its context to end
-// (and counts it in ended).
+// except "fail", an error, "hang", which waits for its context to end
+// (and counts it in ended), and "panic", which panics.
 type setsReader struct {
 	f     *flight
 	ended atomic.Int64
@@ -95,6 +97,8 @@ func (q setsQuerier) answer(ctx context.Context, hints *promstorage.LabelHints, 
 		<-ctx.Done()
 		q.r.ended.Add(1)
 		return nil, nil, ctx.Err()
+	case "panic":
+		panic("set panicked")
 	}
 	vals := []string{v, v + "-2"}
 	if hints != nil && hints.Limit > 0 {
@@ -225,4 +229,27 @@ func TestLabelCallMatchSetsAreBounded(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, got.Error)
 	require.Len(t, got.Data, 2*len(sets))
 	require.Equal(t, maxParallelSets, r.f.mostInFlight())
+}
+
+// A label call that panics fails its request, not the process: asked in a
+// goroutine of the batch, its panic is raised again on the handler's, which
+// net/http recovers, as when the handler asked for each set itself.
+func TestLabelCallMatchSetPanicFailsTheRequestOnly(t *testing.T) {
+	r := &setsReader{f: newFlight(2)}
+	h := NewHandler(discardLogger(), nil, r, Options{})
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		h.ServeHTTP(w, req.WithContext(auth.WithIdentity(req.Context(), auth.Identity{Tenant: "acme"})))
+	}))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // "http: panic serving"
+	srv.Start()
+	defer srv.Close()
+	for _, path := range []string{LabelNamesPath, "/api/v1/label/x/values"} {
+		resp, err := srv.Client().Get(srv.URL + path + "?" + url.Values{"match[]": matches("a", "panic")}.Encode())
+		if err == nil {
+			resp.Body.Close()
+		}
+		require.Error(t, err, "%s: net/http ends the connection of a handler that panicked", path)
+	}
+	code, got := callAPI(t, h, http.MethodGet, LabelNamesPath, url.Values{"match[]": matches("a", "b")})
+	require.Equal(t, http.StatusOK, code, got.Error)
 }
