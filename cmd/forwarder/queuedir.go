@@ -15,14 +15,19 @@ func fallbackQueueDir() string { return filepath.Join(os.TempDir(), "phonehome-f
 // usableQueueDir returns dir if the forwarder can create files in it, else
 // fallback, with a warning. A deployment made for telemeter-client has no
 // --queue.dir and perhaps no writable working directory: it queues in the
-// temporary directory rather than fail to start. Neither being writable is
-// an error naming both.
+// temporary directory rather than fail to start, if the directory there is
+// this process' own and closed to other users (checkPrivate). Neither being
+// usable is an error naming both.
 func usableQueueDir(logger *slog.Logger, dir, fallback string) (string, error) {
 	err := checkWritable(dir)
 	if err == nil {
 		return dir, nil
 	}
-	if ferr := checkWritable(fallback); ferr != nil {
+	ferr := checkWritable(fallback)
+	if ferr == nil {
+		ferr = checkPrivate(fallback)
+	}
+	if ferr != nil {
 		return "", fmt.Errorf("no writable queue directory (set --queue.dir to a writable volume): %w; %w", err, ferr)
 	}
 	logger.Warn("default --queue.dir is not writable, queueing in the temporary directory (set --queue.dir to a volume to keep the queue across restarts)",

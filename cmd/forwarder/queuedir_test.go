@@ -86,3 +86,33 @@ func TestUnwritableDefaultQueueDirFallsBack(t *testing.T) {
 	require.Contains(t, s.log(), "queueing in the temporary directory")
 	require.FileExists(t, filepath.Join(tmp, "phonehome-forwarder-queue", "lock"))
 }
+
+// TestFallbackQueueDirMustBePrivate: the fallback's name in $TMPDIR is
+// fixed, so one that another user could have made first, or can read or
+// write, is refused rather than used.
+func TestFallbackQueueDirMustBePrivate(t *testing.T) {
+	ro := unwritableDir(t)
+	open := filepath.Join(t.TempDir(), "open")
+	require.NoError(t, os.Mkdir(open, 0o700))
+	require.NoError(t, os.Chmod(open, 0o777))
+	_, err := usableQueueDir(slog.New(slog.DiscardHandler), ro, open)
+	require.ErrorContains(t, err, "queue dir "+open+": open to other users (mode -rwxrwxrwx, want 0700)")
+
+	link := filepath.Join(t.TempDir(), "link")
+	require.NoError(t, os.Symlink(t.TempDir(), link))
+	_, err = usableQueueDir(slog.New(slog.DiscardHandler), ro, link)
+	require.ErrorContains(t, err, "queue dir "+link+": not a directory")
+
+	if os.Geteuid() == 0 { // only root can give a directory away
+		theirs := filepath.Join(t.TempDir(), "theirs")
+		require.NoError(t, os.Mkdir(theirs, 0o700))
+		require.NoError(t, os.Chown(theirs, 4711, 4711))
+		_, err = usableQueueDir(slog.New(slog.DiscardHandler), ro, theirs)
+		require.ErrorContains(t, err, "queue dir "+theirs+": owned by uid 4711")
+	}
+
+	mine := filepath.Join(t.TempDir(), "mine")
+	got, err := usableQueueDir(slog.New(slog.DiscardHandler), ro, mine)
+	require.NoError(t, err)
+	require.Equal(t, mine, got)
+}
