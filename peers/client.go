@@ -33,6 +33,7 @@ type peer struct {
 
 	fallback map[string]*atomic.Bool // by call (callLabels, callSeries): read from its series (indexCallDone)
 	down     reachability            // marked when a call cannot connect (reachability.go)
+	checking atomic.Bool             // a hang check of the peer is running (checkHung)
 
 	mu      sync.Mutex
 	horizon map[string]observation // by tenant

@@ -20,6 +20,13 @@ import (
 // probeInterval. Any HTTP answer makes it reachable again. A mark lapses
 // after probeInterval unless a failed probe renews it, so without the probe
 // (Run not running) a real call tries again now and then.
+//
+// A peer that accepts connections but answers nothing (a hung process, a
+// node whose kernel still completes handshakes) would hold every query for
+// peers.timeout just the same. A call that had a connection and reached its
+// deadline says only that the peer is slow or hung, so its /-/ready is asked
+// at once (checkHung): a peer that does not answer that either is marked as
+// an unreachable one is; one that does is slow, and is asked again.
 
 // probeInterval is how often an unreachable peer is probed, and how long a
 // mark lasts without a probe (Set.probeEvery, shorter in tests).
@@ -88,10 +95,29 @@ func (s *Set) roundTrip(p *peer, req *http.Request) (*http.Response, error) {
 		GotConn: func(httptrace.GotConnInfo) { connected.Store(true) },
 	})
 	resp, err := s.base.RoundTrip(req.WithContext(ctx))
-	if err != nil && !connected.Load() && !errors.Is(req.Context().Err(), context.Canceled) {
+	switch {
+	case err == nil || errors.Is(req.Context().Err(), context.Canceled):
+	case !connected.Load():
 		s.markUnreachable(p, err)
+	case errors.Is(err, context.DeadlineExceeded):
+		s.checkHung(p)
 	}
 	return resp, err
+}
+
+// checkHung probes p after a call that had a connection but no answer by
+// its deadline, and marks p if the probe gets no answer either. One check
+// per peer at a time; it ends within the probe's timeout.
+func (s *Set) checkHung(p *peer) {
+	if !p.checking.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer p.checking.Store(false)
+		if err := s.probe(context.Background(), p); err != nil {
+			s.markUnreachable(p, fmt.Errorf("connected, but answered neither a call by its deadline nor /-/ready: %w", err))
+		}
+	}()
 }
 
 func (s *Set) markUnreachable(p *peer, err error) {
@@ -114,7 +140,7 @@ func (s *Set) probeLoop(ctx context.Context) {
 		var wg sync.WaitGroup
 		for _, p := range s.snapshot() {
 			if p.down.marked() {
-				wg.Go(func() { s.probe(ctx, p) })
+				wg.Go(func() { _ = s.probe(ctx, p) })
 			}
 		}
 		wg.Wait()
@@ -122,25 +148,30 @@ func (s *Set) probeLoop(ctx context.Context) {
 }
 
 // probe asks p's /-/ready: any HTTP answer makes it reachable, a failure
-// renews its mark.
-func (s *Set) probe(ctx context.Context, p *peer) {
+// renews a mark. It returns the failure, nil if p answered (or ctx was
+// cancelled).
+func (s *Set) probe(ctx context.Context, p *peer) error {
 	ctx, cancel := context.WithTimeout(ctx, min(s.probeEvery, time.Duration(s.cfg.Timeout)))
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.cfg.Scheme+"://"+p.addr+"/-/ready", nil)
 	if err != nil {
-		return
+		return nil
 	}
 	resp, err := s.base.RoundTrip(req)
 	if err != nil {
 		if ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			p.down.mark(s.now(), s.probeEvery, err)
+			if p.down.marked() {
+				p.down.mark(s.now(), s.probeEvery, err)
+			}
+			return err
 		}
-		return
+		return nil
 	}
 	_ = resp.Body.Close()
 	if since := p.down.clear(); !since.IsZero() {
 		s.logger.Info("peer reachable again", "peer", p.addr, "unreachable_for", s.now().Sub(since).Round(time.Second))
 	}
+	return nil
 }
 
 // unreachable counts the peers marked unreachable (a gauge's value).

@@ -3,6 +3,8 @@ package peers
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -75,10 +77,10 @@ func TestUnreachablePeerIsSkippedUntilItAnswers(t *testing.T) {
 
 	// A probe that fails keeps the mark; one that gets an answer clears it.
 	p := s.snapshot()[0]
-	s.probe(context.Background(), p)
+	require.Error(t, s.probe(context.Background(), p))
 	require.Equal(t, 1.0, gauge())
 	bh.back.Store(true)
-	s.probe(context.Background(), p)
+	require.NoError(t, s.probe(context.Background(), p))
 	require.Equal(t, 0.0, gauge())
 	require.NoError(t, p.down.check(clock))
 
@@ -128,4 +130,49 @@ func TestRunProbesUnreachablePeers(t *testing.T) {
 	require.Eventually(t, func() bool { return !p.down.marked() }, 10*time.Second, 5*time.Millisecond)
 	cancel()
 	require.NoError(t, <-done)
+}
+
+// A peer that connects but answers neither a call nor /-/ready (a hung
+// process) is skipped as an unreachable one is; one that answers /-/ready
+// is only slow, and is asked again.
+func TestHungPeerIsSkippedSlowPeerIsNot(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		ready      bool // the peer answers /-/ready
+		wantMarked bool
+	}{{"hung", false, true}, {"slow", true, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			release := make(chan struct{})
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/-/ready" && tc.ready {
+					return
+				}
+				select {
+				case <-r.Context().Done():
+				case <-release:
+				}
+			}))
+			defer srv.Close()
+			defer close(release) // before Close, which waits for the handlers
+			f := newFixture(t)
+			cfg := f.config(strings.TrimPrefix(srv.URL, "http://"))
+			cfg.Timeout = model.Duration(time.Second)
+			s := f.set(t, nil, cfg)
+			s.probeEvery = 100 * time.Millisecond // the probe's timeout
+			p := s.snapshot()[0]
+
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/api/v1/read", nil)
+			require.NoError(t, err)
+			_, err = s.roundTrip(p, req)
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			require.False(t, p.down.marked(), "a call that had a connection does not mark its peer by itself")
+			require.Eventually(t, func() bool { return !p.checking.Load() }, 10*time.Second, 5*time.Millisecond, "the hang check ends")
+			require.Equal(t, tc.wantMarked, p.down.marked())
+			if tc.wantMarked {
+				require.ErrorContains(t, p.down.check(time.Now()), "connected, but answered neither a call by its deadline nor /-/ready")
+			}
+		})
+	}
 }
