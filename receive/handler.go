@@ -67,8 +67,9 @@ type Options struct {
 	MaxInflight int
 	// MaxInflightBytes bounds the memory the write requests in flight hold
 	// at once (bodies, decoded bytes and structures, as they are read and
-	// decoded); a request that would pass it while others hold memory is
-	// answered 503 with Retry-After. 0 = unlimited.
+	// decoded); a request that would pass it while others hold memory waits
+	// its turn (first come, first served, inflightBytes), and is answered
+	// 503 with Retry-After if its wait runs out. 0 = unlimited.
 	MaxInflightBytes int64
 }
 
@@ -135,7 +136,7 @@ func NewHandler(logger *slog.Logger, reg prometheus.Registerer, w storage.Writer
 		h.metrics.overloaded.WithLabelValues(l) // exported at 0
 	}
 	if opts.MaxInflightBytes > 0 {
-		h.bytes = &inflightBytes{max: opts.MaxInflightBytes}
+		h.bytes = &inflightBytes{max: opts.MaxInflightBytes, wait: inflightBytesWait}
 		promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "phonehome_receive_inflight_bytes",
 			Help: "Memory reserved by the write requests in flight (bodies, decoded bytes and structures), of --receive.max-inflight-bytes.",
@@ -252,7 +253,7 @@ func (h *Handler) handle(r *http.Request, rt route) (written storage.Stats, prot
 	defer inflight.Done()
 	buf := bufPool.Get().(*bytesBuffer)
 	defer h.release(buf)
-	buf.res = reservation{pool: h.bytes}
+	buf.res = reservation{pool: h.bytes, ctx: r.Context()}
 	defer buf.res.release() // before the buffer is released: runs first
 	lim := h.limiter.For(id.Tenant)
 	maxSamples := lim.MaxSamplesPerRequest(id.ClusterID != "")

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/prometheus/model/labels"
@@ -65,6 +66,7 @@ func TestHandlerMaxInflightBytesWhileDecoding(t *testing.T) {
 			for extra := int64(64 << 10); extra < 4<<20; extra += 128 << 10 {
 				w := &firstBlocks{entered: make(chan struct{}, 1), release: make(chan struct{})}
 				h := NewHandler(discard(), nil, w, newLimiter(nil), Options{MaxInflightBytes: reserveStep + extra})
+				h.bytes.wait = time.Millisecond
 				done := make(chan int, 1)
 				go func() {
 					rec := httptest.NewRecorder()

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -15,12 +16,14 @@ import (
 
 // TestHandlerMaxInflightBytes: a write that would take the memory held by
 // the requests in flight past Options.MaxInflightBytes is refused with 503
-// and Retry-After, counted under limit="bytes"; once the holder is
-// answered, the same write is served, and nothing stays reserved.
+// and Retry-After once its wait runs out, counted under limit="bytes"; once
+// the holder is answered, the same write is served, and nothing stays
+// reserved.
 func TestHandlerMaxInflightBytes(t *testing.T) {
 	w := &blockingWriter{entered: make(chan struct{}, 2), release: make(chan struct{}, 2)}
 	reg := prometheus.NewRegistry()
 	h := NewHandler(discard(), reg, w, newLimiter(nil), Options{MaxInflightBytes: 1 << 20})
+	h.bytes.wait = time.Millisecond // not the 5s a write waits in production
 	serve := func(c string) *httptest.ResponseRecorder {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, newRequest(encode(t, manySeries(c, 0, 2000)...), &auth.Identity{Tenant: "a", ClusterID: c}))
@@ -89,15 +92,18 @@ func TestExpansionReservesAsItSpends(t *testing.T) {
 // TestInflightBytesTake: past max, a request is refused only while others
 // hold memory.
 func TestInflightBytesTake(t *testing.T) {
-	b := &inflightBytes{max: 100}
-	require.True(t, b.take(150, 0), "alone")
-	require.False(t, b.take(10, 0), "another one holds 150")
-	require.True(t, b.take(10, 150), "the holder itself may grow")
-	b.used.Add(-160)
-	require.True(t, b.take(60, 0))
-	require.True(t, b.take(40, 0))
-	require.False(t, b.take(1, 0))
+	b := &inflightBytes{max: 100} // no wait: what does not fit is refused at once
+	first, second := &reservation{pool: b}, &reservation{pool: b}
+	require.True(t, b.take(first, 150), "alone")
+	require.False(t, b.take(second, 10), "another one holds 150")
+	require.True(t, b.take(first, 10), "the holder itself may grow")
+	first.release()
+	first = &reservation{pool: b}
+	require.True(t, b.take(first, 60))
+	require.True(t, b.take(second, 40))
+	require.False(t, b.take(&reservation{pool: b}, 1))
 	require.Equal(t, int64(100), b.used.Load())
+	require.Zero(t, b.waiting())
 }
 
 // gathered is the value of reg's unlabelled gauge name.
@@ -120,6 +126,7 @@ func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
 func TestHandlerMaxInflightBytesUndeclaredBody(t *testing.T) {
 	w := &blockingWriter{entered: make(chan struct{}, 2), release: make(chan struct{}, 2)}
 	h := NewHandler(discard(), nil, w, newLimiter(nil), Options{MaxInflightBytes: reserveStep})
+	h.bytes.wait = time.Millisecond
 	codes := make(chan int, 1)
 	go func() {
 		rec := httptest.NewRecorder()
