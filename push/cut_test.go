@@ -130,7 +130,7 @@ func TestLogResetReportsAFailedCut(t *testing.T) {
 	dir := t.TempDir()
 	require.NoError(t, os.MkdirAll(filepath.Join(dir, snapshotFile, "x"), 0o750))
 	cf := newCrashFile([]byte("durable+refused"), 1)
-	l := &durableLog{dir: dir, f: cf, size: 15, synced: 7, open: openEmptyLog}
+	l := &durableLog{dir: dir, f: cf, size: 15, synced: 7, open: openLogFile}
 	err := l.reset(map[string]*tenantState{}, 1)
 	require.ErrorContains(t, err, "cut push log back to its 7 durable bytes")
 	require.ErrorIs(t, err, errDisk)

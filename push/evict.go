@@ -23,7 +23,7 @@ import (
 // (BenchmarkEvictOrderBuild). The flush does it (Gateway.flushed), outside
 // the mutex, so that no push or read of the state waits for it: under the
 // mutex it only copies what the order needs of each series, in the loop
-// that copies their values for the TSDB (compactAndCopy; ~20 ms more at
+// that copies the series for the snapshot and the TSDB (copyForFlush; ~20 ms more at
 // 100k), and installs the order. The first push that needs room after a
 // flush took 42 ms at 100k series, and held every other push as long; it
 // takes 0.1 ms now (BenchmarkFirstEvictionAfterFlush,
@@ -64,7 +64,7 @@ func (ts *tenantState) evictOrder() *evictOrder {
 }
 
 // evictCopy is what a flush copied of a tenant's series for its eviction
-// order (compactAndCopy), under the Gateway's mutex.
+// order (copyForFlush), under the Gateway's mutex.
 type evictCopy struct {
 	ts    *tenantState
 	cands []evictCandidate // nil if the order as of the flush was built already

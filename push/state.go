@@ -9,6 +9,7 @@ import (
 	"hash/crc32"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -33,6 +34,30 @@ import (
 // (a crash between renaming a snapshot and truncating the log leaves records
 // the snapshot already holds; their Seq makes replay skip them). A torn or
 // corrupt tail was never acknowledged and is truncated.
+//
+// What every change of the two files keeps true, whenever a crash comes:
+//
+//  1. A push is acknowledged only once its record is in the log and an
+//     fsync that started after its write has succeeded; the state in memory
+//     holds exactly the acknowledged records (Gateway.settleLocked).
+//  2. The snapshot at Seq S plus the log's records above S are exactly the
+//     acknowledged pushes (less the series expired or erased, once their
+//     snapshot is in place): the log holds every acknowledged record above
+//     S, in Seq order, and no refused one (durableLog.reset cuts them).
+//  3. A snapshot holds the state after the records up to its Seq, none
+//     pending, and replaces the old one whole (atomicfile).
+//  4. The log loses records only once a snapshot that holds them is in
+//     place, its rename fsynced (compaction), or once they were refused.
+//  5. Seqs grow in the log; after a reset the snapshot's Seq covers every
+//     record written, refused ones included, so none of them replays.
+//
+// A flush's compaction (durableLog.begin) copies the state under the
+// Gateway's mutex, writes the snapshot without it while pushes append to
+// the log, and installs it under the mutex: the snapshot is renamed into
+// place only if the log was not reset meanwhile (a reset's snapshot is
+// newer, and its emptied log no longer holds the records between the two),
+// then the log drops the records the snapshot holds and keeps those
+// appended since (durableLog.install).
 const (
 	logFile      = "push.log"
 	snapshotFile = "snapshot.json"
@@ -247,15 +272,22 @@ type snapshotEntry struct {
 }
 
 // durableLog is the append-only log plus snapshot. Not safe for concurrent
-// use; the Gateway serialises access under its mutex, except sync (see there).
+// use; the Gateway serialises access under its mutex, except sync (see
+// there) and a compaction's write (compaction.write), which touches its
+// copy of the state and a file of its own only.
 type durableLog struct {
 	dir    string
 	f      logFileIO // nil after a failed reset
 	size   int64     // bytes written
 	synced int64     // bytes known durable: the size when the last successful fsync started
-	// open opens the log file afresh, emptied (reset). os.OpenFile; tests
-	// replace it to fail.
-	open func(path string) (logFileIO, error)
+	// gen is bumped by every reset: a compaction begun before one is void.
+	gen uint64
+	// tail is what append wrote since a compaction began (nil when none
+	// runs): the records that the log keeps when it is installed.
+	tail []byte
+	// open opens the log file with os.O_RDWR and flag (reset empties it,
+	// install reopens the one it wrote). openLogFile; tests wrap the file.
+	open func(path string, flag int) (logFileIO, error)
 }
 
 // logFileIO is what durableLog needs of its file: *os.File, or in tests a
@@ -268,8 +300,8 @@ type logFileIO interface {
 	Close() error
 }
 
-func openEmptyLog(path string) (logFileIO, error) {
-	return os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o640)
+func openLogFile(path string, flag int) (logFileIO, error) {
+	return os.OpenFile(path, os.O_RDWR|flag, 0o640)
 }
 
 // openState loads the snapshot and replays the log in dir, creating dir if
@@ -367,7 +399,7 @@ func openState(logger *slog.Logger, dir string, now int64) (map[string]*tenantSt
 		return nil, 0, nil, fmt.Errorf("seek push log: %w", err)
 	}
 	logger.Info("push state recovered", "tenants", len(state), "seq", seq, "replayed", replayed, "skipped", skipped)
-	return state, seq, &durableLog{dir: dir, f: f, size: good, synced: good, open: openEmptyLog}, nil
+	return state, seq, &durableLog{dir: dir, f: f, size: good, synced: good, open: openLogFile}, nil
 }
 
 // replay calls fn for every intact record with Seq > after and returns the
@@ -426,6 +458,9 @@ func (l *durableLog) append(rec *record) error {
 		return errors.Join(fmt.Errorf("write push log: %w", err), l.rewind())
 	}
 	l.size += int64(len(buf))
+	if l.tail != nil {
+		l.tail = append(l.tail, buf...)
+	}
 	return nil
 }
 
@@ -450,16 +485,21 @@ func (l *durableLog) rewind() error {
 	return nil
 }
 
-// compact writes the whole state as a snapshot at seq, then empties the log.
-// No record may be pending: the snapshot holds the state only. An error
-// wrapping errRewind means the snapshot was written but the log could not be
-// emptied cleanly; the log must then be reset.
+// compact writes the whole state as a snapshot at seq, then empties the log,
+// all at once (Erase; a flush compacts in steps: begin). No record may be
+// pending: the snapshot holds the state only. An error wrapping errRewind
+// means the snapshot was written but the log could not be emptied cleanly;
+// the log must then be reset.
 func (l *durableLog) compact(state map[string]*tenantState, seq uint64) error {
 	if err := l.writeSnapshot(state, seq); err != nil {
 		return err
 	}
-	// The snapshot holds every record now; a crash before the truncation
-	// below only leaves records that replay skips by Seq.
+	return l.empty()
+}
+
+// empty truncates the log once a snapshot holds all its records: a crash
+// before the truncation only leaves records that replay skips by Seq.
+func (l *durableLog) empty() error {
 	if err := l.f.Truncate(0); err != nil {
 		return fmt.Errorf("truncate push log: %w: %w", errRewind, err)
 	}
@@ -476,17 +516,36 @@ func (l *durableLog) compact(state map[string]*tenantState, seq uint64) error {
 func (l *durableLog) writeSnapshot(state map[string]*tenantState, seq uint64) error {
 	s := snapshot{Seq: seq, Tenants: make(map[string]snapshotEntry, len(state))}
 	for name, ts := range state {
-		e := snapshotEntry{Types: ts.Types, Layouts: ts.Layouts, LayoutTouched: ts.LayoutTouched, Series: make([]aggItem, 0, len(ts.Series))}
+		e := newSnapshotEntry(ts)
 		for _, it := range ts.Series {
 			e.Series = append(e.Series, *it)
 		}
 		s.Tenants[name] = e
 	}
-	b, err := json.Marshal(s)
+	b, err := s.encode()
 	if err != nil {
-		return fmt.Errorf("encode push snapshot: %w", err)
+		return err
 	}
 	return atomicfile.Write(filepath.Join(l.dir, snapshotFile), b, 0o640)
+}
+
+// newSnapshotEntry copies what the snapshot holds of ts but its series,
+// for which it makes room: a copy, so that it may be encoded without the
+// Gateway's mutex (the series' aggItems are copied by value, their labels
+// never change).
+func newSnapshotEntry(ts *tenantState) snapshotEntry {
+	return snapshotEntry{
+		Types: maps.Clone(ts.Types), Layouts: maps.Clone(ts.Layouts), LayoutTouched: maps.Clone(ts.LayoutTouched),
+		Series: make([]aggItem, 0, len(ts.Series)),
+	}
+}
+
+func (s *snapshot) encode() ([]byte, error) {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return nil, fmt.Errorf("encode push snapshot: %w", err)
+	}
+	return b, nil
 }
 
 // reset starts the log afresh after a failure that left its file in doubt:
@@ -514,6 +573,7 @@ func (l *durableLog) writeSnapshot(state map[string]*tenantState, seq uint64) er
 // retry succeeds may replay a refused record), and the Gateway calls it
 // again later.
 func (l *durableLog) reset(state map[string]*tenantState, seq uint64) error {
+	l.gen, l.tail = l.gen+1, nil
 	var cutErr error
 	if l.f != nil {
 		cutErr = l.cut()
@@ -523,7 +583,7 @@ func (l *durableLog) reset(state map[string]*tenantState, seq uint64) error {
 		return errors.Join(err, cutErr)
 	}
 	path := filepath.Join(l.dir, logFile)
-	f, err := l.open(path)
+	f, err := l.open(path, os.O_CREATE|os.O_TRUNC)
 	if err != nil {
 		return errors.Join(fmt.Errorf("reopen push log: %w", err), cutErr)
 	}
