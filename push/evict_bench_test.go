@@ -221,9 +221,9 @@ func BenchmarkEvictOrderBuild(b *testing.B) {
 	}
 }
 
-// BenchmarkEvictCandidates is the part of the eviction order's build done
-// under the Gateway's mutex, on its own (a flush does it in its copy of the
-// values, copyForFlush): the copy of what it needs of each series.
+// BenchmarkEvictCandidates is the copy of what the eviction order needs of
+// each series, on its own (a flush takes it from its copy of the state
+// without the Gateway's mutex, a push that finds no order with it).
 func BenchmarkEvictCandidates(b *testing.B) {
 	for _, n := range []int{10_000, 100_000} {
 		b.Run(fmt.Sprintf("series=%d", n), func(b *testing.B) {

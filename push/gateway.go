@@ -377,17 +377,18 @@ func (g *Gateway) Flush(ctx context.Context) {
 	ts := g.now().UnixMilli()
 	fc := g.copyForFlush(ts)
 	g.flushStep(stepCopied)
-	if fc.compaction != nil {
-		if err := g.compact(fc.compaction); err != nil {
+	if c := fc.compaction; c != nil {
+		c.snap = fc.snapshot()
+		if err := g.compact(c); err != nil {
 			g.metrics.compactions.WithLabelValues("failure").Inc()
 			g.logger.Error("compact push log", "err", err)
 		}
 	}
-	for tenant, e := range fc.snap.Tenants {
-		if len(e.Series) == 0 {
+	for tenant, tc := range fc.tenants {
+		if len(tc.series) == 0 {
 			continue
 		}
-		series := g.samples(e.Series, ts)
+		series := g.samples(tc.series, ts)
 		stats, err := g.w.Write(ctx, tenant, series)
 		g.metrics.flushedSamples.Add(float64(stats.Samples))
 		if err != nil {
@@ -396,19 +397,22 @@ func (g *Gateway) Flush(ctx context.Context) {
 			continue
 		}
 		g.metrics.flushes.WithLabelValues("success").Inc()
-		g.flushed(fc.seq, fc.copies[tenant]) // its series up to seq are stored: evictable
+		c := evictCopy{ts: fc.states[tenant]}
+		if fc.buildOrder[tenant] {
+			c.cands = evictCandidates(tc.layouts, tc.series)
+		}
+		g.flushed(fc.seq, c) // its series up to seq are stored: evictable
 	}
 }
 
 // flushCopy is what a flush copies of the state under the Gateway's mutex,
 // to work from without it.
 type flushCopy struct {
-	seq uint64 // the Seq the state is copied at, no record pending
-	// snap is the state: its series' values are written into the TSDB,
-	// and the snapshot of the compaction, if any.
-	snap       *snapshot
-	compaction *compaction          // nil if the log needs none
-	copies     map[string]evictCopy // what the eviction orders as of the flush are built from (Gateway.flushed)
+	seq        uint64                  // the Seq the state is copied at, no record pending
+	tenants    map[string]tenantCopy   // written into the TSDB and the snapshot
+	states     map[string]*tenantState // the tenants' states, whose eviction orders the flush builds (Gateway.flushed)
+	buildOrder map[string]bool         // false if the order as of the flush was built already
+	compaction *compaction             // nil if the log needs none
 }
 
 // copyForFlush expires the idle series and copies the state, and begins the
@@ -435,33 +439,31 @@ func (g *Gateway) copyForFlush(ts int64) flushCopy {
 	g.metrics.expiredSeries.Add(float64(expired))
 	g.noteDroppedLocked(expired) // and those evicted since the last flush
 	fc := flushCopy{
-		seq:    g.seq,
-		snap:   &snapshot{Seq: g.seq, Tenants: make(map[string]snapshotEntry, len(g.state))},
-		copies: make(map[string]evictCopy, len(g.state)),
+		seq:        g.seq,
+		tenants:    make(map[string]tenantCopy, len(g.state)),
+		states:     make(map[string]*tenantState, len(g.state)),
+		buildOrder: make(map[string]bool, len(g.state)),
 	}
 	for tenant, st := range g.state {
-		e := newSnapshotEntry(st)
-		c := evictCopy{ts: st}
-		if st.evict == nil || st.evict.flushedSeq != g.seq { // else no record since the order was built
-			c.cands = make([]evictCandidate, 0, len(st.Series))
-		}
-		for k, it := range st.Series { // one loop: the items are in the cache
-			e.Series = append(e.Series, *it)
-			if c.cands != nil {
-				c.cands = append(c.cands, st.evictCandidate(k, it))
-			}
-		}
-		fc.snap.Tenants[tenant] = e
-		if len(st.Series) > 0 {
-			fc.copies[tenant] = c
-		}
+		fc.tenants[tenant] = copyTenant(st)
+		fc.states[tenant] = st
+		fc.buildOrder[tenant] = st.evict == nil || st.evict.flushedSeq != g.seq // else no record since the order was built
 	}
 	// Expiry changes the state without a log record: snapshot it too, or
 	// a restart would bring the expired series back until the next flush.
 	if (g.log.size > 0 || expired > 0) && g.broken == nil {
-		fc.compaction = g.log.begin(fc.snap, g.flushStep)
+		fc.compaction = g.log.begin(g.flushStep)
 	}
 	return fc
+}
+
+// snapshot is the copied state, to be written as the snapshot at its Seq.
+func (fc flushCopy) snapshot() *snapshot {
+	s := &snapshot{Seq: fc.seq, Tenants: make(map[string]snapshotEntry, len(fc.tenants))}
+	for tenant, tc := range fc.tenants {
+		s.Tenants[tenant] = tc.snapshotEntry()
+	}
+	return s
 }
 
 // compact writes the flush's snapshot without the Gateway's mutex, so that
@@ -494,10 +496,9 @@ func (g *Gateway) compact(c *compaction) error {
 }
 
 // samples are the flush's TSDB series of one tenant's copied series, at ts.
-func (g *Gateway) samples(items []aggItem, ts int64) []prompb.TimeSeries {
+func (g *Gateway) samples(items map[string]*aggItem, ts int64) []prompb.TimeSeries {
 	series := make([]prompb.TimeSeries, 0, len(items))
-	for i := range items {
-		it := &items[i]
+	for _, it := range items {
 		if math.IsNaN(it.Value) {
 			continue
 		}
