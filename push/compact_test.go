@@ -48,6 +48,59 @@ func stateFiles(t *testing.T, dir string) (snapSeq uint64, logSeqs []uint64) {
 	return s.Seq, logSeqs
 }
 
+// flushPause holds a Flush, run in another goroutine (start), at a seam
+// the test installs to call hold, until resume; or for 10 s at most, after
+// which resume fails the test: its pushes or reads waited for the held
+// flush (they would hang otherwise).
+type flushPause struct {
+	t                      *testing.T
+	reached, released      chan struct{}
+	reachOnce, releaseOnce sync.Once
+	waited                 atomic.Bool
+	flushed                chan struct{}
+}
+
+func newFlushPause(t *testing.T) *flushPause {
+	return &flushPause{t: t, reached: make(chan struct{}), released: make(chan struct{}), flushed: make(chan struct{})}
+}
+
+// hold is what the seam calls: it blocks the flush until resume.
+func (p *flushPause) hold() {
+	p.reachOnce.Do(func() { close(p.reached) })
+	<-p.released
+}
+
+func (p *flushPause) release() { p.releaseOnce.Do(func() { close(p.released) }) }
+
+// start runs g.Flush in another goroutine and returns once it is held at
+// the seam (what names it).
+func (p *flushPause) start(g *Gateway, what string) {
+	p.t.Helper()
+	watchdog := time.AfterFunc(10*time.Second, func() { p.waited.Store(true); p.release() })
+	p.t.Cleanup(func() {
+		watchdog.Stop()
+		p.release()
+		<-p.flushed
+	})
+	go func() {
+		defer close(p.flushed)
+		g.Flush(context.Background())
+	}()
+	select {
+	case <-p.reached:
+	case <-time.After(10 * time.Second):
+		p.t.Fatalf("the flush did not reach %s", what)
+	}
+}
+
+// resume lets the held flush go on, and waits for its end.
+func (p *flushPause) resume() {
+	p.t.Helper()
+	require.False(p.t, p.waited.Load(), "a push or a read waited for the held flush")
+	p.release()
+	<-p.flushed
+}
+
 // A flush writes the snapshot without the Gateway's mutex: while its write
 // is paused, a push is acknowledged and the state is read. The push is kept
 // in the log, after the snapshot's Seq, and counts once after a restart.
@@ -57,38 +110,18 @@ func TestFlushWritesTheSnapshotOutsideTheMutex(t *testing.T) {
 	f.gw.Flush(context.Background())
 	f.pushOK() // the log needs compacting
 
-	writing, release := make(chan struct{}), make(chan struct{})
-	var releaseOnce sync.Once
-	releaseWrite := func() { releaseOnce.Do(func() { close(release) }) }
-	defer releaseWrite()
+	p := newFlushPause(t)
 	f.gw.flushStep = func(s flushStep) {
 		if s == stepEncoded { // in the write, between encoding and writing
-			close(writing)
-			<-release
+			p.hold()
 		}
 	}
-	// At most 10 s: then the test fails instead of hanging if a push or a
-	// read waited for the write.
-	var waited atomic.Bool
-	watchdog := time.AfterFunc(10*time.Second, func() { waited.Store(true); releaseWrite() })
-	defer watchdog.Stop()
-	flushed := make(chan struct{})
-	go func() {
-		defer close(flushed)
-		f.gw.Flush(context.Background())
-	}()
-	select {
-	case <-writing:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the flush wrote no snapshot")
-	}
+	p.start(f.gw, "the snapshot's write")
 	f.pushOK()
 	n, err := testutil.GatherAndCount(f.reg, "phonehome_push_series") // /metrics reads the state
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	require.False(t, waited.Load(), "a push or a read waited for the snapshot's write")
-	releaseWrite()
-	<-flushed
+	p.resume()
 	require.Equal(t, 2.0, testutil.ToFloat64(f.gw.metrics.compactions.WithLabelValues("success")))
 
 	snapSeq, logSeqs := stateFiles(t, f.dir)
@@ -114,13 +147,7 @@ func TestFlushCrashAtEveryStepWithConcurrentPushes(t *testing.T) {
 	acked := 3
 
 	logPath, snapPath := filepath.Join(f.dir, logFile), filepath.Join(f.dir, snapshotFile)
-	content, err := os.ReadFile(logPath)
-	require.NoError(t, err)
-	cf := newCrashFile(content, 0)
-	f.gw.mu.Lock()
-	require.NoError(t, f.gw.log.f.Close())
-	f.gw.log.f = cf
-	f.gw.mu.Unlock()
+	cf, _ := f.crashLog(0)
 
 	type crash struct {
 		name      string
