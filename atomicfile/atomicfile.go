@@ -13,12 +13,37 @@ import (
 // the rename itself survives a crash. The directory must exist. The file
 // gets perm; a failed Write leaves no temporary file behind.
 func Write(path string, b []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
+	p, err := Prepare(path, b, perm)
 	if err != nil {
-		return fmt.Errorf("create temporary file for %s: %w", path, err)
+		return err
 	}
-	defer func() { _ = os.Remove(f.Name()) }() // after a successful rename, a no-op
+	return p.Commit()
+}
+
+// Prepared is Write cut in two: the file is written and fsynced under a
+// temporary name beside path, and not yet in place. A writer that prepares
+// the content without holding its lock decides under the lock whether it
+// still is to replace path (Commit) or not (Discard).
+type Prepared struct {
+	path, tmp string
+}
+
+// Prepare is Write's first half: it writes and fsyncs b under a temporary
+// name. A failed Prepare leaves no temporary file behind.
+func Prepare(path string, b []byte, perm os.FileMode) (*Prepared, error) {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return nil, fmt.Errorf("create temporary file for %s: %w", path, err)
+	}
+	p := &Prepared{path: path, tmp: f.Name()}
+	if err := writeSync(f, b, perm); err != nil {
+		_ = p.Discard()
+		return nil, err
+	}
+	return p, nil
+}
+
+func writeSync(f *os.File, b []byte, perm os.FileMode) error {
 	if _, err := f.Write(b); err != nil {
 		_ = f.Close()
 		return fmt.Errorf("write %s: %w", f.Name(), err)
@@ -34,9 +59,19 @@ func Write(path string, b []byte, perm os.FileMode) error {
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("close %s: %w", f.Name(), err)
 	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return fmt.Errorf("rename to %s: %w", path, err)
+	return nil
+}
+
+// Commit is Write's second half: it renames the prepared file over path and
+// fsyncs the directory. If the rename fails, path is untouched and the
+// temporary file is removed; if the directory's fsync fails, path may hold
+// either content after a crash.
+func (p *Prepared) Commit() error {
+	if err := os.Rename(p.tmp, p.path); err != nil {
+		_ = p.Discard()
+		return fmt.Errorf("rename to %s: %w", p.path, err)
 	}
+	dir := filepath.Dir(p.path)
 	d, err := os.Open(dir)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", dir, err)
@@ -44,6 +79,14 @@ func Write(path string, b []byte, perm os.FileMode) error {
 	defer d.Close()
 	if err := d.Sync(); err != nil {
 		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
+}
+
+// Discard removes the prepared file; path is untouched.
+func (p *Prepared) Discard() error {
+	if err := os.Remove(p.tmp); err != nil {
+		return fmt.Errorf("remove %s: %w", p.tmp, err)
 	}
 	return nil
 }

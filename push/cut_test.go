@@ -83,6 +83,20 @@ func (c *crashFile) Close() error {
 	return nil
 }
 
+// crashLog replaces the log's file by a crashFile holding what it holds,
+// all durable, whose first failSyncs Syncs fail; it returns the content.
+func (f *fixture) crashLog(failSyncs int) (*crashFile, []byte) {
+	f.t.Helper()
+	content, err := os.ReadFile(filepath.Join(f.dir, logFile))
+	require.NoError(f.t, err)
+	cf := newCrashFile(content, failSyncs)
+	f.gw.mu.Lock()
+	defer f.gw.mu.Unlock()
+	require.NoError(f.t, f.gw.log.f.Close())
+	f.gw.log.f = cf
+	return cf, content
+}
+
 // A failed fsync whose log rewrite fails too, then a machine crash: the cut
 // back to the durable bytes was fsynced before the file was closed, so the
 // refused push (answered 500) is not replayed, and the client's retry
@@ -93,13 +107,7 @@ func TestPushFailedResetLeavesNoRefusedRecord(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 
 	logPath, snap := filepath.Join(f.dir, logFile), filepath.Join(f.dir, snapshotFile)
-	acked, err := os.ReadFile(logPath)
-	require.NoError(t, err)
-	cf := newCrashFile(acked, 1)
-	f.gw.mu.Lock()
-	require.NoError(t, f.gw.log.f.Close())
-	f.gw.log.f = cf
-	f.gw.mu.Unlock()
+	cf, acked := f.crashLog(1)
 	require.NoError(t, os.MkdirAll(filepath.Join(snap, "x"), 0o750)) // the snapshot cannot be written
 
 	code, body, _ = f.push(http.MethodPost, "/metrics/job/i", "tok-a", "", counterText)
@@ -130,7 +138,7 @@ func TestLogResetReportsAFailedCut(t *testing.T) {
 	dir := t.TempDir()
 	require.NoError(t, os.MkdirAll(filepath.Join(dir, snapshotFile, "x"), 0o750))
 	cf := newCrashFile([]byte("durable+refused"), 1)
-	l := &durableLog{dir: dir, f: cf, size: 15, synced: 7, open: openEmptyLog}
+	l := &durableLog{dir: dir, f: cf, size: 15, synced: 7, open: openLogFile}
 	err := l.reset(map[string]*tenantState{}, 1)
 	require.ErrorContains(t, err, "cut push log back to its 7 durable bytes")
 	require.ErrorIs(t, err, errDisk)

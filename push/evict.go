@@ -22,11 +22,11 @@ import (
 // The build sorts every series: 40-130 ms at 100k on a loaded 2-core box
 // (BenchmarkEvictOrderBuild). The flush does it (Gateway.flushed), outside
 // the mutex, so that no push or read of the state waits for it: under the
-// mutex it only copies what the order needs of each series, in the loop
-// that copies their values for the TSDB (compactAndCopy; ~20 ms more at
-// 100k), and installs the order. The first push that needs room after a
-// flush took 42 ms at 100k series, and held every other push as long; it
-// takes 0.1 ms now (BenchmarkFirstEvictionAfterFlush,
+// mutex it only clones the tenant's series map, which its snapshot and TSDB
+// write read too (copyForFlush, tenantCopy), and installs the order. The
+// first push that needs room after a flush took 42 ms at 100k series, and
+// held every other push as long; it takes 0.1 ms now
+// (BenchmarkFirstEvictionAfterFlush,
 // push/testdata/bench-evict-flush.txt). A push that finds no order for the
 // last flush (none has run since the start, or an erasure dropped it)
 // builds it under the mutex.
@@ -63,8 +63,8 @@ func (ts *tenantState) evictOrder() *evictOrder {
 	return ts.evict
 }
 
-// evictCopy is what a flush copied of a tenant's series for its eviction
-// order (compactAndCopy), under the Gateway's mutex.
+// evictCopy is what a flush's eviction order is built from: the
+// candidates taken from its copy of the tenant's series (copyForFlush).
 type evictCopy struct {
 	ts    *tenantState
 	cands []evictCandidate // nil if the order as of the flush was built already
@@ -92,8 +92,8 @@ func (g *Gateway) flushed(seq uint64, c evictCopy) {
 	}
 }
 
-// evictCandidate is what the eviction order needs of one series, copied
-// under the Gateway's mutex so that the order is built without it.
+// evictCandidate is what the eviction order needs of one series, copied so
+// that the order is built without the Gateway's mutex.
 type evictCandidate struct {
 	key     string
 	it      *aggItem
@@ -106,21 +106,23 @@ type evictCandidate struct {
 // evictCandidates copies what the eviction order needs of each series.
 // Called with the Gateway's mutex held.
 func (ts *tenantState) evictCandidates() []evictCandidate {
-	cands := make([]evictCandidate, 0, len(ts.Series))
-	for k, it := range ts.Series {
-		cands = append(cands, ts.evictCandidate(k, it))
-	}
-	return cands
+	return evictCandidates(ts.Layouts, ts.Series)
 }
 
-// evictCandidate copies what the eviction order needs of the series k,
-// decoding no label (aggItem.layout). Called with the Gateway's mutex held.
-func (ts *tenantState) evictCandidate(k string, it *aggItem) evictCandidate {
-	c := evictCandidate{key: k, it: it, touched: it.Touched, seq: it.seq, once: it.Pushes == 1}
-	if lk, hist := ts.layoutOf(it); hist {
-		c.layout = lk
+// evictCandidates copies what the eviction order needs of each series of a
+// tenant whose histogram layouts are layouts, decoding no label
+// (aggItem.layout): with the Gateway's mutex held, or from a flush's copy
+// (tenantCopy) without it.
+func evictCandidates(layouts map[string]string, series map[string]*aggItem) []evictCandidate {
+	cands := make([]evictCandidate, 0, len(series))
+	for k, it := range series {
+		c := evictCandidate{key: k, it: it, touched: it.Touched, seq: it.seq, once: it.Pushes == 1}
+		if lk, hist := layoutOf(layouts, it); hist {
+			c.layout = lk
+		}
+		cands = append(cands, c)
 	}
-	return c
+	return cands
 }
 
 // buildEvictOrder groups the candidates into units and orders those in the
@@ -173,14 +175,14 @@ func buildEvictOrder(flushedSeq uint64, cands []evictCandidate) *evictOrder {
 	return o
 }
 
-// layoutOf is the key of the histogram layout the series belongs to, if it
-// belongs to one.
-func (ts *tenantState) layoutOf(it *aggItem) (string, bool) {
-	if len(ts.Layouts) == 0 || it.layout == (unique.Handle[string]{}) {
+// layoutOf is the key of the histogram layout (among layouts) the series
+// belongs to, if it belongs to one.
+func layoutOf(layouts map[string]string, it *aggItem) (string, bool) {
+	if len(layouts) == 0 || it.layout == (unique.Handle[string]{}) {
 		return "", false
 	}
 	lk := it.layout.Value()
-	_, hist := ts.Layouts[lk]
+	_, hist := layouts[lk]
 	return lk, hist
 }
 

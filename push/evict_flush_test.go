@@ -45,36 +45,18 @@ func TestFlushBuildsTheEvictOrderOutsideTheMutex(t *testing.T) {
 	require.Same(t, built, order(), "the push built an order")
 	require.NotContains(t, f.held("acme"), junk(1))
 
-	// The next flush's build waits (at most 10 s: then the test fails
-	// instead of hanging if pushes waited for it too).
-	building, release := make(chan struct{}), make(chan struct{})
-	var releaseOnce sync.Once
-	releaseBuild := func() { releaseOnce.Do(func() { close(release) }) }
-	defer releaseBuild()
+	// The next flush's build waits (flushPause: the test fails instead of
+	// hanging if pushes waited for it too).
+	p := newFlushPause(t)
 	f.gw.buildEvictOrder = func(seq uint64, cands []evictCandidate) *evictOrder {
-		close(building)
-		<-release
+		p.hold()
 		return buildEvictOrder(seq, cands)
 	}
-	var waited atomic.Bool
-	watchdog := time.AfterFunc(10*time.Second, func() { waited.Store(true); releaseBuild() })
-	defer watchdog.Stop()
-	flushed := make(chan struct{})
-	go func() {
-		defer close(flushed)
-		f.gw.Flush(context.Background())
-	}()
-	select {
-	case <-building:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the flush built no eviction order")
-	}
+	p.start(f.gw, "the eviction order's build")
 	push(5) // the last flush's order: junk 2 goes
 	held := f.held("acme")
-	require.False(t, waited.Load(), "a push or a read waited for the order's build")
+	p.resume()
 	require.Equal(t, []string{junk(3), junk(4), junk(5)}, slices.Sorted(maps.Keys(held)))
-	releaseBuild()
-	<-flushed
 
 	push(6) // the new order: junk 3 goes; junk 5 is not stored yet
 	require.Equal(t, []string{junk(4), junk(5), junk(6)}, slices.Sorted(maps.Keys(f.held("acme"))))

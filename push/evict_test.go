@@ -141,7 +141,7 @@ func openEvictTestGateway(t *testing.T, now *time.Time) *Gateway {
 	cfg.MaxSeriesPerTenant = 24
 	g, err := Open(slog.New(slog.DiscardHandler), prometheus.NewRegistry(), t.TempDir(), &fakeWriter{}, cfg, Options{Now: func() time.Time { return *now }})
 	require.NoError(t, err)
-	g.log.f = noSyncFile{g.log.f}
+	withoutFsyncs(g)
 	return g
 }
 

@@ -70,8 +70,9 @@ type Gateway struct {
 	// for one. Lock order: flushMu, syncMu, mu.
 	syncMu sync.Mutex
 
-	// flushMu is held through a whole Flush, copy and write, so that Erase
-	// never runs between a flush's copy of the state and its write.
+	// flushMu is held through a whole Flush, copy and writes, so that Erase
+	// never runs between a flush's copy of the state and its writes (the
+	// snapshot's, the TSDB's).
 	flushMu sync.Mutex
 
 	mu    sync.Mutex
@@ -93,6 +94,10 @@ type Gateway struct {
 	// buildEvictOrder is buildEvictOrder, which flushed calls without mu;
 	// tests replace it to hold a build.
 	buildEvictOrder func(flushedSeq uint64, cands []evictCandidate) *evictOrder
+	// flushStep is called between a flush's steps (compact.go); a no-op
+	// but in tests, which pause a flush there or copy the files a crash
+	// would leave. Set before the flush starts.
+	flushStep func(flushStep)
 }
 
 // Open recovers the durable state from dir (created if missing) and returns
@@ -120,6 +125,7 @@ func Open(logger *slog.Logger, reg prometheus.Registerer, dir string, w storage.
 		pendingBy: map[string]*pendingState{},
 
 		buildEvictOrder: buildEvictOrder,
+		flushStep:       func(flushStep) {},
 	}
 	for _, n := range cfg.AllowedMetrics {
 		g.allowed[n] = true
@@ -222,7 +228,7 @@ func (g *Gateway) settleLocked(grp *commitGroup, upto uint64, size int64, err er
 		}
 		if ev := ts.apply(rec); ev > 0 {
 			g.metrics.evicted.WithLabelValues(rec.Tenant).Add(float64(ev))
-			g.dropped += ev // the table is renewed at the next flush (compactAndCopy)
+			g.dropped += ev // the table is renewed at the next flush (copyForFlush)
 		}
 		n++
 	}
@@ -362,17 +368,27 @@ func (g *Gateway) Run(ctx context.Context) error {
 // Flush drops the series no push has touched for Config.SeriesTTL, compacts
 // the log into a snapshot and writes every aggregated series with the
 // current time (and ReplicaLabel, see Options.Replica) into its tenant's
-// TSDB. Failures are logged and counted; the next flush retries.
+// TSDB. It holds the Gateway's mutex only to copy the state and to install
+// the snapshot (compact.go). Failures are logged and counted; the next
+// flush retries.
 func (g *Gateway) Flush(ctx context.Context) {
 	g.flushMu.Lock()
 	defer g.flushMu.Unlock()
 	ts := g.now().UnixMilli()
-	batches, copies, seq, err := g.compactAndCopy(ts)
-	if err != nil {
-		g.metrics.compactions.WithLabelValues("failure").Inc()
-		g.logger.Error("compact push log", "err", err)
+	fc := g.copyForFlush(ts)
+	g.flushStep(stepCopied)
+	if c := fc.compaction; c != nil {
+		c.snap = fc.snapshot()
+		if err := g.compact(c); err != nil {
+			g.metrics.compactions.WithLabelValues("failure").Inc()
+			g.logger.Error("compact push log", "err", err)
+		}
 	}
-	for tenant, series := range batches {
+	for tenant, tc := range fc.tenants {
+		if len(tc.series) == 0 {
+			continue
+		}
+		series := g.samples(tc.series, ts)
 		stats, err := g.w.Write(ctx, tenant, series)
 		g.metrics.flushedSamples.Add(float64(stats.Samples))
 		if err != nil {
@@ -381,14 +397,27 @@ func (g *Gateway) Flush(ctx context.Context) {
 			continue
 		}
 		g.metrics.flushes.WithLabelValues("success").Inc()
-		g.flushed(seq, copies[tenant]) // its series up to seq are stored: evictable
+		c := evictCopy{ts: fc.states[tenant]}
+		if fc.buildOrder[tenant] {
+			c.cands = evictCandidates(tc.layouts, tc.series)
+		}
+		g.flushed(fc.seq, c) // its series up to seq are stored: evictable
 	}
 }
 
-// compactAndCopy returns what Flush writes, what the eviction orders as of
-// the flush are built from (Gateway.flushed), and the Seq it holds the state
-// at.
-func (g *Gateway) compactAndCopy(ts int64) (map[string][]prompb.TimeSeries, map[string]evictCopy, uint64, error) {
+// flushCopy is what a flush copies of the state under the Gateway's mutex,
+// to work from without it.
+type flushCopy struct {
+	seq        uint64                  // the Seq the state is copied at, no record pending
+	tenants    map[string]tenantCopy   // written into the TSDB and the snapshot
+	states     map[string]*tenantState // the tenants' states, whose eviction orders the flush builds (Gateway.flushed)
+	buildOrder map[string]bool         // false if the order as of the flush was built already
+	compaction *compaction             // nil if the log needs none
+}
+
+// copyForFlush expires the idle series and copies the state, and begins the
+// log's compaction if it needs one.
+func (g *Gateway) copyForFlush(ts int64) flushCopy {
 	g.syncMu.Lock()
 	defer g.syncMu.Unlock()
 	g.mu.Lock()
@@ -409,46 +438,78 @@ func (g *Gateway) compactAndCopy(ts int64) (map[string][]prompb.TimeSeries, map[
 	}
 	g.metrics.expiredSeries.Add(float64(expired))
 	g.noteDroppedLocked(expired) // and those evicted since the last flush
-	var err error
+	fc := flushCopy{
+		seq:        g.seq,
+		tenants:    make(map[string]tenantCopy, len(g.state)),
+		states:     make(map[string]*tenantState, len(g.state)),
+		buildOrder: make(map[string]bool, len(g.state)),
+	}
+	for tenant, st := range g.state {
+		fc.tenants[tenant] = copyTenant(st)
+		fc.states[tenant] = st
+		fc.buildOrder[tenant] = st.evict == nil || st.evict.flushedSeq != g.seq // else no record since the order was built
+	}
 	// Expiry changes the state without a log record: snapshot it too, or
 	// a restart would bring the expired series back until the next flush.
 	if (g.log.size > 0 || expired > 0) && g.broken == nil {
-		switch err = g.log.compact(g.state, g.seq); {
-		case err == nil:
-			g.metrics.compactions.WithLabelValues("success").Inc()
-		case errors.Is(err, errRewind):
-			g.logFailedLocked(err)
-		}
+		fc.compaction = g.log.begin(g.flushStep)
 	}
-	out := make(map[string][]prompb.TimeSeries, len(g.state))
-	copies := make(map[string]evictCopy, len(g.state))
-	for tenant, st := range g.state {
-		if len(st.Series) == 0 {
+	return fc
+}
+
+// snapshot is the copied state, to be written as the snapshot at its Seq.
+func (fc flushCopy) snapshot() *snapshot {
+	s := &snapshot{Seq: fc.seq, Tenants: make(map[string]snapshotEntry, len(fc.tenants))}
+	for tenant, tc := range fc.tenants {
+		s.Tenants[tenant] = tc.snapshotEntry()
+	}
+	return s
+}
+
+// compact writes the flush's snapshot without the Gateway's mutex, so that
+// pushes and reads go on meanwhile, and installs it with the mutex
+// (durableLog.install).
+func (g *Gateway) compact(c *compaction) error {
+	err := c.write(g.log.dir)
+	g.syncMu.Lock()
+	defer g.syncMu.Unlock()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err != nil {
+		g.log.abandon(c)
+		return err
+	}
+	// The records appended since the copy are kept in the log: settle them
+	// first, so that those kept are acknowledged (a failure resets the log,
+	// which voids the compaction).
+	g.commitLocked()
+	switch err = g.log.install(c); {
+	case err == nil:
+		g.metrics.compactions.WithLabelValues("success").Inc()
+	case errors.Is(err, errSuperseded): // the reset's snapshot is newer
+		g.logger.Debug("push snapshot dropped, the log was rewritten meanwhile", "seq", c.snap.Seq)
+		return nil
+	case errors.Is(err, errRewind):
+		g.logFailedLocked(err)
+	}
+	return err
+}
+
+// samples are the flush's TSDB series of one tenant's copied series, at ts.
+func (g *Gateway) samples(items map[string]*aggItem, ts int64) []prompb.TimeSeries {
+	series := make([]prompb.TimeSeries, 0, len(items))
+	for _, it := range items {
+		if math.IsNaN(it.Value) {
 			continue
 		}
-		c := evictCopy{ts: st}
-		if st.evict == nil || st.evict.flushedSeq != g.seq { // else no record since the order was built
-			c.cands = make([]evictCandidate, 0, len(st.Series))
+		pl := make([]prompb.Label, 0, it.Labels.Len()+1)
+		it.Labels.Range(func(l labels.Label) { pl = append(pl, prompb.Label{Name: l.Name, Value: l.Value}) })
+		if g.replica != "" {
+			pl = withReplica(pl, g.replica)
 		}
-		series := make([]prompb.TimeSeries, 0, len(st.Series))
-		for k, it := range st.Series {
-			if c.cands != nil { // here, not in a loop of its own: the items are in the cache
-				c.cands = append(c.cands, st.evictCandidate(k, it))
-			}
-			if math.IsNaN(it.Value) {
-				continue
-			}
-			pl := make([]prompb.Label, 0, it.Labels.Len()+1)
-			it.Labels.Range(func(l labels.Label) { pl = append(pl, prompb.Label{Name: l.Name, Value: l.Value}) })
-			if g.replica != "" {
-				pl = withReplica(pl, g.replica)
-			}
-			series = append(series, prompb.TimeSeries{Labels: pl, Samples: []prompb.Sample{{Value: it.Value, Timestamp: ts}}})
-		}
-		out[tenant] = series
-		copies[tenant] = c
+		series = append(series, prompb.TimeSeries{Labels: pl, Samples: []prompb.Sample{{Value: it.Value, Timestamp: ts}}})
 	}
-	return out, copies, g.seq, err
+	return series
 }
 
 // withReplica sets ReplicaLabel in the sorted labels pl.

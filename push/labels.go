@@ -36,7 +36,10 @@ const minDroppedForReintern = 64
 // old table. Labels built in the old one stay valid (they point to it), and
 // series keys do not depend on the table. Called with mu held and no
 // record pending (their evictions name series by the old table's labels;
-// harmless, but nothing should hold it longer than needed).
+// harmless, but nothing should hold it longer than needed), and with
+// flushMu held before a flush copies the state (or by Erase): it changes the
+// items in place (it keeps their identity, which the eviction bookkeeping
+// goes by), so no flush may be reading a copy of them (aggItem).
 func (g *Gateway) reinternLocked() {
 	symbols = labels.NewSymbolTable()
 	for _, ts := range g.state {
