@@ -20,6 +20,26 @@ func Write(path string, b []byte, perm os.FileMode) error {
 	return p.Commit()
 }
 
+// RemoveStale removes the temporary files a Write or Prepare of path left
+// when the process died before it renamed or removed them, and returns how
+// many it removed. Call it only where no Write of path can be running (at
+// start, before the file's writer).
+func RemoveStale(path string) (int, error) {
+	stale, err := filepath.Glob(filepath.Join(filepath.Dir(path), tempPattern(path)))
+	if err != nil {
+		return 0, err
+	}
+	for i, name := range stale {
+		if err := os.Remove(name); err != nil && !os.IsNotExist(err) {
+			return i, fmt.Errorf("remove stale %s: %w", name, err)
+		}
+	}
+	return len(stale), nil
+}
+
+// tempPattern names path's temporary files (os.CreateTemp's "*" is random).
+func tempPattern(path string) string { return "." + filepath.Base(path) + ".*.tmp" }
+
 // Prepared is Write cut in two: the file is written and fsynced under a
 // temporary name beside path, and not yet in place. A writer that prepares
 // the content without holding its lock decides under the lock whether it
@@ -31,7 +51,7 @@ type Prepared struct {
 // Prepare is Write's first half: it writes and fsyncs b under a temporary
 // name. A failed Prepare leaves no temporary file behind.
 func Prepare(path string, b []byte, perm os.FileMode) (*Prepared, error) {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	f, err := os.CreateTemp(filepath.Dir(path), tempPattern(path))
 	if err != nil {
 		return nil, fmt.Errorf("create temporary file for %s: %w", path, err)
 	}

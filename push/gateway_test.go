@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/phonehome/phonehome/atomicfile"
 	"github.com/phonehome/phonehome/auth"
 	"github.com/phonehome/phonehome/storage"
 )
@@ -439,4 +440,25 @@ func TestConfigValidate(t *testing.T) {
 	require.NoError(t, def.Validate())
 	require.Contains(t, def.AllowedMetrics, "cluster_installation_invocation")
 	require.Equal(t, "30d", def.SeriesTTL.String())
+}
+
+// A process killed while writing the snapshot or the rewritten log leaves
+// a temporary file; the next start removes it, and nothing else.
+func TestOpenRemovesTemporaryFilesOfACrash(t *testing.T) {
+	f := newFixture(t, testConfig())
+	code, body, _ := f.push(http.MethodPost, "/metrics/job/i", "tok-a", "", counterText)
+	require.Equal(t, http.StatusOK, code, body)
+	f.close()
+	for _, name := range []string{snapshotFile, logFile} {
+		_, err := atomicfile.Prepare(filepath.Join(f.dir, name), []byte("torn"), 0o640)
+		require.NoError(t, err)
+	}
+	f.w = &fakeWriter{}
+	f.open()
+	entries, err := os.ReadDir(f.dir)
+	require.NoError(t, err)
+	for _, e := range entries {
+		require.NotContains(t, e.Name(), ".tmp", "left by the crash")
+	}
+	require.Equal(t, 1.0, f.state("acme")[`{__name__="installs_total", job="i", platform="aws", result="ok"}`])
 }

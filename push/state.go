@@ -323,6 +323,17 @@ func openState(logger *slog.Logger, dir string, now int64) (map[string]*tenantSt
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, 0, nil, fmt.Errorf("create push state dir: %w", err)
 	}
+	// A process killed while writing the snapshot or rewriting the log
+	// leaves its temporary file: nothing else will remove it.
+	for _, name := range []string{snapshotFile, logFile} {
+		n, err := atomicfile.RemoveStale(filepath.Join(dir, name))
+		if err != nil {
+			return nil, 0, nil, err
+		}
+		if n > 0 {
+			logger.Info("removed temporary push state files left by a crash", "file", name, "count", n)
+		}
+	}
 	state := map[string]*tenantState{}
 	var seq uint64
 	b, err := os.ReadFile(filepath.Join(dir, snapshotFile))
