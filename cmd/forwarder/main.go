@@ -38,6 +38,7 @@ import (
 	"github.com/phonehome/phonehome/forward"
 	"github.com/phonehome/phonehome/gathering"
 	"github.com/phonehome/phonehome/relabel"
+	"github.com/phonehome/phonehome/shutdown"
 	"github.com/phonehome/phonehome/webtls"
 )
 
@@ -641,13 +642,8 @@ func run(args []string, stderr io.Writer) int {
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 
 	var g oklogrun.Group
-	// A second SIGINT/SIGTERM (Ctrl-C pressed twice, or a supervisor signalling
-	// the whole process group and then the process) must not kill a shutdown
-	// that is flushing: this subscription outlives the signal actor's, so Go
-	// never falls back to the signals' default action.
-	signal.Notify(make(chan os.Signal, 1), os.Interrupt, syscall.SIGTERM)
-	g.Add(oklogrun.SignalHandler(context.Background(), os.Interrupt, syscall.SIGTERM))
-	{ // HTTP server for self-metrics and health.
+	g.Add(shutdown.Signals()) // before the server says it listens: no signal is lost
+	{                         // HTTP server for self-metrics and health.
 		g.Add(func() error {
 			logger.Info("listening", "addr", ln.Addr().String())
 			if fwd == nil {

@@ -43,6 +43,7 @@ import (
 	"github.com/phonehome/phonehome/receive"
 	"github.com/phonehome/phonehome/relabel"
 	"github.com/phonehome/phonehome/rules"
+	"github.com/phonehome/phonehome/shutdown"
 	"github.com/phonehome/phonehome/status"
 	"github.com/phonehome/phonehome/storage"
 	"github.com/phonehome/phonehome/storage/bucketstore"
@@ -400,13 +401,8 @@ func run(args []string, stderr io.Writer) int {
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: *readTimeout, IdleTimeout: 2 * time.Minute}
 
 	var g oklogrun.Group
-	// A second SIGINT/SIGTERM (Ctrl-C pressed twice, or a supervisor signalling
-	// the whole process group and then the process) must not kill a shutdown
-	// that is flushing: this subscription outlives the signal actor's, so Go
-	// never falls back to the signals' default action.
-	signal.Notify(make(chan os.Signal, 1), os.Interrupt, syscall.SIGTERM)
-	g.Add(oklogrun.SignalHandler(context.Background(), os.Interrupt, syscall.SIGTERM))
-	{ // HTTP server.
+	g.Add(shutdown.Signals()) // before the server says it listens: no signal is lost
+	{                         // HTTP server.
 		g.Add(func() error {
 			// labels: the build tag decides the memory per series (Makefile).
 			logger.Info("listening", "addr", ln.Addr().String(), "labels", labels.ImplementationName)
