@@ -158,10 +158,10 @@ func TestHungPeerIsSkippedSlowPeerIsNot(t *testing.T) {
 			cfg := f.config(strings.TrimPrefix(srv.URL, "http://"))
 			cfg.Timeout = model.Duration(time.Second)
 			s := f.set(t, nil, cfg)
-			s.probeEvery = 100 * time.Millisecond // the probe's timeout
+			s.probeEvery = time.Second // the probe's timeout: a slow machine's /-/ready answers within it
 			p := s.snapshot()[0]
 
-			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond) // long enough to connect
 			defer cancel()
 			req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/api/v1/read", nil)
 			require.NoError(t, err)
