@@ -141,6 +141,10 @@ func NewHandler(logger *slog.Logger, reg prometheus.Registerer, w storage.Writer
 			Name: "phonehome_receive_inflight_bytes",
 			Help: "Memory reserved by the write requests in flight (bodies, decoded bytes and structures), of --receive.max-inflight-bytes.",
 		}, func() float64 { return float64(h.bytes.used.Load()) })
+		promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "phonehome_receive_inflight_bytes_waiting_requests",
+			Help: "Write requests waiting for --receive.max-inflight-bytes to admit them (or to let them grow), up to 5s each.",
+		}, func() float64 { return float64(h.bytes.waiting()) })
 	}
 	h.metaW, _ = w.(metadataWriter)
 	h.famW, _ = w.(familyMetadataWriter)

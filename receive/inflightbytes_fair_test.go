@@ -6,9 +6,12 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/prometheus/prompb"
 	"github.com/stretchr/testify/require"
 
@@ -22,7 +25,8 @@ import (
 // (which, repeated, starved a write close to the limit).
 func TestHandlerMaxInflightBytesFirstComeFirstServed(t *testing.T) {
 	w := &blockingWriter{entered: make(chan struct{}, 3), release: make(chan struct{}, 3)}
-	h := NewHandler(discard(), nil, w, newLimiter(nil), Options{MaxInflightBytes: 1 << 30})
+	reg := prometheus.NewRegistry()
+	h := NewHandler(discard(), reg, w, newLimiter(nil), Options{MaxInflightBytes: 1 << 30})
 	h.bytes.wait = time.Minute // never runs out here
 	serve := func(c string, series []prompb.TimeSeries) <-chan int {
 		code := make(chan int, 1)
@@ -49,6 +53,11 @@ func TestHandlerMaxInflightBytesFirstComeFirstServed(t *testing.T) {
 	require.Eventually(t, func() bool { return h.bytes.waiting() == 1 }, 10*time.Second, time.Millisecond, "c2 waits")
 	small := serve("c3", manySeries("c3", 0, 1)) // fits next to c1
 	require.Eventually(t, func() bool { return h.bytes.waiting() == 2 }, 10*time.Second, time.Millisecond, "c3 queues behind c2")
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP phonehome_receive_inflight_bytes_waiting_requests Write requests waiting for --receive.max-inflight-bytes to admit them (or to let them grow), up to 5s each.
+# TYPE phonehome_receive_inflight_bytes_waiting_requests gauge
+phonehome_receive_inflight_bytes_waiting_requests 2
+`), "phonehome_receive_inflight_bytes_waiting_requests"))
 	select {
 	case code := <-large:
 		t.Fatalf("c2 answered %d while c1 holds the memory it needs", code)
