@@ -40,10 +40,14 @@ import (
 // Open scans every segment from the cursor on and truncates it at its first
 // invalid record (short header, implausible length, short payload or
 // checksum mismatch): a torn write at crash time loses only the record being
-// written, and a corrupt acknowledged record, which is not read, nothing. The
-// unacknowledged records cut, and any record that cannot be read back later,
-// are counted in phonehome_forward_dropped_records_total{reason="corrupt"}
-// (see queue_dropped.go).
+// written, and a corrupt acknowledged record, which is not read, nothing. A
+// record that fails only its checksum while a valid record follows it (a bit
+// flipped in the middle of a segment) is skipped instead, so the records
+// after it are kept: the valid checksum after it shows its length was right.
+// The unacknowledged records cut or skipped, and any record that cannot be
+// read back later, are counted in
+// phonehome_forward_dropped_records_total{reason="corrupt"} (see
+// queue_dropped.go).
 
 const (
 	recordHeaderSize = 16
@@ -287,6 +291,11 @@ func (q *Queue) loadSegment(seq uint64, cur Position, curOK bool) error {
 	for off < len(b) {
 		t, _, n, err := DecodeRecord(b[off:])
 		if err != nil {
+			if n, ok := skippableRecord(b[off:]); ok {
+				q.dropUnreadable(recordRef{seq: seq, off: int64(off), size: int64(n)}, err)
+				off += n
+				continue
+			}
 			lost := lostRecords(b, off, seq, cur, curOK)
 			q.logger.Warn("truncating corrupted queue segment", "segment", path, "offset", off, "dropped_bytes", len(b)-off, "dropped_records", lost, "err", err)
 			q.m.corruptions.Inc()

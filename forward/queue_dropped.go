@@ -45,6 +45,28 @@ func lostRecords(b []byte, off int, seq uint64, cur Position, curOK bool) int {
 	return countRecords(b[off:])
 }
 
+// skippableRecord reports whether the invalid record at the start of b can
+// be skipped rather than cut with everything after it, and its size: its
+// length field fits b and a valid record starts right after it. A valid
+// checksum there is the evidence that the length field was not what broke:
+// read from a wrong length it would pass by chance once in 2^32. An invalid
+// last record is not skipped: it may be a torn write, and cutting it loses
+// the same.
+func skippableRecord(b []byte) (int, bool) {
+	if len(b) < recordHeaderSize {
+		return 0, false
+	}
+	l := binary.BigEndian.Uint32(b[0:4])
+	if l > maxRecordBytes || recordHeaderSize+int(l) >= len(b) {
+		return 0, false
+	}
+	n := recordHeaderSize + int(l)
+	if _, _, _, err := DecodeRecord(b[n:]); err != nil {
+		return 0, false
+	}
+	return n, true
+}
+
 // countRecords estimates the records in b from their length fields alone
 // (their checksums may fail): one bad record followed by good ones counts
 // them all. Bytes that do not hold a whole record, a torn write or a
