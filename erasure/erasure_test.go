@@ -286,7 +286,7 @@ func TestShippingHeldAfterARestartUntilTheLocalStepIsDone(t *testing.T) {
 func TestHandlerScopesToTheCallersTenant(t *testing.T) {
 	e, err := New(slog.New(slog.DiscardHandler), nil, &fakeLocal{}, &fakeBucket{}, filepath.Join(t.TempDir(), "jobs"), Options{})
 	require.NoError(t, err)
-	h := auth.Middleware(auth.Insecure{Tenant: "acme"}, 0, nil, e.Handler())
+	h := auth.Middleware(auth.Insecure{Tenant: "acme"}, 0, nil, e.Handler(nil))
 	post := func(body string) int {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/api/v1/admin/erase", strings.NewReader(body)))

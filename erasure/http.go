@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/peers"
 )
 
 // Handler serves the admin API under /api/v1/admin/ (behind an auth
@@ -19,7 +20,12 @@ import (
 //	POST /api/v1/admin/readmit      {"tenant", "cluster_id", "requested_by"}
 //
 // An admin credential acts on its own tenant only; an empty tenant means it.
-func (e *Eraser) Handler() http.Handler {
+//
+// With replicas (nil: a single receiver), an erasure or re-admission taken
+// here is repeated on every other replica, and the answer lists each
+// replica's result ("replicas"), with a warning for each that did not take
+// it. A call repeated by a replica is not repeated again.
+func (e *Eraser) Handler(replicas Replicas) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /api/v1/admin/erase", func(w http.ResponseWriter, r *http.Request) {
 		var req Request
@@ -40,7 +46,8 @@ func (e *Eraser) Handler() http.Handler {
 		case err != nil:
 			apiError(w, http.StatusInternalServerError, err.Error())
 		default:
-			respond(w, http.StatusAccepted, st)
+			results, warnings := repeat(r, replicas, "/api/v1/admin/erase", req)
+			respond(w, http.StatusAccepted, submitted{Status: st, Replicas: results}, warnings...)
 		}
 	})
 	mux.HandleFunc("GET /api/v1/admin/erase", func(w http.ResponseWriter, r *http.Request) {
@@ -74,7 +81,8 @@ func (e *Eraser) Handler() http.Handler {
 			apiError(w, http.StatusInternalServerError, err.Error())
 			return
 		}
-		respond(w, http.StatusOK, map[string]bool{"readmitted": ok})
+		results, warnings := repeat(r, replicas, "/api/v1/admin/readmit", req)
+		respond(w, http.StatusOK, readmitted{Readmitted: ok, Replicas: results}, warnings...)
 	})
 	return mux
 }
@@ -110,13 +118,32 @@ func ownTenant(w http.ResponseWriter, r *http.Request, tenant *string) bool {
 // tenant and the client's address.
 func caller(r *http.Request) string {
 	id, _ := auth.FromContext(r.Context())
+	if r.Header.Get(peers.OriginHeader) != "" {
+		return "admin of " + id.Tenant + ", repeated by the replica at " + r.RemoteAddr
+	}
 	return "admin of " + id.Tenant + " from " + r.RemoteAddr
 }
 
-func respond(w http.ResponseWriter, code int, data any) {
+// submitted is the answer to an erasure: the job, and the other replicas'.
+type submitted struct {
+	Status
+	Replicas []ReplicaResult `json:"replicas,omitempty"`
+}
+
+// readmitted is the answer to a re-admission.
+type readmitted struct {
+	Readmitted bool            `json:"readmitted"`
+	Replicas   []ReplicaResult `json:"replicas,omitempty"`
+}
+
+func respond(w http.ResponseWriter, code int, data any, warnings ...string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(map[string]any{"status": "success", "data": data})
+	body := map[string]any{"status": "success", "data": data}
+	if len(warnings) > 0 {
+		body["warnings"] = warnings
+	}
+	_ = json.NewEncoder(w).Encode(body)
 }
 
 func apiError(w http.ResponseWriter, code int, msg string) {

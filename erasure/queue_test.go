@@ -33,7 +33,7 @@ func TestRefusedSubmitLeavesNothing(t *testing.T) {
 	require.ErrorIs(t, err, ErrQueueFull)
 	require.False(t, e.ShippingHeld("other"), "a refused job holds its tenant's shipping")
 	require.Empty(t, e.List("other"))
-	h := auth.Middleware(auth.Insecure{Tenant: "other"}, 0, nil, e.Handler())
+	h := auth.Middleware(auth.Insecure{Tenant: "other"}, 0, nil, e.Handler(nil))
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/api/v1/admin/erase", strings.NewReader(`{"cluster_id":"x"}`)))
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code, "the API's answer: retry later")

@@ -345,7 +345,11 @@ func run(args []string, stderr io.Writer) int {
 	mux := http.NewServeMux()
 	mux.Handle("POST /api/v1/write", auth.Middleware(a.authn, auth.PermWrite, writes.CountUnauthenticated, writes))
 	mux.Handle("/api/v1/", auth.Middleware(a.authn, auth.PermRead, nil, api))
-	mux.Handle("/api/v1/admin/", auth.Middleware(a.authn, auth.PermAdmin, nil, eraser.Handler()))
+	var replicas erasure.Replicas // erasures and re-admissions repeated on the peers
+	if peerSet.Enabled() {
+		replicas = peerSet
+	}
+	mux.Handle("/api/v1/admin/", auth.Middleware(a.authn, auth.PermAdmin, nil, peerSet.Repeatable(eraser.Handler(replicas))))
 	for _, p := range status.Patterns { // fleet status API: read (own tenant) or admin (any), checked by status
 		mux.Handle(p, auth.Middleware(a.authn, 0, nil, fleet.Handler()))
 	}

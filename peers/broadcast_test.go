@@ -1,0 +1,69 @@
+package peers
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestBroadcastRepeatsAnAdminCallOnEveryOtherReplica: a peer gets the body,
+// the caller's credential and the origin; this receiver itself (listed, as a
+// headless Service lists it) answers 204 without acting and is left out; a
+// peer that cannot be reached is an answer with its error, not a silence.
+func TestBroadcastRepeatsAnAdminCallOnEveryOtherReplica(t *testing.T) {
+	f := newFixture(t)
+	var (
+		self, other http.Handler
+		mu          sync.Mutex
+		got         []*http.Request
+		bodies      []string
+	)
+	selfSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { self.ServeHTTP(w, r) }))
+	t.Cleanup(selfSrv.Close)
+	otherSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { other.ServeHTTP(w, r) }))
+	t.Cleanup(otherSrv.Close)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	dead := l.Addr().String()
+	require.NoError(t, l.Close())
+
+	addr := func(s *httptest.Server) string { return strings.TrimPrefix(s.URL, "http://") }
+	a := f.set(t, nil, f.config(addr(selfSrv), addr(otherSrv), dead))
+	b := f.set(t, nil, f.config(addr(selfSrv), addr(otherSrv)))
+	acting := func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		require.NoError(t, err)
+		mu.Lock()
+		got, bodies = append(got, r), append(bodies, string(body))
+		mu.Unlock()
+		w.WriteHeader(http.StatusAccepted)
+		_, _ = w.Write([]byte(`{"status":"success"}`))
+	}
+	self = a.Repeatable(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("a repeated call reached its own origin's handler") }))
+	other = b.Repeatable(http.HandlerFunc(acting))
+
+	answers := a.Broadcast(context.Background(), "/api/v1/admin/erase", "Bearer adm1n", []byte(`{"cluster_id":"c1"}`))
+	require.Len(t, answers, 2, "the other replica and the dead one, not itself: %+v", answers)
+	byPeer := map[string]Answer{answers[0].Peer: answers[0], answers[1].Peer: answers[1]}
+	require.NoError(t, byPeer[addr(otherSrv)].Err)
+	require.Equal(t, http.StatusAccepted, byPeer[addr(otherSrv)].Code)
+	require.JSONEq(t, `{"status":"success"}`, string(byPeer[addr(otherSrv)].Body))
+	require.Error(t, byPeer[dead].Err)
+	require.Len(t, got, 1)
+	require.Equal(t, "/api/v1/admin/erase", got[0].URL.Path)
+	require.Equal(t, "Bearer adm1n", got[0].Header.Get("Authorization"))
+	require.Equal(t, a.Instance(), got[0].Header.Get(OriginHeader))
+	require.Equal(t, `{"cluster_id":"c1"}`, bodies[0])
+
+	// Known now to be itself, a is not called again.
+	for _, p := range a.snapshot() {
+		require.NotEqual(t, addr(selfSrv), p.addr)
+	}
+}
