@@ -47,6 +47,10 @@ const (
 	// PermAll is every permission a token without an `allow` list gets:
 	// PermAdmin and PermFleetStatus are not part of it.
 	PermAll = PermWrite | PermRead | PermAuthorize | PermPush
+	// PermCluster is what a token bound to a cluster (cluster_id) gets
+	// without an `allow` list, and the most it may be given: it is that
+	// cluster's credential, and reads cannot be limited to one cluster.
+	PermCluster = PermWrite | PermAuthorize | PermPush
 )
 
 var permNames = map[string]Permission{"write": PermWrite, "read": PermRead, "authorize": PermAuthorize, "push": PermPush, "admin": PermAdmin, "fleet_status": PermFleetStatus}

@@ -28,7 +28,7 @@ func TestTokensAuthenticate(t *testing.T) {
 		ok     bool
 	}{
 		{"plain", "Bearer plain-secret", Identity{Tenant: "acme", Allow: PermAll}, true},
-		{"hashed", "Bearer hashed-secret", Identity{Tenant: "globex", ClusterID: "c1", Allow: PermAll}, true},
+		{"hashed, bound to a cluster: no read", "Bearer hashed-secret", Identity{Tenant: "globex", ClusterID: "c1", Allow: PermWrite | PermAuthorize | PermPush}, true},
 		{"scheme is case-insensitive", "bearer plain-secret", Identity{Tenant: "acme", Allow: PermAll}, true},
 		{"wrong token", "Bearer nope", Identity{}, false},
 		{"no header", "", Identity{}, false},
@@ -73,6 +73,38 @@ func TestNewTokensNamesEveryProblem(t *testing.T) {
 	}
 	_, err = NewTokens(nil)
 	require.ErrorContains(t, err, "at least one token")
+}
+
+// TestTokenBoundToClusterMayNotRead: a token bound to a cluster is that
+// cluster's credential, and reads (the query API, the status page, the
+// admin API) cannot be limited to one cluster: it may not be given them,
+// and does not get them by default as an unbound token does.
+func TestTokenBoundToClusterMayNotRead(t *testing.T) {
+	_, err := NewTokens([]TokenEntry{
+		{Token: "a", Tenant: "acme", ClusterID: "c1", Allow: []string{"write", "read"}},
+		{Token: "b", Tenant: "acme", ClusterID: "c2", Allow: []string{"admin"}},
+		{Token: "c", Tenant: "acme", ClusterID: "c3", Allow: []string{"fleet_status"}},
+	})
+	require.Error(t, err)
+	for _, want := range []string{
+		`tokens[0].allow: a token bound to a cluster (cluster_id) may only write, authorize and push, not read`,
+		`tokens[1].allow: a token bound to a cluster (cluster_id) may only write, authorize and push, not admin`,
+		`tokens[2].allow: a token bound to a cluster (cluster_id) may only write, authorize and push, not fleet_status`,
+	} {
+		require.ErrorContains(t, err, want)
+	}
+
+	tok, err := NewTokens([]TokenEntry{
+		{Token: "bound", Tenant: "acme", ClusterID: "c1"},
+		{Token: "pusher", Tenant: "acme", ClusterID: "c1", Allow: []string{"push"}},
+	})
+	require.NoError(t, err)
+	id, err := tok.lookup("bound")
+	require.NoError(t, err)
+	require.Equal(t, PermWrite|PermAuthorize|PermPush, id.Allow, "write, authorize and push, as an unbound token gets them, without read")
+	id, err = tok.lookup("pusher")
+	require.NoError(t, err)
+	require.Equal(t, PermPush, id.Allow)
 }
 
 func TestLoadTokensFileStrict(t *testing.T) {
@@ -156,8 +188,8 @@ func TestPseudonymTokens(t *testing.T) {
 	require.NoError(t, err)
 	a := PseudonymTokens{Authenticator: toks, Hasher: h}
 	for token, want := range map[string]Identity{
-		"raw":     {Tenant: "acme", ClusterID: ps, ClusterIDAlias: raw, Allow: PermAll},
-		"ps":      {Tenant: "acme", ClusterID: ps, Allow: PermAll},
+		"raw":     {Tenant: "acme", ClusterID: ps, ClusterIDAlias: raw, Allow: PermCluster},
+		"ps":      {Tenant: "acme", ClusterID: ps, Allow: PermCluster},
 		"unbound": {Tenant: "acme", Allow: PermAll},
 	} {
 		r := httptest.NewRequest(http.MethodPost, "/api/v1/write", nil)

@@ -22,8 +22,8 @@ import (
 //	    tenant: acme
 //	  - token: plaintext-token     # or the token itself
 //	    tenant: acme
-//	    cluster_id: 3kq...         # optional: bind writes to this _id
-//	    allow: [authorize]         # optional: write, read, authorize, push, admin, fleet_status (default: the first four)
+//	    cluster_id: 3kq...         # optional: bind writes to this _id (then it may only write, authorize and push)
+//	    allow: [authorize]         # optional: write, read, authorize, push, admin, fleet_status (default: the first four; bound: write, authorize, push)
 type TokensFile struct {
 	Tokens []TokenEntry `yaml:"tokens"`
 }
@@ -113,6 +113,9 @@ func NewTokens(entries []TokenEntry) (*Tokens, error) {
 			errs = append(errs, fmt.Errorf("%s.tenant: %q must match %s", path, e.Tenant, tenantRE))
 		}
 		allow := PermAll
+		if e.ClusterID != "" {
+			allow = PermCluster
+		}
 		if len(e.Allow) > 0 {
 			allow = 0
 			for k, a := range e.Allow {
@@ -121,6 +124,9 @@ func NewTokens(entries []TokenEntry) (*Tokens, error) {
 					errs = append(errs, fmt.Errorf("%s.allow[%d]: %q, want one of %s", path, k, a, strings.Join(permOrder, ", ")))
 				}
 				allow |= p
+			}
+			if extra := allow &^ PermCluster; e.ClusterID != "" && extra != 0 {
+				errs = append(errs, fmt.Errorf("%s.allow: a token bound to a cluster (cluster_id) may only write, authorize and push, not %s: what it reads is not limited to its cluster; give readers a token of their own", path, extra))
 			}
 		}
 		if j, dup := seen[sum]; dup {

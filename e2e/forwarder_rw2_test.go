@@ -143,17 +143,17 @@ scrape_configs:
 		"--interval=2s", `--match={__name__=~"rpc_latency_seconds|build_info"}`)...)
 
 	sel := fmt.Sprintf(`rpc_latency_seconds{_id=%q}`, hashedID)
-	waitQuery(t, recv.URL(), fwdToken, "histogram_count("+sel+")", func(v float64) bool { return v == 100 })
-	sum := waitQuery(t, recv.URL(), fwdToken, "histogram_sum("+sel+")", func(float64) bool { return true })
+	waitQuery(t, recv.URL(), fwdReadToken, "histogram_count("+sel+")", func(v float64) bool { return v == 100 })
+	sum := waitQuery(t, recv.URL(), fwdReadToken, "histogram_sum("+sel+")", func(float64) bool { return true })
 	require.InDelta(t, 50.5, sum, 1e-9)
-	q := waitQuery(t, recv.URL(), fwdToken, "histogram_quantile(0.5, "+sel+")", func(float64) bool { return true })
+	q := waitQuery(t, recv.URL(), fwdReadToken, "histogram_quantile(0.5, "+sel+")", func(float64) bool { return true })
 	require.InDelta(t, 0.5, q, 0.05, "median of 0.01..1.00 within the schema-3 bucket width")
 
 	// Prometheus' federation carries the type only (no HELP): the histogram
 	// type arrives as 2.0 per-series metadata.
 	var md map[string][]metadata.Metadata
 	eventually(t, time.Minute, func() error {
-		apiData(t, recv.URL(), fwdToken, "/api/v1/metadata", url.Values{"metric": {"rpc_latency_seconds"}}, &md)
+		apiData(t, recv.URL(), fwdReadToken, "/api/v1/metadata", url.Values{"metric": {"rpc_latency_seconds"}}, &md)
 		if len(md["rpc_latency_seconds"]) == 0 {
 			return fmt.Errorf("no metadata yet: %v", md)
 		}
@@ -207,10 +207,10 @@ func TestForwarderRW2MetadataE2E(t *testing.T) {
 		"--interval=2s", `--match={__name__=~"rpc_latency_seconds|build_info"}`)...)
 
 	sel := fmt.Sprintf(`rpc_latency_seconds{_id=%q}`, hashedID)
-	waitQuery(t, recv.URL(), fwdToken, "histogram_count("+sel+")", func(v float64) bool { return v == 100 })
+	waitQuery(t, recv.URL(), fwdReadToken, "histogram_count("+sel+")", func(v float64) bool { return v == 100 })
 	var md map[string][]metadata.Metadata
 	eventually(t, time.Minute, func() error {
-		apiData(t, recv.URL(), fwdToken, "/api/v1/metadata", nil, &md)
+		apiData(t, recv.URL(), fwdReadToken, "/api/v1/metadata", nil, &md)
 		if len(md) < 2 {
 			return fmt.Errorf("metadata so far: %v", md)
 		}
@@ -300,7 +300,7 @@ func TestForwarderRW2FallbackTo1E2E(t *testing.T) {
 	require.Positive(t, metricValue(mfs, "phonehome_forward_send_requests_total", map[string]string{"code": "2xx"}))
 	requireNoForwarderDrops(t, fwd2)
 	fwd2.Stop()
-	requireAllStored(t, backlog, storedSamples(t, recv.URL(), fwdToken, fmt.Sprintf(`{_id=%q}`, hashedID)))
+	requireAllStored(t, backlog, storedSamples(t, recv.URL(), fwdReadToken, fmt.Sprintf(`{_id=%q}`, hashedID)))
 	require.Positive(t, metricsValue(t, recv.URL(), "phonehome_receive_requests_total", map[string]string{"code": "415"}))
 
 	state, err := os.ReadFile(filepath.Join(queueDir, "remote-write-version.json"))

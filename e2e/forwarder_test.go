@@ -35,6 +35,7 @@ const (
 	fwdClusterID = "5f6c2a9e-3b1d-4c7e-9a0f-2d8e4b6c1a73" // the raw _id in the fixture
 	fwdSalt      = "e2e-salt-0123456789abcdef"
 	fwdToken     = "fwd-e2e-token"
+	fwdReadToken = "fwd-e2e-read-token" // the forwarder's token is bound to its cluster: it may not read
 	fwdFixtures  = "../bench/testdata"
 )
 
@@ -117,11 +118,11 @@ func withoutTargetLabels(ls labels.Labels) string {
 	return labels.NewBuilder(ls).Del("job", "instance").Labels().String()
 }
 
-// writeForwarderReceiverConfig writes a receiver config whose only token is
-// bound to the forwarder's hashed cluster id.
+// writeForwarderReceiverConfig writes a receiver config with two tokens:
+// the forwarder's, bound to its hashed cluster id, and one that reads.
 func writeForwarderReceiverConfig(t *testing.T, dir, hashedID string) string {
 	t.Helper()
-	tokens := fmt.Sprintf("tokens:\n- token: %q\n  tenant: fleet\n  cluster_id: %q\n", fwdToken, hashedID)
+	tokens := fmt.Sprintf("tokens:\n- token: %q\n  tenant: fleet\n  cluster_id: %q\n- token: %q\n  tenant: fleet\n  allow: [read]\n", fwdToken, hashedID, fwdReadToken)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "tokens.yaml"), []byte(tokens), 0o600))
 	p := filepath.Join(dir, "receiver.yaml")
 	require.NoError(t, os.WriteFile(p, []byte("auth:\n  tokens_file: tokens.yaml\n"), 0o600))
@@ -200,7 +201,7 @@ func waitFederatedWith(t *testing.T, client *http.Client, prom string) {
 
 func querySeries(t *testing.T, base, q string, ts time.Time) queryResult {
 	t.Helper()
-	return instant(t, base, fwdToken, q, ts)
+	return instant(t, base, fwdReadToken, q, ts)
 }
 
 func TestForwarderE2E(t *testing.T) {

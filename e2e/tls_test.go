@@ -94,7 +94,7 @@ func TestTLSReceiver(t *testing.T) {
 		srvCert, srvKey, ca.File), 0o600))
 
 	hashedID := relabel.Anonymize([]byte(fwdSalt), fwdClusterID)
-	tokens := fmt.Sprintf("tokens:\n- token: %q\n  tenant: acme\n- token: %q\n  tenant: fleet\n  cluster_id: %q\n", tokenAcme, fwdToken, hashedID)
+	tokens := fmt.Sprintf("tokens:\n- token: %q\n  tenant: acme\n- token: %q\n  tenant: fleet\n  cluster_id: %q\n- token: %q\n  tenant: fleet\n  allow: [read]\n", tokenAcme, fwdToken, hashedID, fwdReadToken)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "tokens.yaml"), []byte(tokens), 0o600))
 	cfg := filepath.Join(dir, "receiver.yaml")
 	require.NoError(t, os.WriteFile(cfg, []byte("auth:\n  tokens_file: tokens.yaml\n"), 0o600))
@@ -187,7 +187,7 @@ func TestTLSReceiver(t *testing.T) {
 			"--to-ca-file="+ca.File, "--to-cert-file="+fwdCert, "--to-key-file="+fwdKey)...)
 		waitHTTP(t, "http://"+fwd.Addr+"/readyz", http.StatusOK)
 		eventually(t, time.Minute, func() error {
-			r, err := tlsInstant(t, client, base, fwdToken, fmt.Sprintf(`{_id=%q}`, hashedID))
+			r, err := tlsInstant(t, client, base, fwdReadToken, fmt.Sprintf(`{_id=%q}`, hashedID))
 			if err != nil {
 				return err
 			}

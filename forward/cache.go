@@ -119,9 +119,6 @@ type cachedSeries struct {
 	caps []int  // indices of the policy's caps whose selectors match, if allowed
 	refs []uint32
 	seen uint64 // the last cycle that had the series
-	// anonymized: the series had a label whose value was hashed, so its
-	// family's help text (which may quote that value) is not sent.
-	anonymized bool
 }
 
 func newSeriesCache(maxSeries int) *seriesCache {
@@ -167,7 +164,7 @@ func (c *seriesCache) put(k seriesKey, e *cachedSeries, name string) *cachedSeri
 	if len(c.entries) >= c.max {
 		return nil
 	}
-	cp := &cachedSeries{name: strings.Clone(name), drop: e.drop, seen: c.cycle, anonymized: e.anonymized}
+	cp := &cachedSeries{name: strings.Clone(name), drop: e.drop, seen: c.cycle}
 	if len(e.caps) > 0 {
 		cp.caps = slices.Clone(e.caps)
 	}

@@ -509,7 +509,7 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 		}
 		ts := writev2.TimeSeries{
 			LabelsRefs: refArena[start:len(refArena):len(refArena)],
-			Metadata:   meta.of(syms, pol.Rules, s.metaFor(e.name), e.anonymized),
+			Metadata:   meta.of(syms, pol.Rules, s.metaFor(e.name)),
 		}
 		switch {
 		case s.H != nil:
@@ -614,11 +614,7 @@ func evaluate(pol *Policy, lb *labels.Builder, syms *symbols, ls labels.Labels, 
 		e.drop = ReasonRelabel
 		return
 	}
-	out := lb.Labels()
-	e.refs = syms.internLabels(out, e.refs)
-	// On the output: relabel_configs may create an anonymized label (hashed
-	// after them) or drop one.
-	e.anonymized = pol.Rules.Anonymizes(out)
+	e.refs = syms.internLabels(lb.Labels(), e.refs)
 }
 
 // metaSymbols converts a family's metadata to its remote-write 2.0 form,
@@ -626,21 +622,23 @@ func evaluate(pol *Policy, lb *labels.Builder, syms *symbols, ls labels.Labels, 
 type metaSymbols struct {
 	last       metadata.Metadata
 	ok         bool
-	anonymized bool
 	typ        writev2.Metadata_MetricType
 	help, unit uint32 // interned
 }
 
 // of returns m with its help and unit (the raw id scrubbed) as references of
-// the current request; the zero Metadata if there is nothing to say. The
-// help text of a series that had an anonymized label is left out: it is the
-// family's, and may quote a raw value that was hashed in the labels.
-func (ms *metaSymbols) of(syms *symbols, rules *relabel.Rules, m metadata.Metadata, anonymized bool) writev2.Metadata {
-	if !ms.ok || m != ms.last || anonymized != ms.anonymized {
-		ms.last, ms.ok, ms.anonymized = m, true, anonymized
+// the current request; the zero Metadata if there is nothing to say. Help
+// text is left out while rules anonymize labels: a family's help may quote a
+// value that one of its series carries hashed, and which values those are
+// is known only once the family's last series (the response's last) is
+// read, after its first ones were sent. (Prometheus' own /federate sends no
+// help text anyway.)
+func (ms *metaSymbols) of(syms *symbols, rules *relabel.Rules, m metadata.Metadata) writev2.Metadata {
+	if !ms.ok || m != ms.last {
+		ms.last, ms.ok = m, true
 		ms.typ = writev2.FromMetadataType(m.Type)
 		ms.help = 0
-		if !anonymized {
+		if !rules.AnonymizesLabels() {
 			ms.help = syms.intern(rules.ScrubText(m.Help))
 		}
 		ms.unit = syms.intern(rules.ScrubText(m.Unit))

@@ -352,55 +352,59 @@ func sameSeries(t *testing.T, want, got []prompb.TimeSeries) {
 	require.Equal(t, w, g)
 }
 
-// TestHelpTextOfAnonymizedSeriesIsNotSent: a family's help text may quote a
-// value that the series' labels carry hashed; it is left out for those
-// series, and kept for series without an anonymized label.
-func TestHelpTextOfAnonymizedSeriesIsNotSent(t *testing.T) {
+// TestNoHelpTextWithAnonymizedLabels: a family's help text may quote a
+// value that a series of the family carries hashed, and the forwarder
+// cannot know which values a family's later series (or another family's)
+// will carry when it sends the first: with anonymized labels configured,
+// no help text is sent, for any series. Without them, help is sent (the
+// raw id scrubbed).
+func TestNoHelpTextWithAnonymizedLabels(t *testing.T) {
 	text := strings.Join([]string{
 		"# HELP kube_pod_info Pods of customer-acme-prod and others.",
 		"# TYPE kube_pod_info gauge",
+		`kube_pod_info{node="n1"} 1 1767268800000`, // before the series that holds the value
 		`kube_pod_info{namespace="customer-acme-prod"} 1 1767268800000`,
-		"# HELP node_boot_time_seconds Boot time of customer-db.",
-		"# TYPE node_boot_time_seconds gauge",
-		`node_boot_time_seconds{instance="customer-db:9100"} 1 1767268800000`,
 		"# HELP http_requests_total Requests served.",
 		"# TYPE http_requests_total counter",
 		`http_requests_total{code="200"} 5 1767268800000`,
 	}, "\n") + "\n"
-	al, err := allowlist.Parse([]string{`{__name__=~"kube_pod_info|node_boot_time_seconds|http_requests_total"}`})
+	al, err := allowlist.Parse([]string{`{__name__=~"kube_pod_info|http_requests_total"}`})
 	require.NoError(t, err)
-	// host is made by relabeling, then anonymized.
-	rules, err := relabel.Parse(relabel.Config{ID: fixtureID, Salt: []byte(fixtureSalt), AnonymizeLabels: []string{"namespace", "host"},
-		RelabelConfigs: parseRelabelConfigs(t, `
-- source_labels: [instance]
-  regex: '(.+):\d+'
-  target_label: host
-- action: labeldrop
-  regex: instance
-`)})
-	require.NoError(t, err)
-	recv := newFakeReceiver(t)
-	h := newHarnessWith(t, fakePrometheus(t, []byte(text), false).URL, recv, t.TempDir(), Options{}, FederateOptions{},
-		HTTPSenderOptions{}, &Policy{Allow: al, Rules: rules})
-	require.NoError(t, h.f.Collect(context.Background()))
-	h.deliverAll(t)
-	require.Len(t, recv.v2, 1)
-	r := recv.v2[0]
-	require.NotContains(t, strings.Join(r.Symbols, "\n"), "customer-acme-prod")
-	require.NotContains(t, strings.Join(r.Symbols, "\n"), "customer-db")
-	b := labels.NewScratchBuilder(8)
-	for _, ts := range r.Timeseries {
-		ls, err := ts.ToLabels(&b, r.Symbols)
-		require.NoError(t, err)
-		md, err := ts.ToMetadata(r.Symbols)
-		require.NoError(t, err)
-		switch ls.Get(model.MetricNameLabel) {
-		case "kube_pod_info", "node_boot_time_seconds":
-			require.Equal(t, metadata.Metadata{Type: model.MetricTypeGauge}, md)
-		case "http_requests_total":
-			require.Equal(t, metadata.Metadata{Type: model.MetricTypeCounter, Help: "Requests served."}, md)
-		default:
-			t.Fatalf("unexpected series %s", ls)
-		}
+	for _, tc := range []struct {
+		name      string
+		anonymize []string
+		help      map[string]string
+	}{
+		{"anonymized labels", []string{"namespace"}, map[string]string{"kube_pod_info": "", "http_requests_total": ""}},
+		{"none", nil, map[string]string{"kube_pod_info": "Pods of customer-acme-prod and others.", "http_requests_total": "Requests served."}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rules, err := relabel.Parse(relabel.Config{ID: fixtureID, Salt: []byte(fixtureSalt), AnonymizeLabels: tc.anonymize})
+			require.NoError(t, err)
+			recv := newFakeReceiver(t)
+			h := newHarnessWith(t, fakePrometheus(t, []byte(text), false).URL, recv, t.TempDir(), Options{}, FederateOptions{},
+				HTTPSenderOptions{}, &Policy{Allow: al, Rules: rules})
+			require.NoError(t, h.f.Collect(context.Background()))
+			h.deliverAll(t)
+			require.Len(t, recv.v2, 1)
+			r := recv.v2[0]
+			if tc.anonymize != nil {
+				require.NotContains(t, strings.Join(r.Symbols, "\n"), "customer-acme-prod")
+			}
+			b := labels.NewScratchBuilder(8)
+			require.Len(t, r.Timeseries, 3)
+			for _, ts := range r.Timeseries {
+				ls, err := ts.ToLabels(&b, r.Symbols)
+				require.NoError(t, err)
+				md, err := ts.ToMetadata(r.Symbols)
+				require.NoError(t, err)
+				name := ls.Get(model.MetricNameLabel)
+				typ := model.MetricTypeGauge
+				if name == "http_requests_total" {
+					typ = model.MetricTypeCounter
+				}
+				require.Equal(t, metadata.Metadata{Type: typ, Help: tc.help[name]}, md, ls.String())
+			}
+		})
 	}
 }

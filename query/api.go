@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/grafana/regexp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/route"
 	"github.com/prometheus/prometheus/config"
@@ -121,7 +122,7 @@ func NewHandler(logger *slog.Logger, engine promql.QueryEngine, r Reader, opts O
 		nil, v1.GlobalURLOptions{}, ready, nil, "",
 		false, false, 0, logger,
 		rulesFor,
-		0, 1, 1<<20, false, nil,
+		0, 1, 1<<20, false, noCrossOrigin,
 		func() (v1.RuntimeInfo, error) {
 			return v1.RuntimeInfo{StartTime: start, GoroutineCount: runtime.NumGoroutine(), GOMAXPROCS: runtime.GOMAXPROCS(0), CWD: cwd()}, nil
 		},
@@ -153,6 +154,13 @@ func NewHandler(logger *slog.Logger, engine promql.QueryEngine, r Reader, opts O
 	mux.Handle("GET /api/v1/metadata", NewMetadataHandler(md, opts.Ready))
 	return mux
 }
+
+// noCrossOrigin is the API's CORS origin pattern: it matches no origin, so
+// no page of another site may read an answer (Grafana's server-side proxy
+// mode needs no CORS). Prometheus' API code dereferences the pattern for
+// every request with an Origin header: nil made each of them a panic, and
+// the client saw its connection dropped.
+var noCrossOrigin = regexp.MustCompile(`a^`)
 
 func cwd() string {
 	d, _ := os.Getwd()

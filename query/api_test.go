@@ -102,3 +102,21 @@ func TestEngineDelaysNameRemoval(t *testing.T) {
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
 	require.Contains(t, rec.Body.String(), `"value":[1000,"2"]`)
 }
+
+// TestCrossOriginRequest: a request carrying an Origin header (a browser,
+// Grafana's browser access mode) is answered, not a panic (Prometheus' API
+// code dereferences its CORS pattern), and no origin is allowed to read
+// the answer: a token pasted in one site must not let another read the fleet.
+func TestCrossOriginRequest(t *testing.T) {
+	dbs := tenantDBs{"acme": openDB(t, map[string]float64{"a": 1})}
+	h := NewHandler(discardLogger(), NewEngine(discardLogger(), nil, Options{}), dbs, Options{Version: "test"})
+	for _, origin := range []string{"https://evil.example", "null", "http://receiver:9291"} {
+		r := httptest.NewRequest(http.MethodGet, "/api/v1/query?query=up&time=1000", nil)
+		r.Header.Set("Origin", origin)
+		r = r.WithContext(auth.WithIdentity(r.Context(), auth.Identity{Tenant: "acme"}))
+		rec := httptest.NewRecorder()
+		require.NotPanics(t, func() { h.ServeHTTP(rec, r) }, origin)
+		require.Equal(t, http.StatusOK, rec.Code, origin)
+		require.Empty(t, rec.Header().Get("Access-Control-Allow-Origin"), origin)
+	}
+}

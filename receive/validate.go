@@ -3,6 +3,7 @@ package receive
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/prometheus/common/model"
@@ -54,7 +55,9 @@ func (e *seriesError) Error() string { return e.msg }
 // id binds a cluster, the series' _id must equal it (or is overwritten with
 // it when overwriteID is set, or when it is the cluster's own id in clear,
 // id.ClusterIDAlias), and is added if missing; an _id among its exemplars'
-// labels is held to the same rule (bindExemplars).
+// labels is held to the same rule (bindExemplars). The raw id (4 bytes or
+// more) is also replaced inside every other label value of the series and
+// its exemplars (replaceRawID).
 // Labels out of order by name, as any client that builds them from a map
 // sends them, are sorted in place, as Prometheus does (resorted reports it);
 // only what cannot be repaired (a duplicate or empty name) is refused. A
@@ -67,10 +70,9 @@ func validateSeries(ts *prompb.TimeSeries, lim *limits.TenantLimits, id auth.Ide
 	if id.ClusterIDAlias != "" {
 		// First of all: a refused series' labels are kept as an example
 		// (the status page), and the raw id must not be among them.
-		for i := range ts.Labels {
-			if ts.Labels[i].Name == clusterLabel && ts.Labels[i].Value == id.ClusterIDAlias {
-				ts.Labels[i].Value = clusterID
-			}
+		replaceRawID(ts.Labels, id.ClusterIDAlias, clusterID)
+		for i := range ts.Exemplars {
+			replaceRawID(ts.Exemplars[i].Labels, id.ClusterIDAlias, clusterID)
 		}
 	}
 	if len(ts.Samples) == 0 && len(ts.Histograms) == 0 {
@@ -150,17 +152,18 @@ func validateSeries(ts *prompb.TimeSeries, lim *limits.TenantLimits, id auth.Ide
 
 // bindExemplars holds an _id among exemplar labels to its series' rule: an
 // exemplar is data of the series it is attached to, whose _id is id's
-// cluster, so it may carry that _id or none. The raw id (id.ClusterIDAlias)
-// is rewritten, as is any other when overwriteID is set; any other refuses
-// the series. Without it a cluster could store, and pass upstream, another
-// cluster's _id, or its own raw id, in its exemplars.
+// cluster, so it may carry that _id or none. Another is rewritten when
+// overwriteID is set, and refuses the series otherwise (the raw id,
+// id.ClusterIDAlias, was rewritten already: replaceRawID). Without it a
+// cluster could store, and pass upstream, another cluster's _id, or its own
+// raw id, in its exemplars.
 func bindExemplars(exemplars []prompb.Exemplar, id auth.Identity, overwriteID bool) *seriesError {
 	for i := range exemplars {
 		ls := exemplars[i].Labels
 		for j := range ls {
 			switch v := ls[j].Value; {
 			case ls[j].Name != clusterLabel, v == "", v == id.ClusterID:
-			case v == id.ClusterIDAlias, overwriteID:
+			case overwriteID:
 				ls[j].Value = id.ClusterID
 			default:
 				return &seriesError{reasonClusterMismatch, "exemplar _id does not match the authenticated cluster"}
@@ -168,6 +171,27 @@ func bindExemplars(exemplars []prompb.Exemplar, id auth.Identity, overwriteID bo
 		}
 	}
 	return nil
+}
+
+// minRawIDInValue is the shortest raw id replaced inside label values, as
+// the forwarder's scrubbing: a shorter one (a test cluster's "c1") is too
+// common a string to be told from other text, and is replaced only where
+// it is the whole _id.
+const minRawIDInValue = 4
+
+// replaceRawID replaces the raw cluster id in ls with its pseudonym: an _id
+// equal to it, and, as the forwarder does (defence in depth), the raw id
+// inside any label value (a console URL, a label of the cluster's own
+// naming), so that it reaches neither the WAL nor the status page.
+func replaceRawID(ls []prompb.Label, raw, pseudonym string) {
+	for i := range ls {
+		switch v := ls[i].Value; {
+		case v == raw && ls[i].Name == clusterLabel:
+			ls[i].Value = pseudonym
+		case len(raw) >= minRawIDInValue && strings.Contains(v, raw):
+			ls[i].Value = strings.ReplaceAll(v, raw, pseudonym)
+		}
+	}
 }
 
 // over reports whether n exceeds limit, where a limit of 0 means unlimited.

@@ -156,17 +156,10 @@ func encode(h hash.Hash, v string) string {
 	return base64.RawURLEncoding.EncodeToString(d[:16])
 }
 
-// Anonymizes reports whether ls has one of the anonymized labels, not
-// empty: given Apply's output, whether Apply replaced a raw value by its
-// hash (a label relabel_configs created included).
-func (r *Rules) Anonymizes(ls labels.Labels) bool {
-	for _, n := range r.anonymize {
-		if ls.Get(n) != "" {
-			return true
-		}
-	}
-	return false
-}
+// AnonymizesLabels reports whether the Rules hash the values of any label
+// besides IDLabel: then a text written for a whole metric family (its help)
+// may quote a raw value that Apply hashes in one of its series.
+func (r *Rules) AnonymizesLabels() bool { return len(r.anonymize) > 0 }
 
 // ScrubText replaces the raw id in free text (metadata help and unit) with
 // its hash, so the raw id cannot leave through anything but labels either.
