@@ -11,6 +11,8 @@ require (
 	github.com/gogo/protobuf v1.3.2
 	github.com/golang-jwt/jwt/v5 v5.3.1
 	github.com/golang/snappy v1.0.0
+	// grafana/regexp: the type of the CORS origin pattern Prometheus' API code takes (query/api.go).
+	github.com/grafana/regexp v0.0.0-20250905093917-f7b3be9d1853
 	github.com/oklog/run v1.2.0
 	github.com/oklog/ulid/v2 v2.1.2
 	github.com/prometheus/client_golang v1.25.0
@@ -39,8 +41,6 @@ require (
 	sigs.k8s.io/kustomize/kyaml v0.21.2
 	sigs.k8s.io/yaml v1.6.0
 )
-
-require github.com/grafana/regexp v0.0.0-20250905093917-f7b3be9d1853
 
 require (
 	cloud.google.com/go/auth v0.24.1-0.20261001053825-dbc26066f70a // indirect
