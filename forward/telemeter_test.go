@@ -89,7 +89,9 @@ func newTelemeterPair(t *testing.T, srv *telemetertest.Server, reg prometheus.Re
 	a := NewAuthorizer(slog.New(slog.DiscardHandler), reg, base, srv.Client(), AuthorizerOptions{
 		Mode: AuthorizeAlways, Token: "fleet", ClusterID: telemeterHashedID, URL: authURL,
 	})
-	s := NewTelemeterSender(srv.URL+"/upload", srv.Client(), a, TelemeterSenderOptions{Registerer: reg})
+	// A short upload window: the injected 429s below have no Retry-After,
+	// as telemeter-server's limiter sends none, so the sender waits it.
+	s := NewTelemeterSender(srv.URL+"/upload", srv.Client(), a, TelemeterSenderOptions{Registerer: reg, RateLimit: time.Second, MaxAge: DefaultTelemeterMaxAge})
 	return a, s
 }
 
