@@ -346,16 +346,18 @@ func NewProtocolSender(opts ProtocolSenderOptions) *ProtocolSender {
 	return s
 }
 
-// pick returns the protocol for the next batch.
-func (s *ProtocolSender) pick(ctx context.Context) (string, error) {
-	p := s.opts.Protocol
+// pick returns the protocol for the next batch, and whether it is
+// remote-write only because auto found no /authorize (direct).
+func (s *ProtocolSender) pick(ctx context.Context) (p string, direct bool, err error) {
+	p = s.opts.Protocol
 	if p == ProtocolAuto {
 		p = ProtocolRemoteWrite
 		if s.opts.Authorizer != nil {
 			g, err := s.opts.Authorizer.grant(ctx)
 			if err != nil {
-				return "", RetryableError{Err: fmt.Errorf("choose delivery protocol: %w", err)}
+				return "", false, RetryableError{Err: fmt.Errorf("choose delivery protocol: %w", err)}
 			}
+			direct = g.direct
 			if g.telemeter && !g.direct {
 				p = ProtocolTelemeter
 			}
@@ -374,17 +376,33 @@ func (s *ProtocolSender) pick(ctx context.Context) (string, error) {
 		s.inUse.WithLabelValues(other).Set(0)
 		s.logger.Info("delivery protocol", "protocol", p, "configured", s.opts.Protocol)
 	}
-	return p, nil
+	return p, direct, nil
+}
+
+// noWriteEndpoint checks the answer to a remote-write that auto chose
+// because /authorize answered 404 or 405. If the write endpoint is missing
+// too (404, 405), the fleet endpoint is not our receiver: most likely a
+// stock telemeter-server whose authorizer answered "not found" (it passes
+// its authorizer's 404 on). The batch stays queued, and /authorize is asked
+// again before the next attempt, instead of every batch being dropped.
+func (s *ProtocolSender) noWriteEndpoint(direct bool, err error) error {
+	var he *HTTPError
+	if !direct || !errors.As(err, &he) || (he.Code != http.StatusNotFound && he.Code != http.StatusMethodNotAllowed) {
+		return err
+	}
+	s.opts.Authorizer.reprobe()
+	return RetryableError{Err: fmt.Errorf("no /authorize and no remote-write endpoint at the fleet endpoint, asking /authorize again: %w", err)}
 }
 
 // SendRecord implements RecordSender.
 func (s *ProtocolSender) SendRecord(ctx context.Context, r Record) (Written, error) {
-	p, err := s.pick(ctx)
+	p, direct, err := s.pick(ctx)
 	if err != nil {
 		return Written{}, err
 	}
 	if p == ProtocolRemoteWrite {
-		return s.opts.RemoteWrite.SendRecord(ctx, r)
+		w, err := s.opts.RemoteWrite.SendRecord(ctx, r)
+		return w, s.noWriteEndpoint(direct, err)
 	}
 	req, err := r.toV1()
 	if err != nil {
@@ -395,12 +413,12 @@ func (s *ProtocolSender) SendRecord(ctx context.Context, r Record) (Written, err
 
 // Send implements Sender.
 func (s *ProtocolSender) Send(ctx context.Context, req *prompb.WriteRequest) error {
-	p, err := s.pick(ctx)
+	p, direct, err := s.pick(ctx)
 	if err != nil {
 		return err
 	}
 	if p == ProtocolRemoteWrite {
-		return s.opts.RemoteWrite.Send(ctx, req)
+		return s.noWriteEndpoint(direct, s.opts.RemoteWrite.Send(ctx, req))
 	}
 	return s.opts.Telemeter.Send(ctx, req)
 }
