@@ -113,6 +113,31 @@ func TestForwardOnlyRetriesInOrderAndDropsRefused(t *testing.T) {
 	require.Equal(t, 3.0, counter(t, reg, "phonehome_upstream_sent_samples_total", ""))
 }
 
+// telemeter-server forwards every cluster's upload to one Thanos tenant
+// (--tenant-id); upstream.tenant does the same whatever the writer's tenant.
+func TestFixedUpstreamTenant(t *testing.T) {
+	up := &fakeUpstream{}
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	reg := prometheus.NewRegistry()
+	cfg := config(srv.URL)
+	cfg.Tenant = "FB870BF3-9F3A-44FF-9BF7-D7A047A52F43"
+	w, err := upstream.New(discard, reg, nil, t.TempDir(), cfg)
+	require.NoError(t, err)
+	for _, tenant := range []string{"acme", "fleet"} {
+		_, err := w.Write(context.Background(), tenant, ts("up"))
+		require.NoError(t, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- w.Run(ctx) }()
+	waitCounter(t, reg, "phonehome_upstream_sent_samples_total", 2)
+	cancel()
+	require.NoError(t, <-done)
+	require.NoError(t, w.Close())
+	require.Equal(t, []string{cfg.Tenant, cfg.Tenant}, up.tenants)
+}
+
 func TestForwardOnlyRefusesWhenFullAndKeepsQueueAcrossRestart(t *testing.T) {
 	dir := t.TempDir()
 	cfg := config("http://127.0.0.1:1/") // never reached: Run is not started
