@@ -33,18 +33,10 @@ type uploadPacer struct {
 
 // wait blocks until an upload may go out, or ctx ends.
 func (p *uploadPacer) wait(ctx context.Context) error {
-	d := p.remaining()
-	if d <= 0 {
-		return nil
+	if d := p.remaining(); d > 0 {
+		return Sleep(ctx, d)
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	return nil
 }
 
 func (p *uploadPacer) remaining() time.Duration {

@@ -99,13 +99,7 @@ func TestForwardOnlyRetriesInOrderAndDropsRefused(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, 1, st.Samples)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- w.Run(ctx) }()
-	waitCounter(t, reg, "phonehome_upstream_sent_samples_total", 3)
-	cancel()
-	require.NoError(t, <-done)
-	require.NoError(t, w.Close())
+	deliver(t, w, reg, 3)
 	require.Equal(t, []string{"a", "b", "c"}, up.received())
 	require.Equal(t, []string{"acme", "acme", "acme"}, up.tenants)
 	require.Equal(t, 2.0, counter(t, reg, "phonehome_upstream_retries_total", ""))
@@ -128,14 +122,20 @@ func TestFixedUpstreamTenant(t *testing.T) {
 		_, err := w.Write(context.Background(), tenant, ts("up"))
 		require.NoError(t, err)
 	}
+	deliver(t, w, reg, 2)
+	require.Equal(t, []string{cfg.Tenant, cfg.Tenant}, up.tenants)
+}
+
+// deliver runs w until it has sent n samples, then stops and closes it.
+func deliver(t *testing.T, w *upstream.Writer, reg *prometheus.Registry, n float64) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- w.Run(ctx) }()
-	waitCounter(t, reg, "phonehome_upstream_sent_samples_total", 2)
+	waitCounter(t, reg, "phonehome_upstream_sent_samples_total", n)
 	cancel()
 	require.NoError(t, <-done)
 	require.NoError(t, w.Close())
-	require.Equal(t, []string{cfg.Tenant, cfg.Tenant}, up.tenants)
 }
 
 func TestForwardOnlyRefusesWhenFullAndKeepsQueueAcrossRestart(t *testing.T) {
