@@ -246,6 +246,18 @@ func (a *Authorizer) Rejected(token string) bool {
 	return true
 }
 
+// reprobe makes the next Token ask /authorize again after auto mode took
+// its 404 or 405 for "no such endpoint" (ProtocolSender.noWriteEndpoint).
+func (a *Authorizer) reprobe() {
+	a.mu.Lock()
+	a.direct = false
+	a.mu.Unlock()
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
 // refresh exchanges the fleet token for a new credential. Unless force is
 // set, it returns at once if another caller obtained one meanwhile.
 func (a *Authorizer) refresh(ctx context.Context, force bool) error {

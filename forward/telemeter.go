@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -108,6 +109,16 @@ type TelemeterSenderOptions struct {
 	// Timeout bounds one request (default 30s).
 	Timeout    time.Duration
 	Registerer prometheus.Registerer // nil: metrics are not registered
+	// RateLimit is the server's upload window per cluster (default
+	// DefaultTelemeterRateLimit, telemeter-server's --ratelimit; negative:
+	// never wait). It is kept only once the server has refused an upload
+	// for it (429 without Retry-After), so a receiver without that limit
+	// is never waited for.
+	RateLimit time.Duration
+	// MaxAge, if positive, drops older samples before the upload, as
+	// telemeter-client does with DefaultTelemeterMaxAge, the age beyond
+	// which telemeter-server refuses the whole upload (400). 0: none.
+	MaxAge time.Duration
 }
 
 // TelemeterSender delivers to a stock telemeter-server the way
@@ -116,15 +127,21 @@ type TelemeterSenderOptions struct {
 // MetricFamily messages, snappy framed, carrying every sample's original
 // timestamp and the labels the authorize answer requires.
 //
+// Like telemeter-client, it leaves out what telemeter-server would refuse
+// the whole upload for (dropRefused), and it keeps to the server's
+// per-cluster upload rate limit once the server has shown it
+// (uploadPacer), waiting before an upload rather than being refused.
+//
 // Errors follow the Sender contract: network errors, 5xx and 429 are
 // RetryableErrors; other non-2xx are *HTTPError and the batch is dropped
 // (telemeter-client treats only 200 as success; any 2xx is accepted here).
-// Safe for concurrent use.
+// Safe for concurrent use; the pacing assumes one upload at a time.
 type TelemeterSender struct {
 	url    string
 	client *http.Client
 	auth   *Authorizer
 	opts   TelemeterSenderOptions
+	pacer  *uploadPacer
 
 	unsendable prometheus.Counter
 }
@@ -135,11 +152,15 @@ func NewTelemeterSender(uploadURL string, client *http.Client, auth *Authorizer,
 	if opts.Timeout <= 0 {
 		opts.Timeout = 30 * time.Second
 	}
+	if opts.RateLimit == 0 {
+		opts.RateLimit = DefaultTelemeterRateLimit
+	}
 	return &TelemeterSender{
 		url: uploadURL, client: client, auth: auth, opts: opts,
+		pacer: &uploadPacer{window: opts.RateLimit, now: time.Now},
 		unsendable: promauto.With(opts.Registerer).NewCounter(prometheus.CounterOpts{
 			Name: "phonehome_forward_telemeter_unsendable_samples_total",
-			Help: "Samples the telemeter upload format cannot carry (native histograms, series without a metric name); they are skipped.",
+			Help: "Samples a telemeter upload cannot carry (native histograms, series without a metric name) or telemeter-server refuses (names or label values over 255 bytes, samples older than the max age); they are skipped, as telemeter-client skips the latter.",
 		}),
 	}
 }
@@ -153,6 +174,12 @@ func (s *TelemeterSender) Send(ctx context.Context, req *prompb.WriteRequest) er
 			return RetryableError{Err: fmt.Errorf("telemeter upload credential: %w", err)}
 		}
 		families, skipped := TelemeterFamilies(req, g.labels)
+		minTS := int64(math.MinInt64)
+		if s.opts.MaxAge > 0 {
+			minTS = time.Now().Add(-s.opts.MaxAge).UnixMilli()
+		}
+		families, refused := dropRefused(families, minTS)
+		skipped += refused
 		if attempt == 0 && skipped > 0 {
 			s.unsendable.Add(float64(skipped))
 		}
@@ -163,7 +190,11 @@ func (s *TelemeterSender) Send(ctx context.Context, req *prompb.WriteRequest) er
 		if err != nil {
 			return fmt.Errorf("encode telemeter upload: %w", err)
 		}
-		err = s.post(ctx, body, g.token)
+		if err := s.pacer.wait(ctx); err != nil {
+			return fmt.Errorf("telemeter upload: %w", err)
+		}
+		start := time.Now()
+		err = s.pacer.answered(start, s.post(ctx, body, g.token))
 		var he *HTTPError
 		if !errors.As(err, &he) || he.Code != http.StatusUnauthorized {
 			return err
@@ -315,16 +346,18 @@ func NewProtocolSender(opts ProtocolSenderOptions) *ProtocolSender {
 	return s
 }
 
-// pick returns the protocol for the next batch.
-func (s *ProtocolSender) pick(ctx context.Context) (string, error) {
-	p := s.opts.Protocol
+// pick returns the protocol for the next batch, and whether it is
+// remote-write only because auto found no /authorize (direct).
+func (s *ProtocolSender) pick(ctx context.Context) (p string, direct bool, err error) {
+	p = s.opts.Protocol
 	if p == ProtocolAuto {
 		p = ProtocolRemoteWrite
 		if s.opts.Authorizer != nil {
 			g, err := s.opts.Authorizer.grant(ctx)
 			if err != nil {
-				return "", RetryableError{Err: fmt.Errorf("choose delivery protocol: %w", err)}
+				return "", false, RetryableError{Err: fmt.Errorf("choose delivery protocol: %w", err)}
 			}
+			direct = g.direct
 			if g.telemeter && !g.direct {
 				p = ProtocolTelemeter
 			}
@@ -343,17 +376,33 @@ func (s *ProtocolSender) pick(ctx context.Context) (string, error) {
 		s.inUse.WithLabelValues(other).Set(0)
 		s.logger.Info("delivery protocol", "protocol", p, "configured", s.opts.Protocol)
 	}
-	return p, nil
+	return p, direct, nil
+}
+
+// noWriteEndpoint checks the answer to a remote-write that auto chose
+// because /authorize answered 404 or 405. If the write endpoint is missing
+// too (404, 405), the fleet endpoint is not our receiver: most likely a
+// stock telemeter-server whose authorizer answered "not found" (it passes
+// its authorizer's 404 on). The batch stays queued, and /authorize is asked
+// again before the next attempt, instead of every batch being dropped.
+func (s *ProtocolSender) noWriteEndpoint(direct bool, err error) error {
+	var he *HTTPError
+	if !direct || !errors.As(err, &he) || (he.Code != http.StatusNotFound && he.Code != http.StatusMethodNotAllowed) {
+		return err
+	}
+	s.opts.Authorizer.reprobe()
+	return RetryableError{Err: fmt.Errorf("no /authorize and no remote-write endpoint at the fleet endpoint, asking /authorize again: %w", err)}
 }
 
 // SendRecord implements RecordSender.
 func (s *ProtocolSender) SendRecord(ctx context.Context, r Record) (Written, error) {
-	p, err := s.pick(ctx)
+	p, direct, err := s.pick(ctx)
 	if err != nil {
 		return Written{}, err
 	}
 	if p == ProtocolRemoteWrite {
-		return s.opts.RemoteWrite.SendRecord(ctx, r)
+		w, err := s.opts.RemoteWrite.SendRecord(ctx, r)
+		return w, s.noWriteEndpoint(direct, err)
 	}
 	req, err := r.toV1()
 	if err != nil {
@@ -364,12 +413,12 @@ func (s *ProtocolSender) SendRecord(ctx context.Context, r Record) (Written, err
 
 // Send implements Sender.
 func (s *ProtocolSender) Send(ctx context.Context, req *prompb.WriteRequest) error {
-	p, err := s.pick(ctx)
+	p, direct, err := s.pick(ctx)
 	if err != nil {
 		return err
 	}
 	if p == ProtocolRemoteWrite {
-		return s.opts.RemoteWrite.Send(ctx, req)
+		return s.noWriteEndpoint(direct, s.opts.RemoteWrite.Send(ctx, req))
 	}
 	return s.opts.Telemeter.Send(ctx, req)
 }

@@ -89,7 +89,9 @@ func newTelemeterPair(t *testing.T, srv *telemetertest.Server, reg prometheus.Re
 	a := NewAuthorizer(slog.New(slog.DiscardHandler), reg, base, srv.Client(), AuthorizerOptions{
 		Mode: AuthorizeAlways, Token: "fleet", ClusterID: telemeterHashedID, URL: authURL,
 	})
-	s := NewTelemeterSender(srv.URL+"/upload", srv.Client(), a, TelemeterSenderOptions{Registerer: reg})
+	// A short upload window: the injected 429s below have no Retry-After,
+	// as telemeter-server's limiter sends none, so the sender waits it.
+	s := NewTelemeterSender(srv.URL+"/upload", srv.Client(), a, TelemeterSenderOptions{Registerer: reg, RateLimit: time.Second, MaxAge: DefaultTelemeterMaxAge})
 	return a, s
 }
 
@@ -300,4 +302,43 @@ func TestInlineBearerAndClientCertificate(t *testing.T) {
 
 	_, err = NewHTTPClient(filepath.Join(dir, "missing"), cert, nil)
 	require.ErrorContains(t, err, "missing", "a CA file that cannot be read fails at start")
+}
+
+// telemeter-server passes its authorizer's 404 ("not found") on at
+// /authorize, and has no /api/v1/write. Auto takes the 404 for "no
+// /authorize" and writes directly; the write's 404 then says it is not our
+// receiver: the batch stays queued (it was dropped as a 4xx) and /authorize
+// is asked again.
+func TestProtocolSenderAutoKeepsTheBatchWhenNeitherEndpointExists(t *testing.T) {
+	var mu sync.Mutex
+	hits := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		hits[r.URL.Path]++
+		mu.Unlock()
+		if r.URL.Path == "/authorize" {
+			http.Error(w, "not found", http.StatusNotFound) // pkg/authorize.AgainstEndpoint's answer
+			return
+		}
+		http.NotFound(w, r)
+	}))
+	defer srv.Close()
+	base, _ := url.Parse(srv.URL)
+	a := NewAuthorizer(slog.New(slog.DiscardHandler), nil, base, srv.Client(), AuthorizerOptions{Token: "fleet", ClusterID: telemeterHashedID})
+	ps := NewProtocolSender(ProtocolSenderOptions{
+		Protocol: ProtocolAuto, Authorizer: a,
+		RemoteWrite: NewHTTPSender(base, srv.Client(), HTTPSenderOptions{Credentials: a, Version: VersionV1}),
+		Telemeter:   NewTelemeterSender(srv.URL+"/upload", srv.Client(), a, TelemeterSenderOptions{}),
+	})
+	for attempt := 1; attempt <= 2; attempt++ {
+		_, err := ps.SendRecord(context.Background(), mustRecord(t, telemeterBatch(time.Now().UnixMilli())))
+		var re RetryableError
+		require.ErrorAs(t, err, &re, "kept queued: %v", err)
+		var he *HTTPError
+		require.ErrorAs(t, err, &he)
+		require.Equal(t, http.StatusNotFound, he.Code)
+		mu.Lock()
+		require.Equal(t, attempt, hits["/authorize"], "asked again before each attempt")
+		mu.Unlock()
+	}
 }

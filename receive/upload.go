@@ -7,6 +7,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"strings"
 
 	"github.com/golang/snappy"
 )
@@ -29,9 +30,11 @@ func (h *Handler) ServeUpload(w http.ResponseWriter, r *http.Request) {
 // telemeter-client sends application/vnd.google.protobuf with
 // proto=io.prometheus.client.MetricFamily and encoding=delimited, in a
 // snappy stream. The parameters are not required, and a body without
-// Content-Encoding is taken as uncompressed; other values are 415.
+// Content-Encoding is taken as uncompressed; other values are 415. The
+// coding is matched without regard to case, as HTTP defines it and
+// telemeter-server matches it (strings.EqualFold in its Snappy middleware).
 func negotiateUpload(hdr http.Header) error {
-	if enc := hdr.Get("Content-Encoding"); enc != "" && enc != "snappy" {
+	if enc := hdr.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "snappy") {
 		return fmt.Errorf("content-encoding %q, only snappy is supported: %w", enc, errUnsupported)
 	}
 	ct := hdr.Get("Content-Type")

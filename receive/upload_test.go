@@ -245,6 +245,22 @@ func TestServeUploadRunsTheRemoteWritePipeline(t *testing.T) {
 	require.Len(t, w.series, 4)
 }
 
+// telemeter-server takes the content coding in any case (strings.EqualFold),
+// as HTTP defines content codings.
+func TestServeUploadContentEncodingIgnoresCase(t *testing.T) {
+	w := &fakeWriter{}
+	h := NewHandler(discard(), nil, w, newLimiter(nil), Options{})
+	id := &auth.Identity{Tenant: "acme", ClusterID: "c1"}
+	for _, enc := range []string{"Snappy", "SNAPPY"} {
+		r := uploadRequest(framed(t, delimited(t, gauge("up", 1, 1000, "job", enc))), id)
+		r.Header.Set("Content-Encoding", enc)
+		rec := httptest.NewRecorder()
+		h.ServeUpload(rec, r)
+		require.Equal(t, http.StatusOK, rec.Code, "%s: %s", enc, rec.Body)
+	}
+	require.Len(t, w.series, 2)
+}
+
 func TestServeUploadRewritesTheClusterIDSentInClear(t *testing.T) {
 	w := &fakeWriter{}
 	h := NewHandler(discard(), nil, w, newLimiter(nil), Options{})

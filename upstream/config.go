@@ -35,6 +35,10 @@ type Config struct {
 	// TenantHeader, if set, carries the writer's tenant to the upstream
 	// (THANOS-TENANT for Thanos Receive, X-Scope-OrgID for Mimir).
 	TenantHeader string `yaml:"tenant_header"`
+	// Tenant, if set, is sent in TenantHeader instead of the writer's
+	// tenant: one upstream tenant for every write, as telemeter-server's
+	// --tenant-id puts all its clusters' uploads in one Thanos tenant.
+	Tenant string `yaml:"tenant"`
 	// Timeout bounds one upstream request.
 	Timeout model.Duration `yaml:"timeout"`
 	Queue   QueueConfig    `yaml:"queue"`
@@ -88,7 +92,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("upstream.%s: %s", path, fmt.Sprintf(format, args...)))
 	}
 	if c.URL == "" {
-		if c.BearerTokenFile != "" || c.TenantHeader != "" || c.Mode == ModeForwardOnly {
+		if c.BearerTokenFile != "" || c.TenantHeader != "" || c.Tenant != "" || c.Mode == ModeForwardOnly {
 			bad("url", "required when other upstream settings are set")
 		}
 		return errors.Join(errs...)
@@ -101,6 +105,9 @@ func (c *Config) Validate() error {
 	}
 	if c.TenantHeader != "" && http.CanonicalHeaderKey(c.TenantHeader) == "" {
 		bad("tenant_header", "%q is not a header name", c.TenantHeader)
+	}
+	if c.Tenant != "" && c.TenantHeader == "" {
+		bad("tenant", "needs tenant_header, the header that carries it")
 	}
 	if c.Timeout < model.Duration(time.Second) {
 		bad("timeout", "%s is shorter than 1s", c.Timeout)

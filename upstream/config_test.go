@@ -17,6 +17,8 @@ func TestConfigValidate(t *testing.T) {
 		{name: "disabled", cfg: upstream.Config{}},
 		{name: "valid", cfg: upstream.Config{URL: "https://mimir:8080/api/v1/push", Mode: "forward_only", TenantHeader: "X-Scope-OrgID"}},
 		{name: "settings without url", cfg: upstream.Config{BearerTokenFile: "tok"}, errs: []string{"upstream.url: required"}},
+		{name: "fixed tenant", cfg: upstream.Config{URL: "http://thanos:19291/api/v1/receive", TenantHeader: "THANOS-TENANT", Tenant: "FB870BF3-9F3A-44FF-9BF7-D7A047A52F43"}},
+		{name: "fixed tenant without header", cfg: upstream.Config{URL: "http://thanos:19291/api/v1/receive", Tenant: "t"}, errs: []string{"upstream.tenant: needs tenant_header"}},
 		{
 			name: "bad values",
 			cfg:  upstream.Config{URL: "ftp://x", Mode: "mirror", Queue: upstream.QueueConfig{MaxBytes: 10}},

@@ -268,6 +268,9 @@ func (w *Writer) send(ctx context.Context, tenant string, body []byte) error {
 	req.Header.Set("X-Prometheus-Remote-Write-Version", "0.1.0")
 	req.Header.Set("User-Agent", "phonehome-receiver")
 	if w.cfg.TenantHeader != "" {
+		if w.cfg.Tenant != "" {
+			tenant = w.cfg.Tenant
+		}
 		req.Header.Set(w.cfg.TenantHeader, tenant)
 	}
 	if f := w.cfg.BearerTokenFile; f != "" {

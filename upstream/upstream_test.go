@@ -99,18 +99,43 @@ func TestForwardOnlyRetriesInOrderAndDropsRefused(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, 1, st.Samples)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- w.Run(ctx) }()
-	waitCounter(t, reg, "phonehome_upstream_sent_samples_total", 3)
-	cancel()
-	require.NoError(t, <-done)
-	require.NoError(t, w.Close())
+	deliver(t, w, reg, 3)
 	require.Equal(t, []string{"a", "b", "c"}, up.received())
 	require.Equal(t, []string{"acme", "acme", "acme"}, up.tenants)
 	require.Equal(t, 2.0, counter(t, reg, "phonehome_upstream_retries_total", ""))
 	require.Equal(t, 1.0, counter(t, reg, "phonehome_upstream_dropped_samples_total", "http_4xx"))
 	require.Equal(t, 3.0, counter(t, reg, "phonehome_upstream_sent_samples_total", ""))
+}
+
+// telemeter-server forwards every cluster's upload to one Thanos tenant
+// (--tenant-id); upstream.tenant does the same whatever the writer's tenant.
+func TestFixedUpstreamTenant(t *testing.T) {
+	up := &fakeUpstream{}
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	reg := prometheus.NewRegistry()
+	cfg := config(srv.URL)
+	cfg.Tenant = "FB870BF3-9F3A-44FF-9BF7-D7A047A52F43"
+	w, err := upstream.New(discard, reg, nil, t.TempDir(), cfg)
+	require.NoError(t, err)
+	for _, tenant := range []string{"acme", "fleet"} {
+		_, err := w.Write(context.Background(), tenant, ts("up"))
+		require.NoError(t, err)
+	}
+	deliver(t, w, reg, 2)
+	require.Equal(t, []string{cfg.Tenant, cfg.Tenant}, up.tenants)
+}
+
+// deliver runs w until it has sent n samples, then stops and closes it.
+func deliver(t *testing.T, w *upstream.Writer, reg *prometheus.Registry, n float64) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- w.Run(ctx) }()
+	waitCounter(t, reg, "phonehome_upstream_sent_samples_total", n)
+	cancel()
+	require.NoError(t, <-done)
+	require.NoError(t, w.Close())
 }
 
 func TestForwardOnlyRefusesWhenFullAndKeepsQueueAcrossRestart(t *testing.T) {

@@ -13,9 +13,15 @@
 // are in timestamp order, every metric carries the token's labels with
 // their values, names and label values are at most 255 bytes, the type's
 // value field is set, and (with MaxAge) no sample is older than MaxAge.
-// Validation failures are 400, undecodable bodies 500 (as telemeter-server
-// answers them), success 200. Unlike telemeter-server it keeps the
-// timestamps it received, so tests can check them.
+// It answers as telemeter-server's pkg/server/validator.go does: 400 for a
+// missing timestamp, metrics out of order, a sample too old or a missing
+// required label; 500 for any other validation failure (a name or label
+// too long, a required label with another value, a type mismatch) and for
+// undecodable bodies; success 200. With RateLimit it takes one upload per
+// cluster id in that window and answers 429 without Retry-After to the
+// others, as telemeter-server's --ratelimit (pkg/server/ratelimited.go).
+// Unlike telemeter-server it keeps the timestamps it received, so tests can
+// check them.
 package telemetertest
 
 import (
@@ -44,6 +50,7 @@ type Server struct {
 	Lifetime   int64         // expiresInSeconds of issued tokens (default 3600)
 	MaxAge     time.Duration // 0: no age check
 	LimitBytes int64         // 0: no limit on the decoded body; else 413 above it
+	RateLimit  time.Duration // 0: none; else one upload per id in this window (telemeter-server's default: 4m30s)
 
 	mu       sync.Mutex
 	tokens   map[string]string // issued token → cluster id
@@ -53,11 +60,12 @@ type Server struct {
 	fail     []int
 	families []*dto.MetricFamily
 	rejected []string
+	nextByID map[string]time.Time // RateLimit: when an id may upload again
 }
 
 // NewServer starts a Server accepting fleetToken. Close it when done.
 func NewServer(fleetToken string) *Server {
-	s := &Server{FleetToken: fleetToken, IDLabel: "_id", Lifetime: 3600, tokens: map[string]string{}}
+	s := &Server{FleetToken: fleetToken, IDLabel: "_id", Lifetime: 3600, tokens: map[string]string{}, nextByID: map[string]time.Time{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/authorize", s.authorize)
 	mux.HandleFunc("/upload", s.upload)
@@ -156,7 +164,14 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 	s.uploads++
 	id, ok := s.tokens[strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")]
 	var code int
-	if len(s.fail) > 0 {
+	limited := false
+	if ok && s.RateLimit > 0 { // behind authentication, before anything else
+		now := time.Now()
+		if limited = now.Before(s.nextByID[id]); !limited {
+			s.nextByID[id] = now.Add(s.RateLimit)
+		}
+	}
+	if ok && !limited && len(s.fail) > 0 {
 		code, s.fail = s.fail[0], s.fail[1:]
 	}
 	s.mu.Unlock()
@@ -169,6 +184,9 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case !ok:
 		reject(http.StatusUnauthorized, "invalid token")
+		return
+	case limited:
+		reject(http.StatusTooManyRequests, fmt.Sprintf("write limit reached for cluster with id %q", id))
 		return
 	case code != 0:
 		reject(code, "injected failure")
@@ -217,7 +235,11 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, mf := range families {
 		if err := validate(mf, required, minTS); err != nil {
-			reject(http.StatusBadRequest, err.Error())
+			code := http.StatusInternalServerError // "unexpected error during metrics transforming"
+			if errors.Is(err, errClient) {
+				code = http.StatusBadRequest
+			}
+			reject(code, err.Error())
 			return
 		}
 	}
@@ -226,6 +248,12 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 	w.WriteHeader(http.StatusOK)
 }
+
+// errClient marks the validation errors telemeter-server answers 400 for:
+// its sentinels ErrNoTimestamp, ErrUnsorted, ErrTimestampTooOld and
+// ErrRequiredLabelMissing. It answers 500 for the others. It wraps
+// without changing the message (it has none).
+var errClient = errors.New("")
 
 // validate applies telemeter-server's checks of one family.
 func validate(mf *dto.MetricFamily, required map[string]string, minTS int64) error {
@@ -241,11 +269,11 @@ func validate(mf *dto.MetricFamily, required map[string]string, minTS int64) err
 		ts := m.GetTimestampMs()
 		switch {
 		case ts == 0:
-			return errors.New("metrics in provided family do not have a timestamp")
+			return fmt.Errorf("metrics in provided family do not have a timestamp%w", errClient)
 		case ts < last:
-			return errors.New("metrics in provided family are not in increasing timestamp order")
+			return fmt.Errorf("metrics in provided family are not in increasing timestamp order%w", errClient)
 		case ts < minTS:
-			return errors.New("metrics in provided family have a timestamp that is too old, check clock skew")
+			return fmt.Errorf("metrics in provided family have a timestamp that is too old, check clock skew%w", errClient)
 		}
 		last = ts
 		have := map[string]string{}
@@ -261,7 +289,7 @@ func validate(mf *dto.MetricFamily, required map[string]string, minTS int64) err
 		for k, v := range required {
 			got, ok := have[k]
 			if !ok {
-				return errors.New("a required label is missing from the metric")
+				return fmt.Errorf("a required label is missing from the metric%w", errClient)
 			}
 			if got != v {
 				return fmt.Errorf("expected label %s to have value %s instead of %s", k, v, got)
