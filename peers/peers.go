@@ -99,7 +99,7 @@ type Set struct {
 	// probeEvery is how often unreachable peers are probed (probeInterval).
 	probeEvery time.Duration
 
-	synced    func(time.Time) bool // Options.BucketSynced
+	synced func(time.Time) bool // Options.BucketSynced
 
 	replicaToken atomic.Pointer[string]
 	tenantTokens atomic.Pointer[map[string]string]
