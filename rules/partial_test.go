@@ -330,20 +330,28 @@ func TestPartialDataResendsFiringAlerts(t *testing.T) {
     for: 1h
 `, reader, &lockedBuffer{}, am.URL)
 	start := time.Now()
-	eventually(t, func() bool { return len(sink.sent("FleetComplete", start)) > 0 })
-
-	reader.down.Store(true)
-	eventually(t, func() bool { return errors.Is(alertByName(m, "FleetComplete").LastError(), errSkipped) })
-	skipping := time.Now()
 	// A resend delay is 200ms: three sends while the rule skips (the
 	// evaluations before the fix sent none; eventually fails after 20s).
-	eventually(t, func() bool { return len(sink.sent("FleetComplete", skipping)) >= 3 })
+	resent := resentWhileSkipping(t, m, sink, func() { reader.down.Store(true) })
 	require.True(t, errors.Is(alertByName(m, "FleetComplete").LastError(), errSkipped), "the peer came back by itself")
-	resent := sink.sent("FleetComplete", skipping)
 	for _, a := range resent {
 		require.Equal(t, "acme", a.Labels[TenantLabel])
 		require.True(t, a.EndsAt.After(a.received.Add(500*time.Millisecond)), "sent valid until %v, received %v", a.EndsAt, a.received)
 	}
 	require.Empty(t, sink.sent("FleetCompleteForAnHour", start), "a pending alert was sent")
 	stop()
+}
+
+// resentWhileSkipping waits until FleetComplete fires and is sent, breaks
+// the peer, waits until the rule skips its evaluations and three sends
+// arrived since, and returns those sends.
+func resentWhileSkipping(t *testing.T, m *Manager, sink *alertSink, breakPeer func()) []sentAlert {
+	t.Helper()
+	start := time.Now()
+	eventually(t, func() bool { return len(sink.sent("FleetComplete", start)) > 0 })
+	breakPeer()
+	eventually(t, func() bool { return errors.Is(alertByName(m, "FleetComplete").LastError(), errSkipped) })
+	skipping := time.Now()
+	eventually(t, func() bool { return len(sink.sent("FleetComplete", skipping)) >= 3 })
+	return sink.sent("FleetComplete", skipping)
 }

@@ -80,16 +80,9 @@ func TestSlowPeerKeepsFiringAlertActive(t *testing.T) {
   - record: clusters:b
     expr: count(up{_id="b"})
 `, reader, &lockedBuffer{}, am.URL)
-	start := time.Now()
-	eventually(t, func() bool { return len(sink.sent("FleetComplete", start)) > 0 })
-
-	reader.slow.Store(true)
-	eventually(t, func() bool { return errors.Is(alertByName(m, "FleetComplete").LastError(), errSkipped) })
-	skipping := time.Now()
-	eventually(t, func() bool { return len(sink.sent("FleetComplete", skipping)) >= 3 })
+	resent := resentWhileSkipping(t, m, sink, func() { reader.slow.Store(true) })
 	stop()
 
-	resent := sink.sent("FleetComplete", skipping)
 	for i, a := range resent {
 		require.True(t, a.EndsAt.After(a.received), "send %d expired on arrival: valid until %v, received %v", i, a.EndsAt, a.received)
 		if i+1 < len(resent) {
