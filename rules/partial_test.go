@@ -355,3 +355,32 @@ func resentWhileSkipping(t *testing.T, m *Manager, sink *alertSink, breakPeer fu
 	eventually(t, func() bool { return len(sink.sent("FleetComplete", skipping)) >= 3 })
 	return sink.sent("FleetComplete", skipping)
 }
+
+// TestTwoEvaluatorsSendIdenticalAlerts: two replicas evaluating the same
+// rules (rules.evaluate on both, a misconfiguration docs/rules.md allows
+// for) send each alert with the same labels, so that Alertmanager takes
+// them for one alert: no replica or other external label tells them apart.
+func TestTwoEvaluatorsSendIdenticalAlerts(t *testing.T) {
+	sink := &alertSink{}
+	am := httptest.NewServer(sink)
+	t.Cleanup(am.Close)
+	reader := &fleetReader{local: clusterDB(t, "a"), peer: clusterDB(t, "b")}
+	const rules = `groups:
+- name: fleet
+  rules:
+  - alert: FleetComplete
+    expr: count(up) >= 2
+    labels: {severity: warning}
+`
+	start := time.Now()
+	_, _, stopA := startFleetRules(t, rules, reader, &lockedBuffer{}, am.URL)
+	_, _, stopB := startFleetRules(t, rules, reader, &lockedBuffer{}, am.URL)
+	eventually(t, func() bool { return len(sink.sent("FleetComplete", start)) >= 4 })
+	stopA()
+	stopB()
+	distinct := map[string]bool{}
+	for _, a := range sink.sent("FleetComplete", start) {
+		distinct[fmt.Sprint(a.Labels)] = true
+	}
+	require.Equal(t, map[string]bool{"map[alertname:FleetComplete severity:warning tenant:acme]": true}, distinct)
+}
