@@ -101,7 +101,7 @@ type Set struct {
 
 	synced func(time.Time) bool // Options.BucketSynced
 
-	replicaToken atomic.Pointer[string]
+	replicaToken atomic.Pointer[[]string] // sent: the first; accepted: all
 	tenantTokens atomic.Pointer[map[string]string]
 
 	mu       sync.Mutex
@@ -315,11 +315,11 @@ func (s *Set) snapshot() []*peer {
 
 func (s *Set) loadTokens() error {
 	if f := s.cfg.ReplicaTokenFile; f != "" {
-		tok, err := readToken(f)
+		toks, err := readTokens(f)
 		if err != nil {
 			return fmt.Errorf("peers.replica_token_file: %w", err)
 		}
-		s.replicaToken.Store(&tok)
+		s.replicaToken.Store(&toks)
 	}
 	toks := map[string]string{}
 	for t, f := range s.cfg.TenantTokenFiles {
@@ -341,8 +341,8 @@ func (s *Set) credential(tenant string) (token string, replica bool) {
 			return tok, false
 		}
 	}
-	if tok := s.replicaToken.Load(); tok != nil {
-		return *tok, true
+	if toks := s.replicaToken.Load(); toks != nil {
+		return (*toks)[0], true
 	}
 	return "", false
 }
