@@ -384,3 +384,39 @@ func TestTwoEvaluatorsSendIdenticalAlerts(t *testing.T) {
 	}
 	require.Equal(t, map[string]bool{"map[alertname:FleetComplete severity:warning tenant:acme]": true}, distinct)
 }
+
+// TestGracefulStopKeepsFiringAlertsThroughARestart: as the evaluator stops
+// (a rolling update), its firing alerts are sent once more, valid until a
+// restarted evaluator sends them again (its third evaluation, after the
+// shutdown and the start), so that Alertmanager does not resolve them
+// meanwhile.
+func TestGracefulStopKeepsFiringAlertsThroughARestart(t *testing.T) {
+	sink := &alertSink{}
+	am := httptest.NewServer(sink)
+	t.Cleanup(am.Close)
+	reader := &fleetReader{local: clusterDB(t, "a"), peer: clusterDB(t, "b")}
+	_, _, stop := startFleetRules(t, `groups:
+- name: fleet
+  rules:
+  - alert: FleetComplete
+    expr: count(up) >= 2
+  - alert: FleetCompleteForAnHour
+    expr: count(up) >= 2
+    for: 1h
+`, reader, &lockedBuffer{}, am.URL)
+	start := time.Now()
+	eventually(t, func() bool { return len(sink.sent("FleetComplete", start)) > 0 })
+	stopped := time.Now()
+	stop()
+
+	var last time.Time
+	for _, a := range sink.sent("FleetComplete", start) {
+		if a.EndsAt.After(last) {
+			last = a.EndsAt
+		}
+	}
+	// 4 × the 200ms resend delay, 3 × the 50ms interval, the allowance.
+	want := stopped.Add(800*time.Millisecond + 150*time.Millisecond + restartAllowance)
+	require.False(t, last.Before(want.Add(-time.Second)), "valid until %v, want about %v", last, want)
+	require.Empty(t, sink.sent("FleetCompleteForAnHour", start), "a pending alert was sent")
+}
