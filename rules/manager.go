@@ -277,8 +277,8 @@ func (m *Manager) Run(ctx context.Context) error {
 		m.syncTenants(ctx)
 		select {
 		case <-ctx.Done():
+			m.sendBeforeStop(context.WithoutCancel(ctx)) // first: its batch is sent while the groups stop
 			m.stopAll()
-			m.sendBeforeStop(context.WithoutCancel(ctx))
 			if m.notifier != nil {
 				m.notifier.Stop()
 			}

@@ -21,7 +21,12 @@ const restartAllowance = 2 * time.Minute
 // resolved every firing fleet alert and got it firing again minutes later
 // on every restart. An evaluator that crashes sends nothing more; one
 // stopped for good leaves the alerts to resolve that much later.
-// Call it once the groups have stopped.
+// Call it before the groups stop: the notifier's drain at its stop does
+// not wait for a batch already in flight, so this one goes out while the
+// groups finish (and the receiver then flushes its head, which takes
+// longer still). A group that evaluates meanwhile sends what it finds:
+// Alertmanager ends an alert it receives resolved, and keeps the later end
+// of a firing one.
 func (m *Manager) sendBeforeStop(ctx context.Context) {
 	now := time.Now()
 	m.mu.Lock()
