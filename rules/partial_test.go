@@ -316,19 +316,7 @@ func (s *alertSink) sent(name string, since time.Time) []sentAlert {
 // time valid for four resend delays, so that Alertmanager does not resolve
 // it while the data is partial. Pending alerts are not sent.
 func TestPartialDataResendsFiringAlerts(t *testing.T) {
-	sink := &alertSink{}
-	am := httptest.NewServer(sink)
-	t.Cleanup(am.Close)
-	reader := &fleetReader{local: clusterDB(t, "a"), peer: clusterDB(t, "b")}
-	m, _, stop := startFleetRules(t, `groups:
-- name: fleet
-  rules:
-  - alert: FleetComplete
-    expr: count(up) >= 2
-  - alert: FleetCompleteForAnHour
-    expr: count(up) >= 2
-    for: 1h
-`, reader, &lockedBuffer{}, am.URL)
+	m, sink, reader, stop := startFleetAlerts(t)
 	start := time.Now()
 	// A resend delay is 200ms: three sends while the rule skips (the
 	// evaluations before the fix sent none; eventually fails after 20s).
@@ -391,19 +379,7 @@ func TestTwoEvaluatorsSendIdenticalAlerts(t *testing.T) {
 // shutdown and the start), so that Alertmanager does not resolve them
 // meanwhile.
 func TestGracefulStopKeepsFiringAlertsThroughARestart(t *testing.T) {
-	sink := &alertSink{}
-	am := httptest.NewServer(sink)
-	t.Cleanup(am.Close)
-	reader := &fleetReader{local: clusterDB(t, "a"), peer: clusterDB(t, "b")}
-	_, _, stop := startFleetRules(t, `groups:
-- name: fleet
-  rules:
-  - alert: FleetComplete
-    expr: count(up) >= 2
-  - alert: FleetCompleteForAnHour
-    expr: count(up) >= 2
-    for: 1h
-`, reader, &lockedBuffer{}, am.URL)
+	_, sink, _, stop := startFleetAlerts(t)
 	start := time.Now()
 	eventually(t, func() bool { return len(sink.sent("FleetComplete", start)) > 0 })
 	stopped := time.Now()
@@ -422,4 +398,25 @@ func TestGracefulStopKeepsFiringAlertsThroughARestart(t *testing.T) {
 		return false
 	})
 	require.Empty(t, sink.sent("FleetCompleteForAnHour", start), "a pending alert was sent")
+}
+
+// startFleetAlerts runs FleetComplete (firing while both clusters report)
+// and FleetCompleteForAnHour (pending meanwhile) over a fleetReader, sending
+// to an alertSink.
+func startFleetAlerts(t *testing.T) (*Manager, *alertSink, *fleetReader, func()) {
+	t.Helper()
+	sink := &alertSink{}
+	am := httptest.NewServer(sink)
+	t.Cleanup(am.Close)
+	reader := &fleetReader{local: clusterDB(t, "a"), peer: clusterDB(t, "b")}
+	m, _, stop := startFleetRules(t, `groups:
+- name: fleet
+  rules:
+  - alert: FleetComplete
+    expr: count(up) >= 2
+  - alert: FleetCompleteForAnHour
+    expr: count(up) >= 2
+    for: 1h
+`, reader, &lockedBuffer{}, am.URL)
+	return m, sink, reader, stop
 }
