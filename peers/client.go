@@ -149,22 +149,20 @@ type Reader struct {
 	inner interface {
 		Querier(tenant string, mint, maxt int64) (promstorage.Querier, error)
 	}
-	synced func(time.Time) bool
 }
 
-// NewReader returns the fleet reader. synced reports whether the bucket
-// view has completed a sync that started after the given time; nil (no
-// bucket store) never skips a peer.
+// NewReader returns the fleet reader.
 func (s *Set) NewReader(inner interface {
 	Querier(tenant string, mint, maxt int64) (promstorage.Querier, error)
-}, synced func(time.Time) bool,
+},
 ) *Reader {
-	return &Reader{set: s, inner: inner, synced: synced}
+	return &Reader{set: s, inner: inner}
 }
 
 // Querier merges the inner querier (primary: its errors fail the query)
 // with one querier per peer not covered by the bucket (secondaries: their
-// errors are warnings).
+// errors are warnings), and one that fails with a warning per peer that
+// left the peers before the bucket view synced (departed.go).
 func (r *Reader) Querier(tenant string, mint, maxt int64) (promstorage.Querier, error) {
 	iq, err := r.inner.Querier(tenant, mint, maxt)
 	if err != nil {
@@ -176,12 +174,18 @@ func (r *Reader) Querier(tenant string, mint, maxt int64) (promstorage.Querier, 
 	)
 	now := r.set.now()
 	for _, p := range r.set.snapshot() {
-		if p.covered(tenant, maxt, now, time.Duration(r.set.cfg.HorizonTTL), r.synced) {
+		if p.covered(tenant, maxt, now, time.Duration(r.set.cfg.HorizonTTL), r.set.synced) {
 			r.set.m.reads.WithLabelValues("skipped").Inc()
 			continue
 		}
 		pq := &peerQuerier{set: r.set, peer: p, tenant: tenant, mint: mint, maxt: maxt}
 		pqs, qs = append(pqs, pq), append(qs, pq)
+	}
+	gone := r.set.departures()
+	var goneErrs []error
+	for _, d := range gone {
+		qs = append(qs, departedQuerier{d: d})
+		goneErrs = append(goneErrs, d.err())
 	}
 	// Under a limit, index calls keep the smallest values and series
 	// everywhere (the peers do, IndexHandler), so the merge is the first
@@ -190,7 +194,7 @@ func (r *Reader) Querier(tenant string, mint, maxt int64) (promstorage.Querier, 
 		return query.LimitSmallest(iq), nil
 	}
 	merge := promstorage.NewMergeQuerier([]promstorage.Querier{iq}, qs, promstorage.ChainedSeriesMerge)
-	return query.LimitSmallest(fleetQuerier{Querier: merge, inner: iq, peers: pqs}), nil
+	return query.LimitSmallest(fleetQuerier{Querier: merge, inner: iq, peers: pqs, departed: goneErrs}), nil
 }
 
 // peerQuerier reads one tenant's local data of one peer.

@@ -41,7 +41,9 @@ type Config struct {
 	// ReplicaTokenFile holds a token shared by the replicas only. With it a
 	// replica reads any tenant's local data of a peer, naming the tenant in
 	// a header, and nothing else (not the fleet view, not the query API).
-	// The same file on every replica: it both sends and accepts it.
+	// The same file on every replica: it both sends and accepts it. To
+	// rotate it, the file may hold further tokens, one per line: the first
+	// is sent, every one is accepted (docs/operations.md).
 	ReplicaTokenFile string `yaml:"replica_token_file"`
 	// TenantTokenFiles map a tenant to a file holding one of its read
 	// tokens (of the peers' tokens file). Used for that tenant instead of
@@ -118,7 +120,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("peers.horizon_ttl: %s is negative", c.HorizonTTL))
 	}
 	if c.ReplicaTokenFile != "" {
-		if _, err := readToken(c.ReplicaTokenFile); err != nil {
+		if _, err := readTokens(c.ReplicaTokenFile); err != nil {
 			errs = append(errs, fmt.Errorf("peers.replica_token_file: %w", err))
 		}
 	}
@@ -173,4 +175,28 @@ func readToken(path string) (string, error) {
 		return "", fmt.Errorf("%s: want one token on one line", path)
 	}
 	return tok, nil
+}
+
+// readTokens reads a file of one or more tokens, one per line (blank lines
+// ignored), in file order.
+func readTokens(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var toks []string
+	for _, line := range strings.Split(string(b), "\n") {
+		tok := strings.TrimSpace(line)
+		if tok == "" {
+			continue
+		}
+		if strings.ContainsAny(tok, " \t") {
+			return nil, fmt.Errorf("%s: want one token per line", path)
+		}
+		toks = append(toks, tok)
+	}
+	if len(toks) == 0 {
+		return nil, fmt.Errorf("%s: no token", path)
+	}
+	return toks, nil
 }

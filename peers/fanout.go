@@ -20,6 +20,7 @@ type fleetQuerier struct {
 	promstorage.Querier // the merge
 	inner               promstorage.Querier
 	peers               []*peerQuerier
+	departed            []error // peers gone before the bucket view synced: warnings
 }
 
 func (q fleetQuerier) LabelValues(ctx context.Context, name string, hints *promstorage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
@@ -105,6 +106,9 @@ func (q fleetQuerier) fanOut(ctx context.Context, hints *promstorage.LabelHints,
 	}
 	// A querier's answer, values and warnings, is not ours to add to.
 	vals, ws := slices.Clone(own.vals), maps.Clone(own.ws)
+	for _, err := range q.departed {
+		ws.Add(err)
+	}
 	for _, a := range answers {
 		ws.Merge(a.ws)
 		if a.err != nil {

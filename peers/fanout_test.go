@@ -140,7 +140,7 @@ func TestPeersAreAskedInParallel(t *testing.T) {
 	cfg := f.config(addrs...)
 	cfg.Timeout = model.Duration(2 * barrierWait)
 	a := f.set(t, nil, cfg)
-	q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("own-op", "c9"))}, nil).Querier("acme", 0, 10_000)
+	q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("own-op", "c9"))}).Querier("acme", 0, 10_000)
 	require.NoError(t, err)
 	defer q.Close()
 	ctx := context.Background()
@@ -194,8 +194,8 @@ func TestSlowOrDeadPeerLeavesTheOthersAnswer(t *testing.T) {
 
 	// The default peer timeout (30s) bounds no call here: the slow peer
 	// answers as soon as the live one has.
-	all := f.set(t, nil, f.config(host(live), host(slow), deadPeer)).NewReader(local, nil)
-	alone := f.set(t, nil, f.config(host(liveAlone))).NewReader(local, nil)
+	all := f.set(t, nil, f.config(host(live), host(slow), deadPeer)).NewReader(local)
+	alone := f.set(t, nil, f.config(host(liveAlone))).NewReader(local)
 	csvOnly := labels.MustNewMatcher(labels.MatchEqual, "__name__", "csv_succeeded")
 
 	type answer struct{ values, names, series []string }
@@ -246,7 +246,7 @@ func TestPeerTimeoutIsAWarning(t *testing.T) {
 	cfg := f.config(addr)
 	cfg.Timeout = model.Duration(time.Second) // the shortest Validate allows
 	a := f.set(t, prometheus.NewRegistry(), cfg)
-	q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}, nil).Querier("acme", 0, 10_000)
+	q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}).Querier("acme", 0, 10_000)
 	require.NoError(t, err)
 	defer q.Close()
 	timedOut := func(ws annotations.Annotations) {
@@ -274,7 +274,7 @@ func TestCancellingALabelCallEndsItsPeerCalls(t *testing.T) {
 	cfg := f.config(addr1, addr2)
 	cfg.Timeout = model.Duration(2 * patience(t)) // not what ends them
 	a := f.set(t, nil, cfg)
-	q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}, nil).Querier("acme", 0, 10_000)
+	q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}).Querier("acme", 0, 10_000)
 	require.NoError(t, err)
 	defer q.Close()
 
@@ -321,7 +321,7 @@ func TestCancelledPeerCallsAreNotFailedReads(t *testing.T) {
 	t.Run("the caller goes away", func(t *testing.T) {
 		addr, arrived := hangingPeer(t)
 		a := f.set(t, prometheus.NewRegistry(), f.config(addr))
-		q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}, nil).Querier("acme", 0, 10_000)
+		q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}).Querier("acme", 0, 10_000)
 		require.NoError(t, err)
 		defer q.Close()
 		for _, tc := range []struct {
@@ -356,7 +356,7 @@ func TestCancelledPeerCallsAreNotFailedReads(t *testing.T) {
 		addr, arrived := hangingPeer(t)
 		a := f.set(t, prometheus.NewRegistry(), f.config(addr))
 		release := make(chan struct{})
-		q, err := a.NewReader(failingLabels{release: release}, nil).Querier("acme", 0, 10_000)
+		q, err := a.NewReader(failingLabels{release: release}).Querier("acme", 0, 10_000)
 		require.NoError(t, err)
 		defer q.Close()
 		go func() {
@@ -396,7 +396,7 @@ func TestFanOutLeavesItsOwnAnswerAsItIs(t *testing.T) {
 	b := serve(t, f.set(t, nil, f.config()), tenantDBs{"acme": openSeries(t, csv("b-op", "c2"))}, nil)
 	own := warnedLabels{vals: make([]string, 1, 8), ws: annotations.New().Add(errors.New("own warning"))}
 	own.vals[0] = "a-op"
-	q, err := f.set(t, nil, f.config(host(b), deadPeer)).NewReader(own, nil).Querier("acme", 0, 10_000)
+	q, err := f.set(t, nil, f.config(host(b), deadPeer)).NewReader(own).Querier("acme", 0, 10_000)
 	require.NoError(t, err)
 	defer q.Close()
 	vals, ws, err := q.LabelValues(context.Background(), "name", nil)
@@ -449,7 +449,7 @@ func TestSelectsAskThePeerTogether(t *testing.T) {
 	b, most := pairedPeer(t, h)
 
 	a := f.set(t, nil, f.config(b))
-	q, err := a.NewReader(tenantDBs{}, nil).Querier("acme", 0, 10_000)
+	q, err := a.NewReader(tenantDBs{}).Querier("acme", 0, 10_000)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, q.Close()) }()
 	ctx := context.Background()
@@ -479,7 +479,7 @@ func TestLabelCallMatchSetsAskThePeerTogether(t *testing.T) {
 		t.Run(path, func(t *testing.T) {
 			b, most := pairedPeer(t, h)
 			a := f.set(t, nil, f.config(b))
-			api := query.NewHandler(discard, nil, a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}, nil), query.Options{})
+			api := query.NewHandler(discard, nil, a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}), query.Options{})
 			form := url.Values{"match[]": {"csv_succeeded", "up"}}
 			r := httptest.NewRequest(http.MethodGet, path+"?"+form.Encode(), nil)
 			r = r.WithContext(auth.WithIdentity(r.Context(), auth.Identity{Tenant: "acme"}))
@@ -511,7 +511,7 @@ func TestSelectOwnsItsHints(t *testing.T) {
 	peerB := f.set(t, nil, f.config())
 	b := serve(t, peerB, tenantDBs{"acme": openDB(t, map[string][]int64{"x": {1000}})}, nil)
 	a := f.set(t, nil, f.config(host(b)))
-	q, err := a.NewReader(tenantDBs{}, nil).Querier("acme", 0, 10_000)
+	q, err := a.NewReader(tenantDBs{}).Querier("acme", 0, 10_000)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, q.Close()) }()
 	hints := &promstorage.SelectHints{Start: 0, End: 10_000, Func: "sum", By: true, Grouping: []string{"zone", "cluster", "b", "a"}}

@@ -29,7 +29,7 @@ func TestIndexCallsWithAMatcherBeyondTheURLLimit(t *testing.T) {
 	f := newFixture(t)
 	b, bReads := serveCounted(t, f.set(t, nil, f.config()), tenantDBs{"acme": openSeries(t, csv("b-op", "c2"))}, nil)
 	a := f.set(t, prometheus.NewRegistry(), f.config(host(b)))
-	q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}, nil).Querier("acme", 0, 10_000)
+	q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}).Querier("acme", 0, 10_000)
 	require.NoError(t, err)
 	defer q.Close()
 
@@ -89,7 +89,7 @@ func TestIndexAnswerOverTheCapIsAWarning(t *testing.T) {
 	t.Cleanup(srv.Close)
 
 	a := f.set(t, prometheus.NewRegistry(), f.config(host(srv)))
-	q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}, nil).Querier("acme", 0, 10_000)
+	q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}).Querier("acme", 0, 10_000)
 	require.NoError(t, err)
 	defer q.Close()
 	series, ws, err := seriesOf(q, 0, 10_000, 0, labels.MustNewMatcher(labels.MatchEqual, "__name__", "csv_succeeded"))
@@ -128,7 +128,7 @@ func TestAnEarlierReleasesFleetAnswerIsNotAnIndexAnswer(t *testing.T) {
 	cfg := f.config(host(srv))
 	cfg.TenantTokenFiles = map[string]string{"acme": tokenFile}
 	a := f.set(t, prometheus.NewRegistry(), cfg)
-	q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}, nil).Querier("acme", 0, 10_000)
+	q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}).Querier("acme", 0, 10_000)
 	require.NoError(t, err)
 	defer q.Close()
 
@@ -183,7 +183,7 @@ func TestIndexCallsFollowNoRedirect(t *testing.T) {
 	t.Cleanup(srv.Close)
 
 	a := f.set(t, prometheus.NewRegistry(), f.config(host(srv)))
-	q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}, nil).Querier("acme", 0, 10_000)
+	q, err := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}).Querier("acme", 0, 10_000)
 	require.NoError(t, err)
 	defer q.Close()
 	names, ws, err := q.LabelNames(context.Background(), nil, labels.MustNewMatcher(labels.MatchEqual, "__name__", "nothing"))

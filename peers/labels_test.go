@@ -56,7 +56,7 @@ func TestFleetLabelCallsAskPeersNotSeries(t *testing.T) {
 
 	reg := prometheus.NewRegistry()
 	a := f.set(t, reg, f.config(host(b), host(down)))
-	r := a.NewReader(tenantDBs{"acme": openSeries(t, csv("w-op", "c1"), csv("v-op", "c1"), csv("a-op", "c1"))}, nil)
+	r := a.NewReader(tenantDBs{"acme": openSeries(t, csv("w-op", "c1"), csv("v-op", "c1"), csv("a-op", "c1"))})
 	ctx := context.Background()
 	csvOnly := labels.MustNewMatcher(labels.MatchEqual, "__name__", "csv_succeeded")
 	call := func(tenant string, mint, maxt int64, f func(q promstorage.Querier) ([]string, error)) []string {
@@ -204,7 +204,7 @@ func TestLabelCallsFallBackToSeriesForAPreviousRelease(t *testing.T) {
 			require.NoError(t, cfg.Validate())
 			a, err := New(slog.New(slog.NewJSONHandler(&logs, nil)), prometheus.NewRegistry(), cfg, Options{HTTPClient: f.client})
 			require.NoError(t, err)
-			r := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}, nil)
+			r := a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))})
 			for range 2 {
 				q, err := r.Querier("acme", 0, 10_000)
 				require.NoError(t, err)

@@ -71,6 +71,11 @@ type Options struct {
 	Resolver Resolver
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
+	// BucketSynced reports whether this receiver's bucket view has
+	// completed a sync that started after the given time. Nil (no bucket
+	// store) never skips a peer whose horizon the bucket covers, and
+	// warns of no peer that left (departed.go).
+	BucketSynced func(time.Time) bool
 }
 
 // Resolver is the part of *net.Resolver discovery uses.
@@ -94,11 +99,14 @@ type Set struct {
 	// probeEvery is how often unreachable peers are probed (probeInterval).
 	probeEvery time.Duration
 
-	replicaToken atomic.Pointer[string]
+	synced func(time.Time) bool // Options.BucketSynced
+
+	replicaToken atomic.Pointer[[]string] // sent: the first; accepted: all
 	tenantTokens atomic.Pointer[map[string]string]
 
-	mu    sync.Mutex
-	peers map[string]*peer // by host:port
+	mu       sync.Mutex
+	peers    map[string]*peer     // by host:port
+	departed map[string]time.Time // peers gone from discovery, by host:port, when (departed.go)
 }
 
 // New builds the peer set of cfg (defaults applied, validated): static
@@ -113,8 +121,10 @@ func New(logger *slog.Logger, reg prometheus.Registerer, cfg Config, opts Option
 		instance:   hex.EncodeToString(id[:]),
 		resolver:   opts.Resolver,
 		now:        opts.Now,
+		synced:     opts.BucketSynced,
 		m:          newMetrics(reg),
 		peers:      map[string]*peer{},
+		departed:   map[string]time.Time{},
 		probeEvery: probeInterval,
 	}
 	s.m.unreachable = promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{
@@ -261,6 +271,7 @@ func (s *Set) setPeers(addrs []string) {
 	defer s.mu.Unlock()
 	next := make(map[string]*peer, len(addrs))
 	for _, a := range addrs {
+		delete(s.departed, a)
 		if p, ok := s.peers[a]; ok {
 			next[a] = p
 			continue
@@ -272,6 +283,7 @@ func (s *Set) setPeers(addrs []string) {
 		}
 		next[a] = p
 	}
+	s.departLocked(next)
 	s.peers = next
 	s.countLocked()
 }
@@ -303,11 +315,11 @@ func (s *Set) snapshot() []*peer {
 
 func (s *Set) loadTokens() error {
 	if f := s.cfg.ReplicaTokenFile; f != "" {
-		tok, err := readToken(f)
+		toks, err := readTokens(f)
 		if err != nil {
 			return fmt.Errorf("peers.replica_token_file: %w", err)
 		}
-		s.replicaToken.Store(&tok)
+		s.replicaToken.Store(&toks)
 	}
 	toks := map[string]string{}
 	for t, f := range s.cfg.TenantTokenFiles {
@@ -329,8 +341,8 @@ func (s *Set) credential(tenant string) (token string, replica bool) {
 			return tok, false
 		}
 	}
-	if tok := s.replicaToken.Load(); tok != nil {
-		return *tok, true
+	if toks := s.replicaToken.Load(); toks != nil {
+		return (*toks)[0], true
 	}
 	return "", false
 }

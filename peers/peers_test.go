@@ -185,7 +185,7 @@ func TestFleetReadMergesPeersOnceAndIsPartialWhenOneIsDown(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	a := f.set(t, reg, f.config(host(b), host(down)))
 	local := tenantDBs{"acme": openDB(t, map[string][]int64{"x": {1000, 2000}})}
-	r := a.NewReader(local, nil)
+	r := a.NewReader(local)
 
 	q, err := r.Querier("acme", 0, 10_000)
 	require.NoError(t, err)
@@ -233,10 +233,11 @@ func TestPeersSkippedWhenTheBucketCoversTheRange(t *testing.T) {
 	cfg := f.config(host(b))
 	require.NoError(t, cfg.Validate())
 	stopped := time.Now()
-	a, err := New(discard, nil, cfg, Options{HTTPClient: f.client, Now: func() time.Time { return stopped }})
-	require.NoError(t, err)
 	var synced atomic.Bool
-	r := a.NewReader(tenantDBs{}, func(time.Time) bool { return synced.Load() })
+	a, err := New(discard, nil, cfg, Options{HTTPClient: f.client, Now: func() time.Time { return stopped },
+		BucketSynced: func(time.Time) bool { return synced.Load() }})
+	require.NoError(t, err)
+	r := a.NewReader(tenantDBs{})
 	query := func(maxt int64) {
 		q, err := r.Querier("acme", 0, maxt)
 		require.NoError(t, err)
@@ -269,7 +270,7 @@ func TestReceiverRecognisesItself(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	s = f.set(t, reg, f.config(host(srv)))
 	require.Len(t, s.snapshot(), 1)
-	q, err := s.NewReader(tenantDBs{}, nil).Querier("acme", 0, 1)
+	q, err := s.NewReader(tenantDBs{}).Querier("acme", 0, 1)
 	require.NoError(t, err)
 	readAll(t, q)
 	require.Empty(t, s.snapshot())
@@ -365,7 +366,7 @@ func TestTenantTokenPreferredOverReplicaToken(t *testing.T) {
 	s := f.set(t, nil, cfg)
 	require.Equal(t, []string{"acme"}, s.Tenants())
 	read := func(tenant string) http.Header {
-		q, err := s.NewReader(tenantDBs{}, nil).Querier(tenant, 0, 1)
+		q, err := s.NewReader(tenantDBs{}).Querier(tenant, 0, 1)
 		require.NoError(t, err)
 		_, ws := readAll(t, q)
 		require.Len(t, ws, 1)
@@ -476,7 +477,7 @@ func TestPeersOverMutualTLS(t *testing.T) {
 		return s
 	}
 	read := func(tc webtls.ClientConfig) (map[string][]sample, []string) {
-		q, err := set(tc).NewReader(tenantDBs{}, nil).Querier("acme", 0, 10_000)
+		q, err := set(tc).NewReader(tenantDBs{}).Querier("acme", 0, 10_000)
 		require.NoError(t, err)
 		return readAll(t, q)
 	}

@@ -13,12 +13,17 @@ import (
 )
 
 // Shards returns the peers (this receiver excluded) as pushdown shards:
-// query parts evaluated over each peer's local data (pushdown.Path).
+// query parts evaluated over each peer's local data (pushdown.Path), and
+// the peers that left before the bucket view synced as unavailable ones
+// (departed.go).
 func (s *Set) Shards() []pushdown.Shard {
 	ps := s.snapshot()
-	out := make([]pushdown.Shard, len(ps))
-	for i, p := range ps {
-		out[i] = peerShard{set: s, peer: p}
+	out := make([]pushdown.Shard, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, peerShard{set: s, peer: p})
+	}
+	for _, d := range s.departures() {
+		out = append(out, departedShard{d: d})
 	}
 	return out
 }

@@ -49,7 +49,7 @@ func TestUnreachablePeerIsSkippedUntilItAnswers(t *testing.T) {
 	s, err := New(discard, reg, cfg, Options{HTTPClient: &http.Client{Transport: bh}, Now: func() time.Time { return clock }})
 	require.NoError(t, err)
 	read := func() []string {
-		q, err := s.NewReader(tenantDBs{}, nil).Querier("acme", 0, 10_000)
+		q, err := s.NewReader(tenantDBs{}).Querier("acme", 0, 10_000)
 		require.NoError(t, err)
 		_, ws := readAll(t, q)
 		return ws

@@ -52,7 +52,7 @@ func TestFleetSeriesAskPeersIndexNotSamples(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	a := f.set(t, reg, f.config(host(b)))
 	// a-op of c1 is on both: listed once.
-	reader := a.NewReader(tenantDBs{"acme": openSeries(t, csv("c-op", "c3"), csv("a-op", "c1"))}, nil)
+	reader := a.NewReader(tenantDBs{"acme": openSeries(t, csv("c-op", "c3"), csv("a-op", "c1"))})
 	api := query.NewHandler(discard, nil, reader, query.Options{})
 
 	csvs := url.Values{"match[]": {"csv_succeeded"}}
@@ -75,7 +75,7 @@ func TestFleetSeriesAskPeersIndexNotSamples(t *testing.T) {
 	got, _ = seriesAPI(t, api, "globex", url.Values{"match[]": {`{name!=""}`}})
 	require.Equal(t, []map[string]string{{"__name__": "secret", "name": "hidden"}}, got, "the peer answers for the tenant asked, only")
 
-	withDown := query.NewHandler(discard, nil, f.set(t, nil, f.config(host(b), deadPeer)).NewReader(tenantDBs{}, nil), query.Options{})
+	withDown := query.NewHandler(discard, nil, f.set(t, nil, f.config(host(b), deadPeer)).NewReader(tenantDBs{}), query.Options{})
 	got, ws = seriesAPI(t, withDown, "acme", url.Values{"match[]": {"up"}})
 	require.Equal(t, []map[string]string{{"__name__": "up", "_id": "c2"}}, got)
 	require.Len(t, ws, 1, "the API reads the warnings before the series: they are known by then")
@@ -100,7 +100,7 @@ func TestSeriesCallsFallBackToRemoteReadForAPreviousRelease(t *testing.T) {
 	t.Cleanup(srv.Close)
 
 	a := f.set(t, prometheus.NewRegistry(), f.config(host(srv)))
-	api := query.NewHandler(discard, nil, a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}, nil), query.Options{})
+	api := query.NewHandler(discard, nil, a.NewReader(tenantDBs{"acme": openSeries(t, csv("a-op", "c1"))}), query.Options{})
 	for range 2 {
 		got, ws := seriesAPI(t, api, "acme", url.Values{"match[]": {"csv_succeeded"}})
 		require.Empty(t, ws)

@@ -114,6 +114,7 @@ type Manager struct {
 type tenantRules struct {
 	*promrules.Manager
 	iterate promrules.GroupEvalIterationFunc
+	notify  promrules.NotifyFunc
 }
 
 // snapshot is a parsed-and-valid set of rule files, by file name.
@@ -276,6 +277,7 @@ func (m *Manager) Run(ctx context.Context) error {
 		m.syncTenants(ctx)
 		select {
 		case <-ctx.Done():
+			m.sendBeforeStop(context.WithoutCancel(ctx)) // first: its batch is sent while the groups stop
 			m.stopAll()
 			if m.notifier != nil {
 				m.notifier.Stop()
@@ -387,7 +389,7 @@ func (m *Manager) newTenantRules(ctx context.Context, tenant string) *tenantRule
 		Metrics:         m.groupMet, // shared: one registration, groups of all tenants
 		Parser:          m.parser,
 	})
-	return &tenantRules{Manager: mgr, iterate: resendSkipped(notify, m.resendDelay)}
+	return &tenantRules{Manager: mgr, iterate: resendSkipped(notify, m.resendDelay), notify: notify}
 }
 
 func (m *Manager) externalURL() *url.URL {

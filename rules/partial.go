@@ -71,10 +71,19 @@ func (m *Manager) queryFunc(q promstorage.Queryable) promrules.QueryFunc {
 // than that, a firing fleet alert then stays firing in Alertmanager instead of
 // resolving and firing again once the data is whole. Pending alerts are not
 // sent, as by Prometheus.
+//
+// Unlike Prometheus, the validity counts from the send, not from the
+// iteration's scheduled time ts, and adds the time the iteration took: a
+// slow peer (one that answers /-/ready but no read before peers.timeout)
+// makes every rule of the group wait for it, so an iteration can outlast the
+// validity, and the next send comes only after the next iteration. Counted
+// from ts, the alert would reach Alertmanager expired and be resolved there
+// until the peer is fast again.
 func resendSkipped(notify promrules.NotifyFunc, resendDelay time.Duration) promrules.GroupEvalIterationFunc {
 	return func(ctx context.Context, g *promrules.Group, ts time.Time) {
 		promrules.DefaultEvalIterationFunc(ctx, g, ts)
-		validFor := 4 * max(g.Interval(), resendDelay)
+		now := time.Now()
+		validUntil := now.Add(4*max(g.Interval(), resendDelay) + max(now.Sub(ts), 0))
 		for _, r := range g.Rules() {
 			ar, ok := r.(*promrules.AlertingRule)
 			if !ok || !errors.Is(ar.LastError(), errSkipped) {
@@ -86,7 +95,7 @@ func resendSkipped(notify promrules.NotifyFunc, resendDelay time.Duration) promr
 					!a.ResolvedAt.After(a.LastSentAt) && !a.LastSentAt.Add(resendDelay).Before(ts) {
 					return
 				}
-				a.LastSentAt, a.ValidUntil = ts, ts.Add(validFor)
+				a.LastSentAt, a.ValidUntil = ts, validUntil
 				sent := *a
 				sent.Labels = a.Labels.Copy() // the notifier modifies its alerts' labels
 				alerts = append(alerts, &sent)

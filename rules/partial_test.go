@@ -316,6 +316,95 @@ func (s *alertSink) sent(name string, since time.Time) []sentAlert {
 // time valid for four resend delays, so that Alertmanager does not resolve
 // it while the data is partial. Pending alerts are not sent.
 func TestPartialDataResendsFiringAlerts(t *testing.T) {
+	m, sink, reader, stop := startFleetAlerts(t)
+	start := time.Now()
+	// A resend delay is 200ms: three sends while the rule skips (the
+	// evaluations before the fix sent none; eventually fails after 20s).
+	resent := resentWhileSkipping(t, m, sink, func() { reader.down.Store(true) })
+	require.True(t, errors.Is(alertByName(m, "FleetComplete").LastError(), errSkipped), "the peer came back by itself")
+	for _, a := range resent {
+		require.Equal(t, "acme", a.Labels[TenantLabel])
+		require.True(t, a.EndsAt.After(a.received.Add(500*time.Millisecond)), "sent valid until %v, received %v", a.EndsAt, a.received)
+	}
+	require.Empty(t, sink.sent("FleetCompleteForAnHour", start), "a pending alert was sent")
+	stop()
+}
+
+// resentWhileSkipping waits until FleetComplete fires and is sent, breaks
+// the peer, waits until the rule skips its evaluations and three sends
+// arrived since, and returns those sends.
+func resentWhileSkipping(t *testing.T, m *Manager, sink *alertSink, breakPeer func()) []sentAlert {
+	t.Helper()
+	start := time.Now()
+	eventually(t, func() bool { return len(sink.sent("FleetComplete", start)) > 0 })
+	breakPeer()
+	eventually(t, func() bool { return errors.Is(alertByName(m, "FleetComplete").LastError(), errSkipped) })
+	skipping := time.Now()
+	eventually(t, func() bool { return len(sink.sent("FleetComplete", skipping)) >= 3 })
+	return sink.sent("FleetComplete", skipping)
+}
+
+// TestTwoEvaluatorsSendIdenticalAlerts: two replicas evaluating the same
+// rules (rules.evaluate on both, a misconfiguration docs/rules.md allows
+// for) send each alert with the same labels, so that Alertmanager takes
+// them for one alert: no replica or other external label tells them apart.
+func TestTwoEvaluatorsSendIdenticalAlerts(t *testing.T) {
+	sink := &alertSink{}
+	am := httptest.NewServer(sink)
+	t.Cleanup(am.Close)
+	reader := &fleetReader{local: clusterDB(t, "a"), peer: clusterDB(t, "b")}
+	const rules = `groups:
+- name: fleet
+  rules:
+  - alert: FleetComplete
+    expr: count(up) >= 2
+    labels: {severity: warning}
+`
+	start := time.Now()
+	_, _, stopA := startFleetRules(t, rules, reader, &lockedBuffer{}, am.URL)
+	_, _, stopB := startFleetRules(t, rules, reader, &lockedBuffer{}, am.URL)
+	eventually(t, func() bool { return len(sink.sent("FleetComplete", start)) >= 4 })
+	stopA()
+	stopB()
+	distinct := map[string]bool{}
+	for _, a := range sink.sent("FleetComplete", start) {
+		distinct[fmt.Sprint(a.Labels)] = true
+	}
+	require.Equal(t, map[string]bool{"map[alertname:FleetComplete severity:warning tenant:acme]": true}, distinct)
+}
+
+// TestGracefulStopKeepsFiringAlertsThroughARestart: as the evaluator stops
+// (a rolling update), its firing alerts are sent once more, valid until a
+// restarted evaluator sends them again (its third evaluation, after the
+// shutdown and the start), so that Alertmanager does not resolve them
+// meanwhile.
+func TestGracefulStopKeepsFiringAlertsThroughARestart(t *testing.T) {
+	_, sink, _, stop := startFleetAlerts(t)
+	start := time.Now()
+	eventually(t, func() bool { return len(sink.sent("FleetComplete", start)) > 0 })
+	stopped := time.Now()
+	stop()
+
+	// 4 × the 200ms resend delay, 3 × the 50ms interval, the allowance. The
+	// notifier's drain at its stop does not wait for a batch in flight, so
+	// the last send may arrive after the stop.
+	want := stopped.Add(800*time.Millisecond + 150*time.Millisecond + restartAllowance - time.Second)
+	eventually(t, func() bool {
+		for _, a := range sink.sent("FleetComplete", start) {
+			if !a.EndsAt.Before(want) {
+				return true
+			}
+		}
+		return false
+	})
+	require.Empty(t, sink.sent("FleetCompleteForAnHour", start), "a pending alert was sent")
+}
+
+// startFleetAlerts runs FleetComplete (firing while both clusters report)
+// and FleetCompleteForAnHour (pending meanwhile) over a fleetReader, sending
+// to an alertSink.
+func startFleetAlerts(t *testing.T) (*Manager, *alertSink, *fleetReader, func()) {
+	t.Helper()
 	sink := &alertSink{}
 	am := httptest.NewServer(sink)
 	t.Cleanup(am.Close)
@@ -329,21 +418,5 @@ func TestPartialDataResendsFiringAlerts(t *testing.T) {
     expr: count(up) >= 2
     for: 1h
 `, reader, &lockedBuffer{}, am.URL)
-	start := time.Now()
-	eventually(t, func() bool { return len(sink.sent("FleetComplete", start)) > 0 })
-
-	reader.down.Store(true)
-	eventually(t, func() bool { return errors.Is(alertByName(m, "FleetComplete").LastError(), errSkipped) })
-	skipping := time.Now()
-	// A resend delay is 200ms: three sends while the rule skips (the
-	// evaluations before the fix sent none; eventually fails after 20s).
-	eventually(t, func() bool { return len(sink.sent("FleetComplete", skipping)) >= 3 })
-	require.True(t, errors.Is(alertByName(m, "FleetComplete").LastError(), errSkipped), "the peer came back by itself")
-	resent := sink.sent("FleetComplete", skipping)
-	for _, a := range resent {
-		require.Equal(t, "acme", a.Labels[TenantLabel])
-		require.True(t, a.EndsAt.After(a.received.Add(500*time.Millisecond)), "sent valid until %v, received %v", a.EndsAt, a.received)
-	}
-	require.Empty(t, sink.sent("FleetCompleteForAnHour", start), "a pending alert was sent")
-	stop()
+	return m, sink, reader, stop
 }

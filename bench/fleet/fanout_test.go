@@ -156,7 +156,7 @@ func shardedFleet(b *testing.B, f *Fleet, n, rounds int, t0, stepMs int64, eng p
 	b.Cleanup(client.CloseIdleConnections)
 	set, err := peers.New(logger, nil, cfg, peers.Options{HTTPClient: client})
 	require.NoError(b, err)
-	return shardedReplica{local: local, fleet: set.NewReader(local, nil), peers: set}
+	return shardedReplica{local: local, fleet: set.NewReader(local), peers: set}
 }
 
 func peerConfig() peers.Config {

@@ -234,12 +234,18 @@ func run(args []string, stderr io.Writer) int {
 		logger.Error("invalid configuration", "file", *configFile, "err", fmt.Errorf("peers.tls_config: %w", err))
 		return 2
 	}
-	peerSet, err := peers.New(logger.With("component", "peers"), reg, cfg.Peers, peers.Options{HTTPClient: &http.Client{Transport: peerTransport}})
+	var bucketSynced func(time.Time) bool // what peers may leave to the bucket: nothing without a bucket store
+	if bstore != nil {
+		bucketSynced = bstore.SyncedSince
+	}
+	peerSet, err := peers.New(logger.With("component", "peers"), reg, cfg.Peers, peers.Options{
+		HTTPClient: &http.Client{Transport: peerTransport}, BucketSynced: bucketSynced,
+	})
 	if err != nil {
 		logger.Error("invalid configuration", "file", *configFile, "err", err)
 		return 2
 	}
-	reader := peerSet.NewReader(bucketstore.NewReader(db, bstore), bstore.SyncedSince)
+	reader := peerSet.NewReader(bucketstore.NewReader(db, bstore))
 
 	var ready atomic.Bool
 	// Ready once the bucket has been listed (or tried, for up to

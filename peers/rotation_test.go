@@ -1,0 +1,57 @@
+package peers
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestReplicaTokenRotation: the replica token is rotated file by file, as
+// Secrets reach the pods one after another. A file lists the token it
+// sends first and every token it accepts: with the old and the new token
+// in both orders across the replicas, each reads the other without a
+// warning (before, a file held one token: each replica accepted only the
+// one it sent, and reads failed between replicas on either side of the
+// change until every pod had the new file).
+func TestReplicaTokenRotation(t *testing.T) {
+	f := newFixture(t)
+	set := func(tokens string) *Set {
+		path := filepath.Join(t.TempDir(), "replica")
+		require.NoError(t, os.WriteFile(path, []byte(tokens), 0o600))
+		cfg := f.config()
+		cfg.ReplicaTokenFile = path
+		return f.set(t, nil, cfg)
+	}
+	local := tenantDBs{"acme": openDB(t, map[string][]int64{"x": {1000}})}
+	sendsNew, sendsOld := set("new-secret\nold-secret\n"), set("old-secret\r\nnew-secret\r\n")
+	newSrv, oldSrv := serve(t, sendsNew, local, nil), serve(t, sendsOld, local, nil)
+	for name, tc := range map[string]struct {
+		reader *Set
+		peer   string
+	}{
+		"sends the new token": {sendsNew, host(oldSrv)},
+		"sends the old token": {sendsOld, host(newSrv)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := f.config(tc.peer)
+			cfg.ReplicaTokenFile = tc.reader.cfg.ReplicaTokenFile
+			q, err := f.set(t, nil, cfg).NewReader(tenantDBs{}).Querier("acme", 0, 10_000)
+			require.NoError(t, err)
+			got, ws := readAll(t, q)
+			require.Empty(t, ws)
+			require.Len(t, got, 1)
+		})
+	}
+
+	// A token in neither file is not a replica token.
+	stranger := set("stranger-secret")
+	cfg := f.config(host(newSrv))
+	cfg.ReplicaTokenFile = stranger.cfg.ReplicaTokenFile
+	q, err := f.set(t, nil, cfg).NewReader(tenantDBs{}).Querier("acme", 0, 10_000)
+	require.NoError(t, err)
+	_, ws := readAll(t, q)
+	require.Len(t, ws, 1)
+	require.Contains(t, ws[0], "unavailable")
+}

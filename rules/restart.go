@@ -1,0 +1,58 @@
+package rules
+
+import (
+	"context"
+	"time"
+
+	promrules "github.com/prometheus/prometheus/rules"
+)
+
+// restartAllowance is how long a graceful restart of the evaluator may keep
+// it from evaluating besides its evaluation intervals: the StatefulSet's
+// terminationGracePeriodSeconds (the head flush and upload) and a start.
+const restartAllowance = 2 * time.Minute
+
+// sendBeforeStop sends every firing alert once more as the evaluator stops
+// gracefully (a rolling update), valid until a restarted evaluator sends it
+// again. Prometheus restores the `for` state only after the second
+// evaluation after a start and so sends an alert with `for` at the third:
+// with the shutdown and the start before, that came after the usual
+// validity (four evaluation intervals or resend delays), and Alertmanager
+// resolved every firing fleet alert and got it firing again minutes later
+// on every restart. An evaluator that crashes sends nothing more; one
+// stopped for good leaves the alerts to resolve that much later.
+// Call it before the groups stop: the notifier's drain at its stop does
+// not wait for a batch already in flight, so this one goes out while the
+// groups finish (and the receiver then flushes its head, which takes
+// longer still). A group that evaluates meanwhile sends what it finds:
+// Alertmanager ends an alert it receives resolved, and keeps the later end
+// of a firing one.
+func (m *Manager) sendBeforeStop(ctx context.Context) {
+	now := time.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, tr := range m.tenants {
+		for _, g := range tr.RuleGroups() {
+			validUntil := now.Add(4*max(g.Interval(), m.resendDelay) + 3*g.Interval() + restartAllowance)
+			for _, r := range g.Rules() {
+				ar, ok := r.(*promrules.AlertingRule)
+				if !ok {
+					continue
+				}
+				var alerts []*promrules.Alert
+				ar.ForEachActiveAlert(func(a *promrules.Alert) {
+					if a.State != promrules.StateFiring {
+						return
+					}
+					sent := *a
+					sent.Labels = a.Labels.Copy() // the notifier modifies its alerts' labels
+					sent.ValidUntil = validUntil
+					alerts = append(alerts, &sent)
+				})
+				if len(alerts) > 0 {
+					tr.notify(ctx, ar.Query().String(), alerts...)
+				}
+			}
+		}
+	}
+}
