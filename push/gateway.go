@@ -397,8 +397,8 @@ func (g *Gateway) Flush(ctx context.Context) {
 			continue
 		}
 		g.metrics.flushes.WithLabelValues("success").Inc()
-		c := evictCopy{ts: fc.states[tenant]}
-		if fc.buildOrder[tenant] {
+		c := evictCopy{ts: tc.st}
+		if tc.buildOrder {
 			c.cands = evictCandidates(tc.layouts, tc.series)
 		}
 		g.flushed(fc.seq, c) // its series up to seq are stored: evictable
@@ -408,11 +408,16 @@ func (g *Gateway) Flush(ctx context.Context) {
 // flushCopy is what a flush copies of the state under the Gateway's mutex,
 // to work from without it.
 type flushCopy struct {
-	seq        uint64                  // the Seq the state is copied at, no record pending
-	tenants    map[string]tenantCopy   // written into the TSDB and the snapshot
-	states     map[string]*tenantState // the tenants' states, whose eviction orders the flush builds (Gateway.flushed)
-	buildOrder map[string]bool         // false if the order as of the flush was built already
-	compaction *compaction             // nil if the log needs none
+	seq        uint64                 // the Seq the state is copied at, no record pending
+	tenants    map[string]flushTenant // written into the TSDB and the snapshot
+	compaction *compaction            // nil if the log needs none
+}
+
+// flushTenant is one tenant of a flushCopy.
+type flushTenant struct {
+	tenantCopy
+	st         *tenantState // the tenant's state, whose eviction order the flush builds (Gateway.flushed)
+	buildOrder bool         // false if the order as of the flush was built already
 }
 
 // copyForFlush expires the idle series and copies the state, and begins the
@@ -438,16 +443,13 @@ func (g *Gateway) copyForFlush(ts int64) flushCopy {
 	}
 	g.metrics.expiredSeries.Add(float64(expired))
 	g.noteDroppedLocked(expired) // and those evicted since the last flush
-	fc := flushCopy{
-		seq:        g.seq,
-		tenants:    make(map[string]tenantCopy, len(g.state)),
-		states:     make(map[string]*tenantState, len(g.state)),
-		buildOrder: make(map[string]bool, len(g.state)),
-	}
+	fc := flushCopy{seq: g.seq, tenants: make(map[string]flushTenant, len(g.state))}
 	for tenant, st := range g.state {
-		fc.tenants[tenant] = copyTenant(st)
-		fc.states[tenant] = st
-		fc.buildOrder[tenant] = st.evict == nil || st.evict.flushedSeq != g.seq // else no record since the order was built
+		fc.tenants[tenant] = flushTenant{
+			tenantCopy: copyTenant(st),
+			st:         st,
+			buildOrder: st.evict == nil || st.evict.flushedSeq != g.seq, // else no record since the order was built
+		}
 	}
 	// Expiry changes the state without a log record: snapshot it too, or
 	// a restart would bring the expired series back until the next flush.

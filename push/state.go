@@ -540,7 +540,7 @@ func (l *durableLog) empty() error {
 func (l *durableLog) writeSnapshot(state map[string]*tenantState, seq uint64) error {
 	s := snapshot{Seq: seq, Tenants: make(map[string]snapshotEntry, len(state))}
 	for name, ts := range state {
-		s.Tenants[name] = copyTenant(ts).snapshotEntry()
+		s.Tenants[name] = ts.view().snapshotEntry() // encoded before the mutex is let go: no copy
 	}
 	b, err := s.encode()
 	if err != nil {
@@ -565,6 +565,12 @@ func copyTenant(ts *tenantState) tenantCopy {
 		types: maps.Clone(ts.Types), layouts: maps.Clone(ts.Layouts), layoutTouched: maps.Clone(ts.LayoutTouched),
 		series: maps.Clone(ts.Series),
 	}
+}
+
+// view is the tenant's state as a tenantCopy whose maps are the state's:
+// to be read with the Gateway's mutex held, and not kept past it.
+func (ts *tenantState) view() tenantCopy {
+	return tenantCopy{types: ts.Types, layouts: ts.Layouts, layoutTouched: ts.LayoutTouched, series: ts.Series}
 }
 
 func (c tenantCopy) snapshotEntry() snapshotEntry {

@@ -219,6 +219,7 @@ func TestLabelCallMatchSetsAnswerAsBefore(t *testing.T) {
 
 // One call asks for at most maxParallelSets sets at a time.
 func TestLabelCallMatchSetsAreBounded(t *testing.T) {
+	require.Equal(t, 16, maxParallelSets, "docs/scale-out.md: up to 16 sets at a time")
 	sets := make([]string, maxParallelSets+4)
 	for i := range sets {
 		sets[i] = string(rune('a' + i))

@@ -143,7 +143,7 @@ func NewHandler(logger *slog.Logger, reg prometheus.Registerer, w storage.Writer
 		}, func() float64 { return float64(h.bytes.used.Load()) })
 		promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "phonehome_receive_inflight_bytes_waiting_requests",
-			Help: "Write requests waiting for --receive.max-inflight-bytes to admit them (or to let them grow), up to 5s each.",
+			Help: fmt.Sprintf("Write requests waiting for --receive.max-inflight-bytes to admit them (or to let them grow), up to %s each.", inflightBytesWait),
 		}, func() float64 { return float64(h.bytes.waiting()) })
 	}
 	h.metaW, _ = w.(metadataWriter)

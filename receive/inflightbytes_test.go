@@ -23,6 +23,7 @@ func TestHandlerMaxInflightBytes(t *testing.T) {
 	w := &blockingWriter{entered: make(chan struct{}, 2), release: make(chan struct{}, 2)}
 	reg := prometheus.NewRegistry()
 	h := NewHandler(discard(), reg, w, newLimiter(nil), Options{MaxInflightBytes: 1 << 20})
+	require.Equal(t, 5*time.Second, h.bytes.wait, "a write waits up to 5s (--receive.max-inflight-bytes' help, the README)")
 	h.bytes.wait = time.Millisecond // not the 5s a write waits in production
 	serve := func(c string) *httptest.ResponseRecorder {
 		rec := httptest.NewRecorder()
@@ -39,7 +40,7 @@ func TestHandlerMaxInflightBytes(t *testing.T) {
 	rec := serve("c2")
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code, rec.Body.String())
 	require.Contains(t, rec.Body.String(), "hold too much memory")
-	require.NotEmpty(t, rec.Header().Get("Retry-After"))
+	require.Equal(t, "5", rec.Header().Get("Retry-After"), "as long as a write waits its turn (inflightBytesWait)")
 	require.Equal(t, 1.0, testutil.ToFloat64(h.metrics.overloaded.WithLabelValues(limitBytes)))
 	require.Zero(t, testutil.ToFloat64(h.metrics.overloaded.WithLabelValues(limitRequests)))
 	require.Equal(t, held, h.bytes.used.Load(), "a refused request returns what it reserved")
