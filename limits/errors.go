@@ -7,18 +7,16 @@ import (
 
 // Limit names: the YAML key of the limit that refused something. They are the
 // values of LimitError.Limit and of the `limit` label of
-// phonehome_limits_rejected_total.
+// phonehome_limits_rejected_total. The label and size limits of the same
+// configuration are applied by the receiver as it decodes (package receive)
+// and counted there: phonehome_receive_rejected_samples_total{reason=
+// "label_limits"}, and 413 answers.
 const (
 	LimitSeriesPerCluster        = "max_series_per_cluster"
 	LimitSeriesPerTenant         = "max_series_per_tenant"
 	LimitSeriesPerMetric         = "max_series_per_metric"
-	LimitLabelNamesPerSeries     = "max_label_names_per_series"
-	LimitLabelNameLength         = "max_label_name_length"
-	LimitLabelValueLength        = "max_label_value_length"
 	LimitSamplesPerSecondCluster = "samples_per_second_per_cluster"
 	LimitSamplesPerSecondTenant  = "samples_per_second_per_tenant"
-	LimitBodyBytes               = "max_body_bytes"
-	LimitDecodedBytes            = "max_decoded_bytes"
 	LimitBurstPerCluster         = "burst_per_cluster"
 	LimitBurstPerTenant          = "burst_per_tenant"
 	// LimitInflightRequestsPerCluster refuses a request (429) while its
@@ -30,9 +28,8 @@ const (
 func limitNames() []string {
 	return []string{
 		LimitSeriesPerCluster, LimitSeriesPerTenant, LimitSeriesPerMetric,
-		LimitLabelNamesPerSeries, LimitLabelNameLength, LimitLabelValueLength,
 		LimitSamplesPerSecondCluster, LimitSamplesPerSecondTenant,
-		LimitBodyBytes, LimitDecodedBytes, LimitBurstPerCluster, LimitBurstPerTenant,
+		LimitBurstPerCluster, LimitBurstPerTenant,
 		LimitInflightRequestsPerCluster,
 	}
 }
@@ -41,12 +38,10 @@ func limitNames() []string {
 // maps them to a status with errors.Is:
 //
 //	ErrSeriesLimit → drop the series, keep the rest of the request (partial write)
-//	ErrLabelLimit  → 400, the series is invalid
 //	ErrRateLimited → 429 with Retry-After
 //	ErrTooLarge    → 413
 var (
 	ErrSeriesLimit = errors.New("series limit reached")
-	ErrLabelLimit  = errors.New("label limit exceeded")
 	ErrRateLimited = errors.New("rate limited")
 	ErrTooLarge    = errors.New("request too large")
 )
@@ -67,11 +62,9 @@ func (e *LimitError) Unwrap() error {
 	switch e.Limit {
 	case LimitSeriesPerCluster, LimitSeriesPerTenant, LimitSeriesPerMetric:
 		return ErrSeriesLimit
-	case LimitLabelNamesPerSeries, LimitLabelNameLength, LimitLabelValueLength:
-		return ErrLabelLimit
 	case LimitSamplesPerSecondCluster, LimitSamplesPerSecondTenant, LimitInflightRequestsPerCluster:
 		return ErrRateLimited
-	case LimitBodyBytes, LimitDecodedBytes, LimitBurstPerCluster, LimitBurstPerTenant:
+	case LimitBurstPerCluster, LimitBurstPerTenant:
 		return ErrTooLarge
 	}
 	return nil

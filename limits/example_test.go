@@ -34,16 +34,14 @@ tenants:
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	l := limits.New(nil, cfg, func() time.Time { return now })
 
-	// Before decoding: size limits (413).
-	fmt.Println(l.CheckBodyBytes("acme", 1<<20), l.For("acme").MaxBodyBytes)
-
 	// After decoding: one rate check per request (429 + Retry-After).
 	for _, n := range []int{80, 70} {
 		retry, err := l.AllowSamples("acme", "cluster-a", n)
 		fmt.Println(retry, err, errors.Is(err, limits.ErrRateLimited))
 	}
 
-	// Per series: labels (400), then series limits (drop the series, keep the rest).
+	// Per series (its labels checked by the receiver as it decodes): the
+	// series limits drop the series and keep the rest.
 	s := l.Session("acme", "cluster-a")
 	for _, ls := range []labels.Labels{
 		labels.FromStrings("__name__", "up", "_id", "cluster-a", "job", "a"),
@@ -51,14 +49,9 @@ tenants:
 		labels.FromStrings("__name__", "up", "_id", "cluster-a", "job", "c"),
 		labels.FromStrings("__name__", "up", "_id", "cluster-a", "job", "a"),
 	} {
-		if err := s.CheckLabels(ls); err != nil {
-			fmt.Println(err)
-			continue
-		}
 		fmt.Println(ls.Get("job"), s.Admit(ls.Get("__name__"), ls.Hash()))
 	}
 	// Output:
-	// <nil> 8388608
 	// 0s <nil> false
 	// 5s samples_per_second_per_cluster limit of 10 reached true
 	// a <nil>

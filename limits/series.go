@@ -5,8 +5,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/prometheus/prometheus/model/labels"
 )
 
 // Series tracking.
@@ -235,12 +233,6 @@ func (l *Limiter) Session(tenant, cluster string) Session {
 	}
 }
 
-// AdmitSeries is a one-off Session(tenant, cluster).Admit(metric, hash).
-func (l *Limiter) AdmitSeries(tenant, cluster, metric string, hash uint64) error {
-	s := l.Session(tenant, cluster)
-	return s.Admit(metric, hash)
-}
-
 // Admit decides whether the series with the given hash (of all its labels,
 // seeded, e.g. labelhash.Seeded) and metric name may be written. It is
 // AdmitKey with the hash as the seeded half of the key; a tenant's series
@@ -321,11 +313,6 @@ func (s *Session) refuse(i int, limit string, value int) error {
 		s.errs[i] = &LimitError{Limit: limit, Value: float64(value)}
 	}
 	return s.errs[i]
-}
-
-// CheckLabels is Limiter.CheckLabels with the Session's tenant limits.
-func (s *Session) CheckLabels(ls labels.Labels) error {
-	return s.l.checkLabels(s.lim, ls)
 }
 
 // tryInc adds one to c unless that would exceed max (0 = unlimited).

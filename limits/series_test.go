@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
@@ -51,6 +52,23 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return 0
 }
 
+// admitSeries is a one-off Session(tenant, cluster).Admit(metric, hash).
+func admitSeries(l *Limiter, tenant, cluster, metric string, hash uint64) error {
+	s := l.Session(tenant, cluster)
+	return s.Admit(metric, hash)
+}
+
+func TestMetricsPreCreated(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	New(reg, Config{}, nil)
+	require.Equal(t, len(limitNames()), testutil.CollectAndCount(reg, "phonehome_limits_rejected_total"))
+	require.Equal(t, 1, testutil.CollectAndCount(reg, "phonehome_limits_tracked_series"))
+	require.Equal(t, 1, testutil.CollectAndCount(reg, "phonehome_limits_expired_series_total"))
+	for _, name := range limitNames() {
+		require.NotNil(t, (&LimitError{Limit: name}).Unwrap(), name)
+	}
+}
+
 func TestSeriesLimits(t *testing.T) {
 	const limit = 5
 	cases := []struct {
@@ -90,10 +108,10 @@ func TestSeriesLimits(t *testing.T) {
 				l := New(reg, Config{Defaults: spec}, newClock().Now)
 				for i := range fill {
 					c, m := tc.series(i)
-					require.NoError(t, l.AdmitSeries("t", c, m, uint64(i+1)))
+					require.NoError(t, admitSeries(l, "t", c, m, uint64(i+1)))
 				}
 				c, m := tc.series(fill)
-				err := l.AdmitSeries("t", c, m, uint64(fill+1))
+				err := admitSeries(l, "t", c, m, uint64(fill+1))
 				if fill < limit {
 					require.NoError(t, err)
 					require.Equal(t, 0.0, rejected(t, reg, tc.limit))
@@ -110,13 +128,13 @@ func TestSeriesLimits(t *testing.T) {
 				// Existing series keep flowing while the limit is reached.
 				for i := range fill {
 					c, m := tc.series(i)
-					require.NoError(t, l.AdmitSeries("t", c, m, uint64(i+1)))
+					require.NoError(t, admitSeries(l, "t", c, m, uint64(i+1)))
 				}
 				if tc.other != nil {
 					c, m := tc.other()
-					require.NoError(t, l.AdmitSeries("t", c, m, 1000), "a series outside the full scope passes")
+					require.NoError(t, admitSeries(l, "t", c, m, 1000), "a series outside the full scope passes")
 				}
-				require.NoError(t, l.AdmitSeries("other-tenant", c, m, uint64(fill+1)), "tenants are independent")
+				require.NoError(t, admitSeries(l, "other-tenant", c, m, uint64(fill+1)), "tenants are independent")
 			})
 		}
 	}
@@ -126,14 +144,14 @@ func TestSeriesLimits(t *testing.T) {
 func TestSeriesLimitLoweredBelowCount(t *testing.T) {
 	l := New(nil, Config{Defaults: Spec{MaxSeriesPerCluster: ptr(5)}}, newClock().Now)
 	for i := range 5 {
-		require.NoError(t, l.AdmitSeries("t", "c", "m", uint64(i+1)))
+		require.NoError(t, admitSeries(l, "t", "c", "m", uint64(i+1)))
 	}
 	l.Reload(Config{Defaults: Spec{MaxSeriesPerCluster: ptr(3)}})
 	require.Equal(t, 3, l.For("t").MaxSeriesPerCluster)
 	for i := range 5 {
-		require.NoError(t, l.AdmitSeries("t", "c", "m", uint64(i+1)), "existing series %d still passes", i)
+		require.NoError(t, admitSeries(l, "t", "c", "m", uint64(i+1)), "existing series %d still passes", i)
 	}
-	require.ErrorIs(t, l.AdmitSeries("t", "c", "m", 100), ErrSeriesLimit)
+	require.ErrorIs(t, admitSeries(l, "t", "c", "m", 100), ErrSeriesLimit)
 }
 
 func TestSeriesHotReload(t *testing.T) {
@@ -166,7 +184,7 @@ func TestSeriesHotReload(t *testing.T) {
 
 	// Removing the override falls back to the defaults (10000).
 	l.Reload(Config{})
-	require.NoError(t, l.AdmitSeries("acme", "c", "m", 6))
+	require.NoError(t, admitSeries(l, "acme", "c", "m", 6))
 }
 
 func TestSeriesIdleExpiryFreesSlot(t *testing.T) {
@@ -177,28 +195,28 @@ func TestSeriesIdleExpiryFreesSlot(t *testing.T) {
 		SeriesIdleTimeout:   ptr(modelDuration(30 * time.Minute)),
 	}}, clk.Now)
 
-	require.NoError(t, l.AdmitSeries("t", "c", "m", 1))
+	require.NoError(t, admitSeries(l, "t", "c", "m", 1))
 	clk.Advance(10 * time.Minute)
-	require.NoError(t, l.AdmitSeries("t", "c", "m", 2))
-	require.ErrorIs(t, l.AdmitSeries("t", "c", "m", 3), ErrSeriesLimit)
+	require.NoError(t, admitSeries(l, "t", "c", "m", 2))
+	require.ErrorIs(t, admitSeries(l, "t", "c", "m", 3), ErrSeriesLimit)
 
 	clk.Advance(20 * time.Minute) // series 1 idle exactly 30m: still counts
 	require.Equal(t, 0, l.Expire())
-	require.ErrorIs(t, l.AdmitSeries("t", "c", "m", 3), ErrSeriesLimit)
+	require.ErrorIs(t, admitSeries(l, "t", "c", "m", 3), ErrSeriesLimit)
 
 	clk.Advance(time.Second) // now idle longer than 30m
 	require.Equal(t, 1, l.Expire())
 	require.Equal(t, 1.0, gauge(t, reg, "phonehome_limits_expired_series_total"))
 	require.Equal(t, 1.0, gauge(t, reg, "phonehome_limits_tracked_series"))
-	require.NoError(t, l.AdmitSeries("t", "c", "m", 3), "the slot is free")
-	require.ErrorIs(t, l.AdmitSeries("t", "c", "m", 1), ErrSeriesLimit, "series 1 is new again, and the cluster is full")
+	require.NoError(t, admitSeries(l, "t", "c", "m", 3), "the slot is free")
+	require.ErrorIs(t, admitSeries(l, "t", "c", "m", 1), ErrSeriesLimit, "series 1 is new again, and the cluster is full")
 
 	// A write refreshes last-seen.
 	clk.Advance(29 * time.Minute)
-	require.NoError(t, l.AdmitSeries("t", "c", "m", 2)) // refreshes series 2
+	require.NoError(t, admitSeries(l, "t", "c", "m", 2)) // refreshes series 2
 	clk.Advance(29 * time.Minute)
 	require.Equal(t, 1, l.Expire(), "series 3 (58m idle) goes, series 2 (29m idle) stays")
-	require.NoError(t, l.AdmitSeries("t", "c", "m", 2))
+	require.NoError(t, admitSeries(l, "t", "c", "m", 2))
 
 	// Everything idle: names and counts are collected.
 	clk.Advance(time.Hour)
@@ -207,7 +225,7 @@ func TestSeriesIdleExpiryFreesSlot(t *testing.T) {
 	require.Zero(t, tn.series.Load())
 	require.Empty(t, tn.clusters.ids)
 	require.Empty(t, tn.metrics.ids)
-	require.NoError(t, l.AdmitSeries("t", "c", "m", 9), "a collected cluster comes back")
+	require.NoError(t, admitSeries(l, "t", "c", "m", 9), "a collected cluster comes back")
 	require.Equal(t, int64(1), tn.series.Load())
 }
 
