@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alecthomas/units"
 	"github.com/prometheus/common/model"
 	"go.uber.org/goleak"
 )
@@ -37,5 +36,3 @@ func (c *fakeClock) Advance(d time.Duration) {
 func ptr[T any](v T) *T { return &v }
 
 func modelDuration(d time.Duration) model.Duration { return model.Duration(d) }
-
-func byteSize(n int64) units.Base2Bytes { return units.Base2Bytes(n) }
