@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
@@ -62,8 +63,9 @@ func TestBroadcastRepeatsAnAdminCallOnEveryOtherReplica(t *testing.T) {
 	require.Equal(t, a.Instance(), got[0].Header.Get(OriginHeader))
 	require.Equal(t, `{"cluster_id":"c1"}`, bodies[0])
 
-	// Known now to be itself, a is not called again.
+	// Known now to be itself, a is not called again, nor counted as a peer.
 	for _, p := range a.snapshot() {
 		require.NotEqual(t, addr(selfSrv), p.addr)
 	}
+	require.Equal(t, 2.0, testutil.ToFloat64(a.m.peers))
 }

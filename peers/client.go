@@ -101,6 +101,22 @@ func (p *peer) covered(tenant string, maxt int64, now time.Time, ttl time.Durati
 	return ok && maxt < o.horizon && now.Sub(o.at) < ttl && synced(o.at)
 }
 
+// recogniseSelf reports whether resp is this receiver's own answer (its
+// InstanceHeader), and the first time marks p as this receiver: left out
+// of the peers from then on, and of their count.
+func (s *Set) recogniseSelf(p *peer, resp *http.Response) bool {
+	if resp.Header.Get(InstanceHeader) != s.instance {
+		return false
+	}
+	if !p.self.Swap(true) {
+		s.logger.Info("peer is this receiver, not reading from it", "peer", p.addr)
+		s.mu.Lock()
+		s.countLocked()
+		s.mu.Unlock()
+	}
+	return true
+}
+
 type tenantKey struct{}
 
 // transport adds the peer protocol's headers and credential for the tenant
@@ -126,14 +142,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	t.set.m.duration.Observe(time.Since(start).Seconds())
-	if id := resp.Header.Get(InstanceHeader); id == t.set.instance {
-		if !t.peer.self.Swap(true) {
-			t.set.logger.Info("peer is this receiver, not reading from it", "peer", t.peer.addr)
-			t.set.mu.Lock()
-			t.set.countLocked()
-			t.set.mu.Unlock()
-		}
-	}
+	t.set.recogniseSelf(t.peer, resp)
 	if resp.StatusCode/100 == 2 {
 		if h, err := strconv.ParseInt(resp.Header.Get(HorizonHeader), 10, 64); err == nil {
 			t.peer.observe(tenant, h, t.set.now())
