@@ -117,6 +117,13 @@ func (s *Set) recogniseSelf(p *peer, resp *http.Response) bool {
 	return true
 }
 
+// missing is the warning of a read that the peer at addr failed with err,
+// or could not be asked (departed.go): the answer lacks that peer's data.
+// docs/scale-out.md quotes it.
+func missing(addr string, err error) error {
+	return fmt.Errorf("peer %s unavailable, its data is missing: %w", addr, err)
+}
+
 type tenantKey struct{}
 
 // transport adds the peer protocol's headers and credential for the tenant
@@ -362,7 +369,7 @@ func (s *peerSeriesSet) Next() bool {
 	if err := s.SeriesSet.Err(); err != nil && !errors.Is(err, context.Canceled) {
 		s.q.set.m.reads.WithLabelValues("error").Inc()
 		s.q.set.logger.Debug("peer read failed", "peer", s.q.peer.addr, "err", err)
-		s.err = fmt.Errorf("peer %s unavailable, its data is missing: %w", s.q.peer.addr, err)
+		s.err = missing(s.q.peer.addr, err)
 	} else {
 		s.q.set.m.reads.WithLabelValues("success").Inc()
 	}
