@@ -54,20 +54,17 @@ func repeat(r *http.Request, replicas Replicas, path string, req Request) ([]Rep
 }
 
 // replicaResult reads a replica's answer to a repeated call: the envelope
-// of respond or apiError.
+// of respond (an erasure's job or a re-admission's result) or apiError.
 func replicaResult(a peers.Answer) ReplicaResult {
 	res := ReplicaResult{Replica: a.Peer}
 	if a.Err != nil {
 		res.Error = a.Err.Error()
 		return res
 	}
-	var env struct {
-		Data struct {
-			ID         string `json:"id"`
-			Readmitted *bool  `json:"readmitted"`
-		} `json:"data"`
-		Error string `json:"error"`
-	}
+	var env envelope[struct {
+		ID         string `json:"id"`
+		Readmitted *bool  `json:"readmitted"`
+	}]
 	err := json.Unmarshal(a.Body, &env)
 	switch {
 	case a.Code/100 != 2 && env.Error != "":
