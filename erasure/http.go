@@ -136,18 +136,23 @@ type readmitted struct {
 	Replicas   []ReplicaResult `json:"replicas,omitempty"`
 }
 
+// envelope is the admin API's answer, as Prometheus' API wraps its data:
+// respond and apiError write it, replicaResult reads a replica's.
+type envelope[T any] struct {
+	Status   string   `json:"status"`
+	Data     T        `json:"data,omitempty"`
+	Error    string   `json:"error,omitempty"`
+	Warnings []string `json:"warnings,omitempty"`
+}
+
 func respond(w http.ResponseWriter, code int, data any, warnings ...string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	body := map[string]any{"status": "success", "data": data}
-	if len(warnings) > 0 {
-		body["warnings"] = warnings
-	}
-	_ = json.NewEncoder(w).Encode(body)
+	_ = json.NewEncoder(w).Encode(envelope[any]{Status: "success", Data: data, Warnings: warnings})
 }
 
 func apiError(w http.ResponseWriter, code int, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(map[string]any{"status": "error", "error": msg})
+	_ = json.NewEncoder(w).Encode(envelope[any]{Status: "error", Error: msg})
 }

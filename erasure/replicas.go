@@ -30,7 +30,8 @@ type ReplicaResult struct {
 
 // repeat submits req to the other replicas unless r was itself repeated by
 // one, and returns their results and a warning for each replica that did not
-// take it.
+// take it. The calls outlive a caller that goes away (each is bounded by
+// peers.timeout): the job here is taken, and the other replicas' must be too.
 func repeat(r *http.Request, replicas Replicas, path string, req Request) ([]ReplicaResult, []string) {
 	if replicas == nil || r.Header.Get(peers.OriginHeader) != "" {
 		return nil, nil
@@ -43,7 +44,7 @@ func repeat(r *http.Request, replicas Replicas, path string, req Request) ([]Rep
 		results  []ReplicaResult
 		warnings []string
 	)
-	for _, a := range replicas.Broadcast(r.Context(), path, r.Header.Get("Authorization"), body) {
+	for _, a := range replicas.Broadcast(context.WithoutCancel(r.Context()), path, r.Header.Get("Authorization"), body) {
 		res := replicaResult(a)
 		if res.Error != "" {
 			warnings = append(warnings, fmt.Sprintf("replica %s did not take it (%s): send it to that replica again", a.Peer, res.Error))
@@ -54,20 +55,17 @@ func repeat(r *http.Request, replicas Replicas, path string, req Request) ([]Rep
 }
 
 // replicaResult reads a replica's answer to a repeated call: the envelope
-// of respond or apiError.
+// of respond (an erasure's job or a re-admission's result) or apiError.
 func replicaResult(a peers.Answer) ReplicaResult {
 	res := ReplicaResult{Replica: a.Peer}
 	if a.Err != nil {
 		res.Error = a.Err.Error()
 		return res
 	}
-	var env struct {
-		Data struct {
-			ID         string `json:"id"`
-			Readmitted *bool  `json:"readmitted"`
-		} `json:"data"`
-		Error string `json:"error"`
-	}
+	var env envelope[struct {
+		ID         string `json:"id"`
+		Readmitted *bool  `json:"readmitted"`
+	}]
 	err := json.Unmarshal(a.Body, &env)
 	switch {
 	case a.Code/100 != 2 && env.Error != "":

@@ -17,14 +17,17 @@ import (
 	"github.com/phonehome/phonehome/peers"
 )
 
-// fakeReplicas answers every broadcast with answers and records the calls.
+// fakeReplicas answers every broadcast with answers and records the calls,
+// and the error of each call's context.
 type fakeReplicas struct {
 	answers []peers.Answer
 	calls   []string // path authorization body
+	ctxErrs []error
 }
 
-func (f *fakeReplicas) Broadcast(_ context.Context, path, authorization string, body []byte) []peers.Answer {
+func (f *fakeReplicas) Broadcast(ctx context.Context, path, authorization string, body []byte) []peers.Answer {
 	f.calls = append(f.calls, path+" "+authorization+" "+string(body))
+	f.ctxErrs = append(f.ctxErrs, ctx.Err())
 	return f.answers
 }
 
@@ -92,4 +95,20 @@ func TestAdminCallsAreRepeatedOnTheReplicas(t *testing.T) {
 	require.NoError(t, json.Unmarshal(env["data"], &st))
 	require.Contains(t, st.Caller, "repeated by the replica at ")
 	require.NotContains(t, string(env["data"]), `"replicas"`)
+}
+
+// TestRepeatOutlivesTheCaller: a caller that goes away once its erasure is
+// taken here (a client timeout, Ctrl-C) does not cancel the calls that
+// repeat it on the other replicas.
+func TestRepeatOutlivesTheCaller(t *testing.T) {
+	e, err := New(slog.New(slog.DiscardHandler), nil, &fakeLocal{}, &fakeBucket{}, filepath.Join(t.TempDir(), "jobs"), Options{})
+	require.NoError(t, err)
+	replicas := &fakeReplicas{answers: []peers.Answer{{Peer: "10.0.0.2:9291", Code: http.StatusAccepted, Body: []byte(`{"status":"success","data":{"id":"01JOB"}}`)}}}
+	h := auth.Middleware(auth.Insecure{Tenant: "acme"}, 0, nil, e.Handler(replicas))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/api/v1/admin/erase", strings.NewReader(`{"cluster_id":"c1"}`))
+	h.ServeHTTP(httptest.NewRecorder(), req)
+	require.Len(t, replicas.calls, 1)
+	require.NoError(t, replicas.ctxErrs[0])
 }

@@ -75,8 +75,7 @@ func (s *Set) call(ctx context.Context, p *peer, path, authorization string, bod
 		return a
 	}
 	defer resp.Body.Close()
-	if resp.Header.Get(InstanceHeader) == s.instance {
-		p.self.Store(true)
+	if s.recogniseSelf(p, resp) {
 		return Answer{}
 	}
 	a.Code = resp.StatusCode

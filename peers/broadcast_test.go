@@ -9,7 +9,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 )
 
@@ -62,8 +65,32 @@ func TestBroadcastRepeatsAnAdminCallOnEveryOtherReplica(t *testing.T) {
 	require.Equal(t, a.Instance(), got[0].Header.Get(OriginHeader))
 	require.Equal(t, `{"cluster_id":"c1"}`, bodies[0])
 
-	// Known now to be itself, a is not called again.
+	// Known now to be itself, a is not called again, nor counted as a peer.
 	for _, p := range a.snapshot() {
 		require.NotEqual(t, addr(selfSrv), p.addr)
 	}
+	require.Equal(t, 2.0, testutil.ToFloat64(a.m.peers))
+}
+
+// TestBroadcastBoundedByPeersTimeout: docs/lifecycle.md calls the peers
+// within peers.timeout: a peer that accepts the call and never answers is
+// an error once it passes, not a wait for as long as the peer holds on.
+func TestBroadcastBoundedByPeersTimeout(t *testing.T) {
+	release := make(chan struct{})
+	hung := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	defer hung.Close()
+	defer close(release) // before Close, which waits for the handler
+	f := newFixture(t)
+	cfg := f.config(strings.TrimPrefix(hung.URL, "http://"))
+	cfg.Timeout = model.Duration(time.Second)
+	start := time.Now()
+	answers := f.set(t, nil, cfg).Broadcast(context.Background(), "/api/v1/admin/erase", "", nil)
+	require.Less(t, time.Since(start), 10*time.Second)
+	require.Len(t, answers, 1)
+	require.ErrorIs(t, answers[0].Err, context.DeadlineExceeded)
 }

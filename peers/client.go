@@ -101,6 +101,29 @@ func (p *peer) covered(tenant string, maxt int64, now time.Time, ttl time.Durati
 	return ok && maxt < o.horizon && now.Sub(o.at) < ttl && synced(o.at)
 }
 
+// recogniseSelf reports whether resp is this receiver's own answer (its
+// InstanceHeader), and the first time marks p as this receiver: left out
+// of the peers from then on, and of their count.
+func (s *Set) recogniseSelf(p *peer, resp *http.Response) bool {
+	if resp.Header.Get(InstanceHeader) != s.instance {
+		return false
+	}
+	if !p.self.Swap(true) {
+		s.logger.Info("peer is this receiver, not reading from it", "peer", p.addr)
+		s.mu.Lock()
+		s.countLocked()
+		s.mu.Unlock()
+	}
+	return true
+}
+
+// missing is the warning of a read that the peer at addr failed with err,
+// or could not be asked (departed.go): the answer lacks that peer's data.
+// docs/scale-out.md quotes it.
+func missing(addr string, err error) error {
+	return fmt.Errorf("peer %s unavailable, its data is missing: %w", addr, err)
+}
+
 type tenantKey struct{}
 
 // transport adds the peer protocol's headers and credential for the tenant
@@ -126,14 +149,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	t.set.m.duration.Observe(time.Since(start).Seconds())
-	if id := resp.Header.Get(InstanceHeader); id == t.set.instance {
-		if !t.peer.self.Swap(true) {
-			t.set.logger.Info("peer is this receiver, not reading from it", "peer", t.peer.addr)
-			t.set.mu.Lock()
-			t.set.countLocked()
-			t.set.mu.Unlock()
-		}
-	}
+	t.set.recogniseSelf(t.peer, resp)
 	if resp.StatusCode/100 == 2 {
 		if h, err := strconv.ParseInt(resp.Header.Get(HorizonHeader), 10, 64); err == nil {
 			t.peer.observe(tenant, h, t.set.now())
@@ -353,7 +369,7 @@ func (s *peerSeriesSet) Next() bool {
 	if err := s.SeriesSet.Err(); err != nil && !errors.Is(err, context.Canceled) {
 		s.q.set.m.reads.WithLabelValues("error").Inc()
 		s.q.set.logger.Debug("peer read failed", "peer", s.q.peer.addr, "err", err)
-		s.err = fmt.Errorf("peer %s unavailable, its data is missing: %w", s.q.peer.addr, err)
+		s.err = missing(s.q.peer.addr, err)
 	} else {
 		s.q.set.m.reads.WithLabelValues("success").Inc()
 	}

@@ -50,10 +50,8 @@ func (d departure) reason() error {
 	return fmt.Errorf("it left the peers at %s, and the bucket has not been listed since", d.at.UTC().Format(time.RFC3339))
 }
 
-// err is the departed peer's warning, worded as a down peer's.
-func (d departure) err() error {
-	return fmt.Errorf("peer %s unavailable, its data is missing: %w", d.addr, d.reason())
-}
+// err is the departed peer's warning, a down peer's.
+func (d departure) err() error { return missing(d.addr, d.reason()) }
 
 // departures returns the peers that left after the bucket view's last
 // completed sync started, sorted, and forgets the others.

@@ -73,7 +73,7 @@ func (s *Set) indexCallDone(ctx context.Context, p *peer, call string, err error
 	case err != nil:
 		s.m.reads.WithLabelValues("error").Inc()
 		s.logger.Debug("peer index call failed", "peer", p.addr, "call", call, "err", err)
-		return fmt.Errorf("peer %s unavailable, its data is missing: %w", p.addr, err)
+		return missing(p.addr, err)
 	}
 	s.m.reads.WithLabelValues("success").Inc()
 	s.m.labelCalls.WithLabelValues(call, "labels").Inc()

@@ -1,6 +1,7 @@
 package peers
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
@@ -52,6 +53,50 @@ func TestReplicaTokenRotation(t *testing.T) {
 	q, err := f.set(t, nil, cfg).NewReader(tenantDBs{}).Querier("acme", 0, 10_000)
 	require.NoError(t, err)
 	_, ws := readAll(t, q)
+	require.Len(t, ws, 1)
+	require.Contains(t, ws[0], "unavailable")
+}
+
+// TestReplicaTokenRotationInPlace: docs/operations.md's three steps on
+// running replicas, one replica after the other: each re-reads its file at
+// a refresh (as every peers.refresh_interval), and no read between them
+// fails; once the old token is removed, it is refused.
+func TestReplicaTokenRotationInPlace(t *testing.T) {
+	f := newFixture(t)
+	dir := t.TempDir()
+	write := func(path, tokens string) {
+		require.NoError(t, os.WriteFile(path, []byte(tokens), 0o600))
+	}
+	withFile := func(cfg Config, path, tokens string) *Set {
+		write(path, tokens)
+		cfg.ReplicaTokenFile = path
+		return f.set(t, nil, cfg)
+	}
+	read := func(s *Set) []string {
+		q, err := s.NewReader(tenantDBs{}).Querier("acme", 0, 10_000)
+		require.NoError(t, err)
+		got, ws := readAll(t, q)
+		if len(ws) == 0 {
+			require.Len(t, got, 1)
+		}
+		return ws
+	}
+	serverFile, clientFile := filepath.Join(dir, "server"), filepath.Join(dir, "client")
+	server := withFile(f.config(), serverFile, "old-secret\n")
+	srv := serve(t, server, tenantDBs{"acme": openDB(t, map[string][]int64{"x": {1000}})}, nil)
+	client := withFile(f.config(host(srv)), clientFile, "old-secret\n")
+	require.Empty(t, read(client))
+
+	for _, step := range []string{"old-secret\nnew-secret\n", "new-secret\nold-secret\n", "new-secret\n"} {
+		for _, path := range []string{serverFile, clientFile} {
+			write(path, step)
+			server.Refresh(context.Background())
+			client.Refresh(context.Background())
+			require.Empty(t, read(client), "%q in %s", step, filepath.Base(path))
+		}
+	}
+	stale := withFile(f.config(host(srv)), filepath.Join(dir, "stale"), "old-secret\n")
+	ws := read(stale)
 	require.Len(t, ws, 1)
 	require.Contains(t, ws[0], "unavailable")
 }

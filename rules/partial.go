@@ -83,26 +83,45 @@ func resendSkipped(notify promrules.NotifyFunc, resendDelay time.Duration) promr
 	return func(ctx context.Context, g *promrules.Group, ts time.Time) {
 		promrules.DefaultEvalIterationFunc(ctx, g, ts)
 		now := time.Now()
-		validUntil := now.Add(4*max(g.Interval(), resendDelay) + max(now.Sub(ts), 0))
+		validUntil := now.Add(validity(g.Interval(), resendDelay) + max(now.Sub(ts), 0))
 		for _, r := range g.Rules() {
 			ar, ok := r.(*promrules.AlertingRule)
 			if !ok || !errors.Is(ar.LastError(), errSkipped) {
 				continue
 			}
-			var alerts []*promrules.Alert
-			ar.ForEachActiveAlert(func(a *promrules.Alert) {
+			sendCopies(ctx, notify, ar, validUntil, func(a *promrules.Alert) bool {
 				if a.State == promrules.StatePending ||
 					!a.ResolvedAt.After(a.LastSentAt) && !a.LastSentAt.Add(resendDelay).Before(ts) {
-					return
+					return false
 				}
 				a.LastSentAt, a.ValidUntil = ts, validUntil
-				sent := *a
-				sent.Labels = a.Labels.Copy() // the notifier modifies its alerts' labels
-				alerts = append(alerts, &sent)
+				return true
 			})
-			if len(alerts) > 0 {
-				notify(ctx, ar.Query().String(), alerts...)
-			}
 		}
+	}
+}
+
+// validity is how long a sent alert stays active in Alertmanager: four
+// evaluation intervals or resend delays, whichever is longer, as Prometheus'
+// AlertingRule.sendAlerts sets it.
+func validity(interval, resendDelay time.Duration) time.Duration {
+	return 4 * max(interval, resendDelay)
+}
+
+// sendCopies sends copies of ar's active alerts that pick chooses, valid
+// until validUntil. Copies: the notifier modifies its alerts' labels.
+func sendCopies(ctx context.Context, notify promrules.NotifyFunc, ar *promrules.AlertingRule, validUntil time.Time, pick func(*promrules.Alert) bool) {
+	var alerts []*promrules.Alert
+	ar.ForEachActiveAlert(func(a *promrules.Alert) {
+		if !pick(a) {
+			return
+		}
+		sent := *a
+		sent.Labels = a.Labels.Copy()
+		sent.ValidUntil = validUntil
+		alerts = append(alerts, &sent)
+	})
+	if len(alerts) > 0 {
+		notify(ctx, ar.Query().String(), alerts...)
 	}
 }

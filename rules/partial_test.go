@@ -400,6 +400,21 @@ func TestGracefulStopKeepsFiringAlertsThroughARestart(t *testing.T) {
 	require.Empty(t, sink.sent("FleetCompleteForAnHour", start), "a pending alert was sent")
 }
 
+// TestAlertValidityDefaults: docs/rules.md's figures for the defaults (a 1m
+// evaluation interval and resend delay): a sent alert stays active in
+// Alertmanager for 4 minutes, one sent as the evaluator stops gracefully
+// for 9.
+func TestAlertValidityDefaults(t *testing.T) {
+	evaluate := false // nothing to load: the defaults only
+	cfg := Config{Evaluate: &evaluate}
+	cfg.SetDefaults()
+	m, err := New(slog.New(slog.DiscardHandler), nil, nil, &historyStore{}, cfg, Options{})
+	require.NoError(t, err)
+	interval := time.Duration(cfg.EvaluationInterval)
+	require.Equal(t, 4*time.Minute, validity(interval, m.resendDelay))
+	require.Equal(t, 9*time.Minute, restartValidity(interval, m.resendDelay))
+}
+
 // startFleetAlerts runs FleetComplete (firing while both clusters report)
 // and FleetCompleteForAnHour (pending meanwhile) over a fleetReader, sending
 // to an alertSink.

@@ -33,26 +33,20 @@ func (m *Manager) sendBeforeStop(ctx context.Context) {
 	defer m.mu.Unlock()
 	for _, tr := range m.tenants {
 		for _, g := range tr.RuleGroups() {
-			validUntil := now.Add(4*max(g.Interval(), m.resendDelay) + 3*g.Interval() + restartAllowance)
+			validUntil := now.Add(restartValidity(g.Interval(), m.resendDelay))
 			for _, r := range g.Rules() {
-				ar, ok := r.(*promrules.AlertingRule)
-				if !ok {
-					continue
-				}
-				var alerts []*promrules.Alert
-				ar.ForEachActiveAlert(func(a *promrules.Alert) {
-					if a.State != promrules.StateFiring {
-						return
-					}
-					sent := *a
-					sent.Labels = a.Labels.Copy() // the notifier modifies its alerts' labels
-					sent.ValidUntil = validUntil
-					alerts = append(alerts, &sent)
-				})
-				if len(alerts) > 0 {
-					tr.notify(ctx, ar.Query().String(), alerts...)
+				if ar, ok := r.(*promrules.AlertingRule); ok {
+					sendCopies(ctx, tr.notify, ar, validUntil, func(a *promrules.Alert) bool { return a.State == promrules.StateFiring })
 				}
 			}
 		}
 	}
+}
+
+// restartValidity is how long the alerts sent before a graceful stop stay
+// active in Alertmanager: the usual validity, and the three evaluation
+// intervals and the restart allowance before a restarted evaluator sends
+// them again.
+func restartValidity(interval, resendDelay time.Duration) time.Duration {
+	return validity(interval, resendDelay) + 3*interval + restartAllowance
 }
