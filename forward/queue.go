@@ -350,7 +350,9 @@ func (q *Queue) readCursor() (Position, bool) {
 	if errors.Is(err, os.ErrNotExist) {
 		return Position{}, false
 	}
-	if err != nil || len(b) != 20 || crc32.Checksum(b[:16], crcTable) != binary.BigEndian.Uint32(b[16:]) {
+	// A checksum that passes by chance may come with an offset no segment
+	// has: a negative one, from which loadSegment cannot start reading.
+	if err != nil || len(b) != 20 || crc32.Checksum(b[:16], crcTable) != binary.BigEndian.Uint32(b[16:]) || int64(binary.BigEndian.Uint64(b[8:16])) < 0 {
 		q.logger.Warn("ignoring invalid queue cursor, unacknowledged records may be delivered twice", "err", err)
 		q.m.corruptions.Inc()
 		return Position{}, false

@@ -1,7 +1,9 @@
 package forward
 
 import (
+	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -193,6 +195,26 @@ func TestQueueCorruptCursorRedelivers(t *testing.T) {
 
 	q2 := openTestQueue(t, dir, QueueOptions{})
 	require.Equal(t, strs(in), drain(t, q2), "at-least-once: nothing unacknowledged is lost")
+}
+
+// TestQueueCursorNegativeOffsetRedelivers: a cursor whose checksum passes
+// but whose offset is negative is invalid too, and the queue still opens.
+func TestQueueCursorNegativeOffsetRedelivers(t *testing.T) {
+	dir := t.TempDir()
+	q := openTestQueue(t, dir, QueueOptions{})
+	in := payloads("e", 3)
+	require.NoError(t, q.Append(in...))
+	seq := q.segs[0].seq
+	require.NoError(t, q.Close())
+	var b [20]byte
+	binary.BigEndian.PutUint64(b[0:8], seq)
+	binary.BigEndian.PutUint64(b[8:16], 1<<63)
+	binary.BigEndian.PutUint32(b[16:20], crc32.Checksum(b[:16], crcTable))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, cursorFile), b[:], 0o640))
+
+	q2 := openTestQueue(t, dir, QueueOptions{})
+	require.Equal(t, strs(in), drain(t, q2))
+	require.Equal(t, 1.0, testutil.ToFloat64(q2.m.corruptions))
 }
 
 func TestQueueGauges(t *testing.T) {
