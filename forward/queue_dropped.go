@@ -33,18 +33,6 @@ func (q *Queue) countInvalid(pos Position, err error) {
 	q.m.droppedRecords.WithLabelValues(ReasonInvalid).Inc()
 }
 
-// lostRecords is how many unacknowledged records segment seq, whose bytes
-// are b, loses when it is cut at off: those at or after the cursor.
-func lostRecords(b []byte, off int, seq uint64, cur Position, curOK bool) int {
-	if curOK && seq == cur.seq && int64(off) < cur.off {
-		if cur.off >= int64(len(b)) {
-			return 0 // everything cut was acknowledged
-		}
-		off = int(cur.off) // a record boundary: the cursor is one
-	}
-	return countRecords(b[off:])
-}
-
 // skippableRecord reports whether the invalid record at the start of b can
 // be skipped rather than cut with everything after it, and its size: its
 // length field fits b and a valid record starts right after it. A valid

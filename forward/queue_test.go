@@ -197,6 +197,30 @@ func TestQueueCorruptCursorRedelivers(t *testing.T) {
 	require.Equal(t, strs(in), drain(t, q2), "at-least-once: nothing unacknowledged is lost")
 }
 
+// TestQueueSegmentShorterThanCursor: a segment that ends before the cursor
+// (cut from outside) holds only acknowledged records: none is delivered or
+// counted as lost, corrupt or not.
+func TestQueueSegmentShorterThanCursor(t *testing.T) {
+	dir := t.TempDir()
+	q := openTestQueue(t, dir, QueueOptions{SegmentBytes: 1 << 20})
+	in := payloads("f", 4)
+	require.NoError(t, q.Append(in...))
+	for range 3 {
+		_, pos, _, _, err := q.Peek()
+		require.NoError(t, err)
+		require.NoError(t, q.Ack(pos))
+	}
+	require.NoError(t, q.Close())
+	segs := segFiles(t, dir)
+	recLen := recordHeaderSize + len(in[0])
+	require.NoError(t, os.Truncate(segs[0], int64(2*recLen)))
+	flipPayloadByte(t, segs[0], 0, recLen)
+
+	q2 := openTestQueue(t, dir, QueueOptions{SegmentBytes: 1 << 20})
+	require.Empty(t, drain(t, q2))
+	require.Zero(t, droppedRecords(q2, ReasonCorrupt))
+}
+
 // TestQueueCursorNegativeOffsetRedelivers: a cursor whose checksum passes
 // but whose offset is negative is invalid too, and the queue still opens.
 func TestQueueCursorNegativeOffsetRedelivers(t *testing.T) {
