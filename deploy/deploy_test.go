@@ -3,11 +3,9 @@
 package deploy
 
 import (
-	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
@@ -62,31 +60,34 @@ func TestPromtoolRules(t *testing.T) {
 	}
 	for _, rf := range ruleFiles {
 		require.True(t, covered[filepath.Clean(rf)], "%s has no promtool unit test", rf)
-		for a := range alertExprs(t, rf) {
-			require.True(t, tested[filepath.Clean(rf)][a], "%s: alert %s has no promtool scenario", rf, a)
+		for _, r := range ruleFileAlerts(t, rf) {
+			require.True(t, tested[filepath.Clean(rf)][r.Alert], "%s: alert %s has no promtool scenario", rf, r.Alert)
 		}
 	}
 }
 
-// alertExprs returns the alerts of a rule file, by name, with their expressions.
-func alertExprs(t *testing.T, ruleFile string) map[string]string {
+// alertRule is an alerting rule of a rule file.
+type alertRule struct {
+	Alert       string            `yaml:"alert"`
+	Annotations map[string]string `yaml:"annotations"`
+}
+
+// ruleFileAlerts returns the alerting rules of a rule file.
+func ruleFileAlerts(t *testing.T, ruleFile string) []alertRule {
 	t.Helper()
 	var f struct {
 		Groups []struct {
-			Rules []struct {
-				Alert string `yaml:"alert"`
-				Expr  string `yaml:"expr"`
-			} `yaml:"rules"`
+			Rules []alertRule `yaml:"rules"`
 		} `yaml:"groups"`
 	}
 	b, err := os.ReadFile(ruleFile)
 	require.NoError(t, err)
 	require.NoError(t, yaml.Unmarshal(b, &f), ruleFile)
-	alerts := map[string]string{}
+	var alerts []alertRule
 	for _, g := range f.Groups {
 		for _, r := range g.Rules {
 			if r.Alert != "" {
-				alerts[r.Alert] = r.Expr
+				alerts = append(alerts, r)
 			}
 		}
 	}
@@ -99,29 +100,13 @@ func TestAlertsDocumented(t *testing.T) {
 	doc, err := os.ReadFile("../docs/rules.md")
 	require.NoError(t, err)
 	for _, rf := range globs(t, "rules/*.yaml") {
-		var f struct {
-			Groups []struct {
-				Rules []struct {
-					Alert       string            `yaml:"alert"`
-					Annotations map[string]string `yaml:"annotations"`
-				} `yaml:"rules"`
-			} `yaml:"groups"`
-		}
-		b, err := os.ReadFile(rf)
-		require.NoError(t, err)
-		require.NoError(t, yaml.Unmarshal(b, &f))
-		for _, g := range f.Groups {
-			for _, r := range g.Rules {
-				if r.Alert == "" {
-					continue
-				}
-				for _, k := range []string{"summary", "description", "runbook_url"} {
-					require.NotEmpty(t, r.Annotations[k], "%s: alert %s has no %s", rf, r.Alert, k)
-				}
-				anchor := strings.ToLower(r.Alert)
-				require.True(t, strings.HasSuffix(r.Annotations["runbook_url"], "docs/rules.md#"+anchor), "%s: runbook_url of %s", rf, r.Alert)
-				require.Contains(t, string(doc), "\n### "+r.Alert+"\n", "docs/rules.md has no section for %s", r.Alert)
+		for _, r := range ruleFileAlerts(t, rf) {
+			for _, k := range []string{"summary", "description", "runbook_url"} {
+				require.NotEmpty(t, r.Annotations[k], "%s: alert %s has no %s", rf, r.Alert, k)
 			}
+			anchor := strings.ToLower(r.Alert)
+			require.True(t, strings.HasSuffix(r.Annotations["runbook_url"], "docs/rules.md#"+anchor), "%s: runbook_url of %s", rf, r.Alert)
+			require.Contains(t, string(doc), "\n### "+r.Alert+"\n", "docs/rules.md has no section for %s", r.Alert)
 		}
 	}
 }
@@ -132,7 +117,10 @@ func TestAlertsDocumented(t *testing.T) {
 func TestAlertsHaveRunbookRows(t *testing.T) {
 	doc, err := os.ReadFile("../docs/operations.md")
 	require.NoError(t, err)
-	alerts := slices.Collect(maps.Keys(alertExprs(t, "prometheus/phonehome-forwarder.rules.yaml")))
+	var alerts []string
+	for _, r := range ruleFileAlerts(t, "prometheus/phonehome-forwarder.rules.yaml") {
+		alerts = append(alerts, r.Alert)
+	}
 	for _, g := range readPrometheusRule(t, "kubernetes/monitoring/receiver-alerts.yaml").Spec.Groups {
 		for _, r := range g.Rules {
 			alerts = append(alerts, r.Alert)

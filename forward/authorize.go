@@ -227,7 +227,8 @@ func (a *Authorizer) holdOff() time.Duration {
 }
 
 // Rejected implements Credentials: the credential is dropped, so the next
-// Token call re-authorizes.
+// Token call re-authorizes; in direct mode /authorize is asked again, in
+// case the receiver gained it.
 func (a *Authorizer) Rejected(token string) bool {
 	a.rejected.Inc()
 	a.mu.Lock()
@@ -235,19 +236,14 @@ func (a *Authorizer) Rejected(token string) bool {
 		a.cur = nil
 		a.expiry.Set(0)
 	}
-	if a.direct { // maybe the receiver gained /authorize: probe again
-		a.direct = false
-	}
 	a.mu.Unlock()
-	select {
-	case a.kick <- struct{}{}:
-	default:
-	}
+	a.reprobe()
 	return true
 }
 
 // reprobe makes the next Token ask /authorize again after auto mode took
-// its 404 or 405 for "no such endpoint" (ProtocolSender.noWriteEndpoint).
+// its 404 or 405 for "no such endpoint" (Rejected,
+// ProtocolSender.noWriteEndpoint), and wakes Run.
 func (a *Authorizer) reprobe() {
 	a.mu.Lock()
 	a.direct = false

@@ -283,10 +283,11 @@ func (q *Queue) loadSegment(seq uint64, cur Position, curOK bool) error {
 		return fmt.Errorf("read segment %s: %w", path, err)
 	}
 	off := 0
-	if curOK && seq == cur.seq && cur.off <= int64(len(b)) {
+	if curOK && seq == cur.seq {
 		// The acknowledged records before the cursor are not read again:
 		// one corrupt there must not cut the unacknowledged ones after it.
-		off = int(cur.off)
+		// A segment that ends before the cursor holds only those.
+		off = int(min(cur.off, int64(len(b))))
 	}
 	for off < len(b) {
 		t, _, n, err := DecodeRecord(b[off:])
@@ -296,7 +297,7 @@ func (q *Queue) loadSegment(seq uint64, cur Position, curOK bool) error {
 				off += n
 				continue
 			}
-			lost := lostRecords(b, off, seq, cur, curOK)
+			lost := countRecords(b[off:])
 			q.logger.Warn("truncating corrupted queue segment", "segment", path, "offset", off, "dropped_bytes", len(b)-off, "dropped_records", lost, "err", err)
 			q.m.corruptions.Inc()
 			q.m.droppedRecords.WithLabelValues(ReasonCorrupt).Add(float64(lost))
@@ -305,9 +306,7 @@ func (q *Queue) loadSegment(seq uint64, cur Position, curOK bool) error {
 			}
 			break
 		}
-		if !curOK || seq > cur.seq || int64(off) >= cur.off {
-			q.records = append(q.records, recordRef{seq: seq, off: int64(off), size: int64(n), t: t})
-		}
+		q.records = append(q.records, recordRef{seq: seq, off: int64(off), size: int64(n), t: t})
 		off += n
 	}
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
@@ -350,7 +349,9 @@ func (q *Queue) readCursor() (Position, bool) {
 	if errors.Is(err, os.ErrNotExist) {
 		return Position{}, false
 	}
-	if err != nil || len(b) != 20 || crc32.Checksum(b[:16], crcTable) != binary.BigEndian.Uint32(b[16:]) {
+	// A checksum that passes by chance may come with an offset no segment
+	// has: a negative one, from which loadSegment cannot start reading.
+	if err != nil || len(b) != 20 || crc32.Checksum(b[:16], crcTable) != binary.BigEndian.Uint32(b[16:]) || int64(binary.BigEndian.Uint64(b[8:16])) < 0 {
 		q.logger.Warn("ignoring invalid queue cursor, unacknowledged records may be delivered twice", "err", err)
 		q.m.corruptions.Inc()
 		return Position{}, false

@@ -33,18 +33,6 @@ func (q *Queue) countInvalid(pos Position, err error) {
 	q.m.droppedRecords.WithLabelValues(ReasonInvalid).Inc()
 }
 
-// lostRecords is how many unacknowledged records segment seq, whose bytes
-// are b, loses when it is cut at off: those at or after the cursor.
-func lostRecords(b []byte, off int, seq uint64, cur Position, curOK bool) int {
-	if curOK && seq == cur.seq && int64(off) < cur.off {
-		if cur.off >= int64(len(b)) {
-			return 0 // everything cut was acknowledged
-		}
-		off = int(cur.off) // a record boundary: the cursor is one
-	}
-	return countRecords(b[off:])
-}
-
 // skippableRecord reports whether the invalid record at the start of b can
 // be skipped rather than cut with everything after it, and its size: its
 // length field fits b and a valid record starts right after it. A valid
@@ -53,14 +41,10 @@ func lostRecords(b []byte, off int, seq uint64, cur Position, curOK bool) int {
 // last record is not skipped: it may be a torn write, and cutting it loses
 // the same.
 func skippableRecord(b []byte) (int, bool) {
-	if len(b) < recordHeaderSize {
+	n, ok := recordSize(b)
+	if !ok || n == len(b) {
 		return 0, false
 	}
-	l := binary.BigEndian.Uint32(b[0:4])
-	if l > maxRecordBytes || recordHeaderSize+int(l) >= len(b) {
-		return 0, false
-	}
-	n := recordHeaderSize + int(l)
 	if _, _, _, err := DecodeRecord(b[n:]); err != nil {
 		return 0, false
 	}
@@ -75,14 +59,25 @@ func countRecords(b []byte) int {
 	n := 0
 	for len(b) > 0 {
 		n++
-		if len(b) < recordHeaderSize {
+		size, ok := recordSize(b)
+		if !ok {
 			break
 		}
-		l := binary.BigEndian.Uint32(b[0:4])
-		if l > maxRecordBytes || recordHeaderSize+int(l) > len(b) {
-			break
-		}
-		b = b[recordHeaderSize+int(l):]
+		b = b[size:]
 	}
 	return n
+}
+
+// recordSize is the size of the record at the start of b as its length
+// field gives it, if that is plausible and b holds it all; its checksum is
+// not checked.
+func recordSize(b []byte) (int, bool) {
+	if len(b) < recordHeaderSize {
+		return 0, false
+	}
+	l := binary.BigEndian.Uint32(b[0:4])
+	if l > maxRecordBytes || recordHeaderSize+int(l) > len(b) {
+		return 0, false
+	}
+	return recordHeaderSize + int(l), true
 }

@@ -1,7 +1,9 @@
 package forward
 
 import (
+	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -193,6 +195,50 @@ func TestQueueCorruptCursorRedelivers(t *testing.T) {
 
 	q2 := openTestQueue(t, dir, QueueOptions{})
 	require.Equal(t, strs(in), drain(t, q2), "at-least-once: nothing unacknowledged is lost")
+}
+
+// TestQueueSegmentShorterThanCursor: a segment that ends before the cursor
+// (cut from outside) holds only acknowledged records: none is delivered or
+// counted as lost, corrupt or not.
+func TestQueueSegmentShorterThanCursor(t *testing.T) {
+	dir := t.TempDir()
+	q := openTestQueue(t, dir, QueueOptions{SegmentBytes: 1 << 20})
+	in := payloads("f", 4)
+	require.NoError(t, q.Append(in...))
+	for range 3 {
+		_, pos, _, _, err := q.Peek()
+		require.NoError(t, err)
+		require.NoError(t, q.Ack(pos))
+	}
+	require.NoError(t, q.Close())
+	segs := segFiles(t, dir)
+	recLen := recordHeaderSize + len(in[0])
+	require.NoError(t, os.Truncate(segs[0], int64(2*recLen)))
+	flipPayloadByte(t, segs[0], 0, recLen)
+
+	q2 := openTestQueue(t, dir, QueueOptions{SegmentBytes: 1 << 20})
+	require.Empty(t, drain(t, q2))
+	require.Zero(t, droppedRecords(q2, ReasonCorrupt))
+}
+
+// TestQueueCursorNegativeOffsetRedelivers: a cursor whose checksum passes
+// but whose offset is negative is invalid too, and the queue still opens.
+func TestQueueCursorNegativeOffsetRedelivers(t *testing.T) {
+	dir := t.TempDir()
+	q := openTestQueue(t, dir, QueueOptions{})
+	in := payloads("e", 3)
+	require.NoError(t, q.Append(in...))
+	seq := q.segs[0].seq
+	require.NoError(t, q.Close())
+	var b [20]byte
+	binary.BigEndian.PutUint64(b[0:8], seq)
+	binary.BigEndian.PutUint64(b[8:16], 1<<63)
+	binary.BigEndian.PutUint32(b[16:20], crc32.Checksum(b[:16], crcTable))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, cursorFile), b[:], 0o640))
+
+	q2 := openTestQueue(t, dir, QueueOptions{})
+	require.Equal(t, strs(in), drain(t, q2))
+	require.Equal(t, 1.0, testutil.ToFloat64(q2.m.corruptions))
 }
 
 func TestQueueGauges(t *testing.T) {

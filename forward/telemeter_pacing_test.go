@@ -100,3 +100,16 @@ func TestUploadPacerAnswers(t *testing.T) {
 		})
 	}
 }
+
+// The window the docs promise (docs/migrating-from-telemeter.md, "One
+// upload per 4m30s"): telemeter-server's default --ratelimit, used when
+// RateLimit is unset; negative turns pacing off.
+func TestTelemeterSenderRateLimitDefault(t *testing.T) {
+	require.Equal(t, 4*time.Minute+30*time.Second, NewTelemeterSender("", nil, nil, TelemeterSenderOptions{}).pacer.window)
+	p := NewTelemeterSender("", nil, nil, TelemeterSenderOptions{RateLimit: -1}).pacer
+	err := p.answered(time.Now(), RetryableError{Err: &HTTPError{Code: http.StatusTooManyRequests}})
+	var re RetryableError
+	require.ErrorAs(t, err, &re)
+	require.Zero(t, re.RetryAfter, "no window to wait out")
+	require.Zero(t, p.remaining())
+}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -116,4 +117,29 @@ func TestFallbackQueueDirMustBePrivate(t *testing.T) {
 	got, err := usableQueueDir(slog.New(slog.DiscardHandler), ro, mine)
 	require.NoError(t, err)
 	require.Equal(t, mine, got)
+}
+
+// TestExplicitQueueDirHasNoFallback: a --queue.dir given that cannot be
+// used is an error (exit 1, naming it), never $TMPDIR (README, --queue.dir).
+func TestExplicitQueueDirHasNoFallback(t *testing.T) {
+	dir := filepath.Join(unwritableDir(t), "phonehome-queue")
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	var stderr bytes.Buffer
+	args := []string{
+		"--from=http://127.0.0.1:1", "--to=http://127.0.0.1:2", "--id=abc", "--match=up",
+		"--anonymize-salt-file=" + writeFile(t, "salt", "0123456789abcdef-salt\n"), "--listen=127.0.0.1:0",
+		"--queue.dir=" + dir,
+	}
+	code := make(chan int, 1)
+	go func() { code <- run(args, &stderr) }()
+	select {
+	case c := <-code:
+		require.Equal(t, 1, c)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the forwarder started: it fell back from the --queue.dir given")
+	}
+	require.Contains(t, stderr.String(), "open queue")
+	require.Contains(t, stderr.String(), dir)
+	require.NoDirExists(t, filepath.Join(tmp, "phonehome-forwarder-queue"))
 }
