@@ -115,9 +115,9 @@ type TelemeterSenderOptions struct {
 	// for it (429 without Retry-After), so a receiver without that limit
 	// is never waited for.
 	RateLimit time.Duration
-	// MaxAge, if positive, drops older samples before the upload, as
-	// telemeter-client does with DefaultTelemeterMaxAge, the age beyond
-	// which telemeter-server refuses the whole upload (400). 0: none.
+	// MaxAge drops older samples before the upload (default
+	// DefaultTelemeterMaxAge, as telemeter-client: the age beyond which
+	// telemeter-server refuses the whole upload, 400; negative: none).
 	MaxAge time.Duration
 }
 
@@ -154,6 +154,9 @@ func NewTelemeterSender(uploadURL string, client *http.Client, auth *Authorizer,
 	}
 	if opts.RateLimit == 0 {
 		opts.RateLimit = DefaultTelemeterRateLimit
+	}
+	if opts.MaxAge == 0 {
+		opts.MaxAge = DefaultTelemeterMaxAge
 	}
 	return &TelemeterSender{
 		url: uploadURL, client: client, auth: auth, opts: opts,

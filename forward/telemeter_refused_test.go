@@ -51,8 +51,15 @@ func TestTelemeterSenderNoMaxAge(t *testing.T) {
 	srv := telemetertest.NewServer("fleet")
 	defer srv.Close()
 	a, _ := newTelemeterPair(t, srv, nil)
-	s := NewTelemeterSender(srv.URL+"/upload", srv.Client(), a, TelemeterSenderOptions{})
+	s := NewTelemeterSender(srv.URL+"/upload", srv.Client(), a, TelemeterSenderOptions{MaxAge: -1})
 	old := time.Now().Add(-48 * time.Hour).UnixMilli()
 	require.NoError(t, s.Send(context.Background(), telemeterBatch(old)))
 	require.Equal(t, 4, srv.Samples(), "without MaxAge every sample is sent")
+}
+
+// TestTelemeterSenderMaxAgeDefault: unset, MaxAge is telemeter-client's
+// 24 hours, not "no limit".
+func TestTelemeterSenderMaxAgeDefault(t *testing.T) {
+	require.Equal(t, 24*time.Hour, NewTelemeterSender("", nil, nil, TelemeterSenderOptions{}).opts.MaxAge)
+	require.Equal(t, time.Duration(-1), NewTelemeterSender("", nil, nil, TelemeterSenderOptions{MaxAge: -1}).opts.MaxAge)
 }

@@ -7,13 +7,16 @@ import (
 	"encoding/pem"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -218,17 +221,10 @@ func TestTelemeterFlagProblemsExit2(t *testing.T) {
 // and a telemeter-server stand-in. The working directory is not writable, as
 // in the telemeter-client image, so the queue goes to the temporary directory.
 func TestCMODeploymentDeliversToTelemeterServer(t *testing.T) {
-	fixture := mustRead(t, "../../bench/testdata/federate-sample.prom")
-	fixtureTS := map[int64]bool{}
-	for _, line := range strings.Split(string(fixture), "\n") {
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		fields := strings.Fields(line)
-		ts, err := strconv.ParseInt(fields[len(fields)-1], 10, 64)
-		require.NoError(t, err)
-		fixtureTS[ts] = true
-	}
+	// The fixture's samples moved to the last minute, as a cluster's
+	// Prometheus federates them: telemeter-server, and so the forwarder,
+	// take none older than a day.
+	fixture, fixtureTS := recentFixture(t, mustRead(t, "../../bench/testdata/federate-sample.prom"), time.Now().Add(-time.Minute))
 	prom := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/federate" || r.Header.Get("Authorization") != "Bearer from-token" {
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
@@ -245,6 +241,7 @@ func TestCMODeploymentDeliversToTelemeterServer(t *testing.T) {
 	prom.StartTLS()
 	defer prom.Close()
 	telemeter := telemetertest.NewServer("fleet-token")
+	telemeter.MaxAge = forward.DefaultTelemeterMaxAge // telemeter-server's
 	defer telemeter.Close()
 
 	files := newCMOFiles(t)
@@ -294,4 +291,27 @@ func TestCMODeploymentDeliversToTelemeterServer(t *testing.T) {
 	require.DirExists(t, filepath.Join(tmp, "phonehome-forwarder-queue"))
 	require.NotContains(t, log, "fleet-token")
 	require.NotContains(t, log, testSalt)
+}
+
+// recentFixture shifts the timestamps of a text-format fixture so that its
+// newest sample is at newest, and returns it with the set of its timestamps.
+func recentFixture(t *testing.T, fixture []byte, newest time.Time) ([]byte, map[int64]bool) {
+	t.Helper()
+	lines := strings.Split(string(fixture), "\n")
+	ts := map[int]int64{} // by line: the sample's timestamp, the line's last field
+	for i, line := range lines {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		v, err := strconv.ParseInt(line[strings.LastIndexByte(line, ' ')+1:], 10, 64)
+		require.NoError(t, err)
+		ts[i] = v
+	}
+	shift := newest.UnixMilli() - slices.Max(slices.Collect(maps.Values(ts)))
+	shifted := map[int64]bool{}
+	for i, v := range ts {
+		lines[i] = lines[i][:strings.LastIndexByte(lines[i], ' ')+1] + strconv.FormatInt(v+shift, 10)
+		shifted[v+shift] = true
+	}
+	return []byte(strings.Join(lines, "\n")), shifted
 }
