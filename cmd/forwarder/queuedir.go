@@ -23,11 +23,8 @@ func usableQueueDir(logger *slog.Logger, dir, fallback string) (string, error) {
 	if err == nil {
 		return dir, nil
 	}
-	ferr := checkWritable(fallback)
-	if ferr == nil {
-		ferr = checkPrivate(fallback)
-	}
-	if ferr != nil {
+	// Private first: no probe file goes into another user's directory.
+	if ferr := checkWritable(fallback, checkPrivate); ferr != nil {
 		return "", fmt.Errorf("no writable queue directory (set --queue.dir to a writable volume): %w; %w", err, ferr)
 	}
 	logger.Warn("default --queue.dir is not writable, queueing in the temporary directory (set --queue.dir to a volume to keep the queue across restarts)",
@@ -35,12 +32,18 @@ func usableQueueDir(logger *slog.Logger, dir, fallback string) (string, error) {
 	return fallback, nil
 }
 
-// checkWritable creates dir if needed, then creates and removes a file in
-// it: an existing directory (a read-only volume, another user's) can pass
-// MkdirAll and still refuse the queue's files.
-func checkWritable(dir string) error {
+// checkWritable creates dir if needed, runs the checks of first on it, then
+// creates and removes a file in it: an existing directory (a read-only
+// volume, another user's) can pass MkdirAll and still refuse the queue's
+// files.
+func checkWritable(dir string, first ...func(string) error) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("queue dir %s: %w", dir, err)
+	}
+	for _, check := range first {
+		if err := check(dir); err != nil {
+			return err
+		}
 	}
 	f, err := os.CreateTemp(dir, ".write-probe-*")
 	if err != nil {
