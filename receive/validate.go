@@ -11,6 +11,7 @@ import (
 
 	"github.com/phonehome/phonehome/auth"
 	"github.com/phonehome/phonehome/limits"
+	"github.com/phonehome/phonehome/relabel"
 )
 
 // Reasons a series or its samples are rejected; the label values of
@@ -40,7 +41,7 @@ var allReasons = []string{
 }
 
 // clusterLabel is the label that carries a cluster's pseudonymous id.
-const clusterLabel = "_id"
+const clusterLabel = relabel.IDLabel
 
 // seriesError explains why one series was refused.
 type seriesError struct {
@@ -173,22 +174,19 @@ func bindExemplars(exemplars []prompb.Exemplar, id auth.Identity, overwriteID bo
 	return nil
 }
 
-// minRawIDInValue is the shortest raw id replaced inside label values, as
-// the forwarder's scrubbing: a shorter one (a test cluster's "c1") is too
-// common a string to be told from other text, and is replaced only where
-// it is the whole _id.
-const minRawIDInValue = 4
-
 // replaceRawID replaces the raw cluster id in ls with its pseudonym: an _id
 // equal to it, and, as the forwarder does (defence in depth), the raw id
 // inside any label value (a console URL, a label of the cluster's own
-// naming), so that it reaches neither the WAL nor the status page.
+// naming), so that it reaches neither the WAL nor the status page. A raw id
+// shorter than the forwarder's relabel.MinScrubLen (a test cluster's "c1")
+// is too common a string to be told from other text, and is replaced only
+// where it is the whole _id.
 func replaceRawID(ls []prompb.Label, raw, pseudonym string) {
 	for i := range ls {
 		switch v := ls[i].Value; {
 		case v == raw && ls[i].Name == clusterLabel:
 			ls[i].Value = pseudonym
-		case len(raw) >= minRawIDInValue && strings.Contains(v, raw):
+		case len(raw) >= relabel.MinScrubLen && strings.Contains(v, raw):
 			ls[i].Value = strings.ReplaceAll(v, raw, pseudonym)
 		}
 	}

@@ -204,15 +204,16 @@ func (r *Rules) Apply(lb *labels.Builder) bool {
 	return lb.Get(model.MetricNameLabel) != ""
 }
 
-// minScrubLen keeps scrubbing from rewriting unrelated values: a raw value
+// MinScrubLen keeps scrubbing from rewriting unrelated values: a raw value
 // this short (e.g. "1") is too common to be an identity worth hiding inside
-// other labels, while its own label is still hashed.
-const minScrubLen = 4
+// other labels, while its own label is still hashed. The receiver replaces
+// a raw cluster id inside label values from the same length.
+const MinScrubLen = 4
 
 // scrub replaces raw inside every label value of lb with hashed
 // (defence in depth: e.g. instance="host-a:9100" when host is anonymized).
 func scrub(lb *labels.Builder, raw, hashed string) {
-	if len(raw) < minScrubLen {
+	if len(raw) < MinScrubLen {
 		return
 	}
 	var leaks []labels.Label
