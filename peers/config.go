@@ -166,15 +166,14 @@ func parseEndpoint(s string) (endpoint, error) {
 
 // readToken reads a one-line secret.
 func readToken(path string) (string, error) {
-	b, err := os.ReadFile(path)
+	toks, err := readTokens(path)
 	if err != nil {
 		return "", err
 	}
-	tok := strings.TrimSpace(string(b))
-	if tok == "" || strings.ContainsAny(tok, " \t\r\n") {
-		return "", fmt.Errorf("%s: want one token on one line", path)
+	if len(toks) != 1 {
+		return "", fmt.Errorf("%s: want one token, found %d lines of them", path, len(toks))
 	}
-	return tok, nil
+	return toks[0], nil
 }
 
 // readTokens reads a file of one or more tokens, one per line (blank lines
