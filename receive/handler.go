@@ -208,7 +208,10 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rt route) {
 	}
 	var rl *rateLimitedError
 	switch {
-	case code >= 500 && !errors.As(err, &rl): // a limit answered 503 (telemeterRetryable) is no fault
+	case code >= 500 && !errors.As(err, &rl) && !errors.Is(err, storage.ErrNotReady):
+		// A limit answered 503 (telemeterRetryable), a start or stop, and
+		// an overload (counted in overloaded_requests) are no fault: one
+		// error line per refused write would flood the log under load.
 		h.logger.Error("write failed", "code", code, "err", err)
 	default:
 		h.logger.Debug("write rejected", "code", code, "err", err)

@@ -1,7 +1,9 @@
 package receive
 
 import (
+	"bytes"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -22,7 +24,8 @@ import (
 func TestHandlerMaxInflightBytes(t *testing.T) {
 	w := &blockingWriter{entered: make(chan struct{}, 2), release: make(chan struct{}, 2)}
 	reg := prometheus.NewRegistry()
-	h := NewHandler(discard(), reg, w, newLimiter(nil), Options{MaxInflightBytes: 1 << 20})
+	var log bytes.Buffer
+	h := NewHandler(slog.New(slog.NewTextHandler(&log, nil)), reg, w, newLimiter(nil), Options{MaxInflightBytes: 1 << 20})
 	require.Equal(t, 5*time.Second, h.bytes.wait, "a write waits up to 5s (--receive.max-inflight-bytes' help, the README)")
 	h.bytes.wait = time.Millisecond // not the 5s a write waits in production
 	serve := func(c string) *httptest.ResponseRecorder {
@@ -44,6 +47,7 @@ func TestHandlerMaxInflightBytes(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(h.metrics.overloaded.WithLabelValues(limitBytes)))
 	require.Zero(t, testutil.ToFloat64(h.metrics.overloaded.WithLabelValues(limitRequests)))
 	require.Equal(t, held, h.bytes.used.Load(), "a refused request returns what it reserved")
+	require.NotContains(t, log.String(), "level=ERROR", "an overload is counted, not logged as a failure per write")
 
 	w.release <- struct{}{}
 	require.Equal(t, http.StatusNoContent, within(t, codes))
