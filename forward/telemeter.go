@@ -196,8 +196,7 @@ func (s *TelemeterSender) Send(ctx context.Context, req *prompb.WriteRequest) er
 		if err := s.pacer.wait(ctx); err != nil {
 			return fmt.Errorf("telemeter upload: %w", err)
 		}
-		start := time.Now()
-		err = s.pacer.answered(start, s.post(ctx, body, g.token))
+		err = s.pacer.answered(s.post(ctx, body, g.token))
 		var he *HTTPError
 		if !errors.As(err, &he) || he.Code != http.StatusUnauthorized {
 			return err

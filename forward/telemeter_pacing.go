@@ -48,20 +48,23 @@ func (p *uploadPacer) remaining() time.Duration {
 	return p.last.Add(p.window).Sub(p.now())
 }
 
-// answered records the outcome of an upload that started at start and
-// returns err, with the wait until the window ends as the Retry-After of a
-// 429 of telemeter-server's limiter. Calls of wait and answered are meant
+// answered records the outcome of an upload, just answered, and returns
+// err, with the wait until the window ends as the Retry-After of a 429 of
+// telemeter-server's limiter. An upload counts from its answer, not from
+// when it was sent: the server's limiter counted it at its arrival, in
+// between, so a window measured from the send would end early by the
+// network's latency, and the next upload be refused. Calls of wait and answered are meant
 // to come from one upload at a time (the forwarder's send loop). The limiter counts every upload it
 // lets through, whatever comes after it; it sits behind authentication, so
 // a 401 does not count, and its own 429 does not either.
-func (p *uploadPacer) answered(start time.Time, err error) error {
+func (p *uploadPacer) answered(err error) error {
 	if p.window <= 0 {
 		return err
 	}
 	var he *HTTPError
 	if !errors.As(err, &he) { // success, or no answer at all
 		if err == nil {
-			p.counted(start)
+			p.counted(p.now())
 		}
 		return err
 	}
@@ -69,7 +72,7 @@ func (p *uploadPacer) answered(start time.Time, err error) error {
 	case he.Code == http.StatusUnauthorized:
 		return err
 	case he.Code != http.StatusTooManyRequests:
-		p.counted(start)
+		p.counted(p.now())
 		return err
 	}
 	var re RetryableError
@@ -89,10 +92,10 @@ func (p *uploadPacer) answered(start time.Time, err error) error {
 	return RetryableError{Err: err, RetryAfter: after}
 }
 
-func (p *uploadPacer) counted(start time.Time) {
+func (p *uploadPacer) counted(at time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if start.After(p.last) {
-		p.last = start
+	if at.After(p.last) {
+		p.last = at
 	}
 }

@@ -88,7 +88,7 @@ func TestUploadPacerAnswers(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := &uploadPacer{window: time.Minute, now: func() time.Time { return now }}
 			p.counted(now.Add(-10 * time.Second))
-			err := p.answered(now, tc.err)
+			err := p.answered(tc.err)
 			require.Equal(t, tc.limited, p.remaining() > 0, "remaining %s", p.remaining())
 			var re RetryableError
 			if tc.limited {
@@ -107,9 +107,48 @@ func TestUploadPacerAnswers(t *testing.T) {
 func TestTelemeterSenderRateLimitDefault(t *testing.T) {
 	require.Equal(t, 4*time.Minute+30*time.Second, NewTelemeterSender("", nil, nil, TelemeterSenderOptions{}).pacer.window)
 	p := NewTelemeterSender("", nil, nil, TelemeterSenderOptions{RateLimit: -1}).pacer
-	err := p.answered(time.Now(), RetryableError{Err: &HTTPError{Code: http.StatusTooManyRequests}})
+	err := p.answered(RetryableError{Err: &HTTPError{Code: http.StatusTooManyRequests}})
 	var re RetryableError
 	require.ErrorAs(t, err, &re)
 	require.Zero(t, re.RetryAfter, "no window to wait out")
 	require.Zero(t, p.remaining())
+}
+
+// latency delays every request by d on its way to the server, as a network
+// does between the sender's send and the server's limiter.
+type latency struct {
+	d    time.Duration
+	next http.RoundTripper
+}
+
+func (l latency) RoundTrip(req *http.Request) (*http.Response, error) {
+	select {
+	case <-time.After(l.d):
+	case <-req.Context().Done():
+		return nil, req.Context().Err()
+	}
+	return l.next.RoundTrip(req)
+}
+
+// TestTelemeterSenderPacesFromTheAnswer: the server's limiter counts an
+// upload when it arrives, after it was sent; the window is waited out from
+// the answer, so the next upload does not arrive early by the latency and
+// get refused.
+func TestTelemeterSenderPacesFromTheAnswer(t *testing.T) {
+	const window = time.Second
+	srv := telemetertest.NewServer("fleet")
+	defer srv.Close()
+	srv.RateLimit = window
+	a, _ := newTelemeterPair(t, srv, nil)
+	slow := &http.Client{Transport: latency{d: 200 * time.Millisecond, next: srv.Client().Transport}}
+	s := NewTelemeterSender(srv.URL+"/upload", slow, a, TelemeterSenderOptions{RateLimit: window})
+	ctx := context.Background()
+	now := time.Now().UnixMilli()
+	require.NoError(t, s.Send(ctx, telemeterBatch(now)))
+	var re RetryableError
+	require.ErrorAs(t, s.Send(ctx, telemeterBatch(now)), &re, "the limiter shows itself")
+	for range 2 {
+		require.NoError(t, s.Send(ctx, telemeterBatch(now)), "paced, never refused again")
+	}
+	require.Len(t, srv.Rejections(), 1, "%v", srv.Rejections())
 }
