@@ -47,6 +47,16 @@ func (f TokenFile) Token(context.Context) (string, error) {
 	return strings.TrimSpace(string(b)), nil
 }
 
+// telemeterServer reports whether the fleet endpoint is a stock
+// telemeter-server, as its last /authorize answer said (false before the
+// first answer and in direct mode). Such a server stores every upload at
+// the time it arrives (see StoresAtArrival).
+func (a *Authorizer) telemeterServer() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.fromTelemeterServer && !a.direct
+}
+
 // Rejected implements Credentials: a static token does not change by asking again.
 func (TokenFile) Rejected(string) bool { return false }
 
@@ -141,6 +151,9 @@ type Authorizer struct {
 	mu     sync.Mutex
 	cur    *credential
 	direct bool // auto mode found no /authorize: the fleet token is used directly
+	// fromTelemeterServer: the last answer to /authorize came from a stock
+	// telemeter-server (kept while its credential is renewed or replaced).
+	fromTelemeterServer bool
 	// notBefore is when the receiver's last Retry-After on /authorize ends:
 	// until then no exchange is attempted, by Run or by the write path.
 	notBefore time.Time
@@ -325,7 +338,7 @@ func (a *Authorizer) exchange(ctx context.Context) error {
 		result = "not_found"
 		a.mu.Lock()
 		first := !a.direct
-		a.direct, a.cur = true, nil
+		a.direct, a.cur, a.fromTelemeterServer = true, nil, false
 		a.mu.Unlock()
 		if first {
 			a.logger.Info("the receiver has no /authorize endpoint, using the token directly", "status", code)
@@ -390,7 +403,7 @@ func (a *Authorizer) exchange(ctx context.Context) error {
 		renewAt: start.Add(time.Duration(frac * float64(life))),
 	}
 	a.mu.Lock()
-	a.cur, a.direct = c, false
+	a.cur, a.direct, a.fromTelemeterServer = c, false, telemeter
 	a.mu.Unlock()
 	a.expiry.Set(float64(start.Add(life).Unix()))
 	result = "success"

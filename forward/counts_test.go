@@ -42,11 +42,11 @@ func TestRecordEvictedWhileSentIsCountedOnce(t *testing.T) {
 	q, body := evictingQueue(t)
 	s := &gatedSender{entered: make(chan struct{}, 1), answer: make(chan error, 1)}
 	f := New(discardLogger(), nil, nil, Policy{}, q, s, Options{})
-	p, pos, _, ok, err := q.Peek()
+	p, pos, queuedAt, ok, err := q.Peek()
 	require.NoError(t, err)
 	require.True(t, ok)
 	done := make(chan struct{})
-	go func() { f.deliver(context.Background(), p, pos); close(done) }()
+	go func() { f.deliver(context.Background(), p, pos, queuedAt); close(done) }()
 	<-s.entered
 	require.NoError(t, q.Append(encodePayloadV2(5, body)))
 	require.False(t, q.Pending(pos), "the record in flight was evicted")
@@ -69,10 +69,10 @@ func TestRecordEvictedWhileRetriedIsDroppedOnce(t *testing.T) {
 		return q.Append(encodePayloadV2(5, body)) // the outage goes on; the queue fills
 	}
 	f := New(discardLogger(), nil, nil, Policy{}, q, s, Options{sleep: sleep})
-	p, pos, _, _, err := q.Peek()
+	p, pos, queuedAt, _, err := q.Peek()
 	require.NoError(t, err)
 	s.answer <- RetryableError{Err: errors.New("503")}
-	f.deliver(context.Background(), p, pos)
+	f.deliver(context.Background(), p, pos, queuedAt)
 	<-s.entered
 	require.Equal(t, 10.0, testutil.ToFloat64(f.m.dropped.WithLabelValues(ReasonQueueFull)))
 	require.Zero(t, testutil.ToFloat64(f.m.sent))
@@ -108,7 +108,7 @@ func TestRecordEvictedBeforeDeliveryIsNotSent(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.NoError(t, q.Append(encodePayloadV2(5, body))) // a cycle evicts it now
-	f.deliver(context.Background(), p, pos)
+	f.deliver(context.Background(), p, pos, time.Time{})
 	require.Empty(t, s.entered, "an evicted record was sent")
 	require.Zero(t, testutil.ToFloat64(f.m.sent))
 	require.Equal(t, 10.0, testutil.ToFloat64(f.m.dropped.WithLabelValues(ReasonQueueFull)))
@@ -136,7 +136,7 @@ func TestRejectedRequestCountsWhatWasWritten(t *testing.T) {
 	p, pos, _, ok, err := q.Peek()
 	require.NoError(t, err)
 	require.True(t, ok)
-	f.deliver(context.Background(), p, pos)
+	f.deliver(context.Background(), p, pos, time.Time{})
 	require.Equal(t, 6.0, testutil.ToFloat64(f.m.sent))
 	require.Equal(t, 4.0, testutil.ToFloat64(f.m.dropped.WithLabelValues(ReasonHTTP4xx)))
 	records, _ := q.Len()

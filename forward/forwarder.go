@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -43,6 +44,7 @@ const (
 	ReasonInvalid        = "invalid"          // dropped: a request could not be encoded or converted; a queued record could not be decoded
 	ReasonCorrupt        = "corrupt"          // dropped record: unreadable on disk (torn write, disk fault)
 	ReasonPartialWrite   = "partial_write"    // dropped: a 2xx whose written counts are below what was sent
+	ReasonSuperseded     = "superseded"       // dropped: a queued cycle a later one replaces, for a server that stores uploads at their arrival (snapshots)
 )
 
 // Policy is what may leave the cluster and how it is rewritten. Allow and
@@ -414,6 +416,10 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 	}
 	cache := sc.cache
 	cache.begin(pol)
+	perRequest := f.opts.MaxSamplesPerRequest
+	if f.snapshots() {
+		perRequest = math.MaxInt // one upload per cycle (arrivalStamper)
+	}
 	var (
 		batch               = sc.batch[:0]
 		records             [][]byte
@@ -524,7 +530,7 @@ func (f *Forwarder) Collect(ctx context.Context) (err error) {
 			ts.Samples = sampleArena[len(sampleArena)-1 : len(sampleArena) : len(sampleArena)]
 		}
 		batch = append(batch, ts)
-		if len(batch) >= f.opts.MaxSamplesPerRequest {
+		if len(batch) >= perRequest {
 			flush()
 		}
 		return nil
@@ -692,7 +698,7 @@ func (f *Forwarder) enqueue(records [][]byte, samples []int) error {
 func (f *Forwarder) sendLoop(ctx context.Context, draining <-chan struct{}) {
 	failures := 0
 	for ctx.Err() == nil {
-		p, pos, _, ok, err := f.q.Peek()
+		p, pos, t, ok, err := f.q.Peek()
 		if errors.Is(err, ErrQueueClosed) {
 			return
 		}
@@ -723,13 +729,14 @@ func (f *Forwarder) sendLoop(ctx context.Context, draining <-chan struct{}) {
 				return
 			}
 		}
-		f.deliver(ctx, p, pos)
+		f.deliver(ctx, p, pos, t)
 	}
 }
 
-// deliver sends one queued record, retrying until it is accepted, rejected,
-// evicted from the queue, or ctx ends (then it stays queued).
-func (f *Forwarder) deliver(ctx context.Context, payload []byte, pos Position) {
+// deliver sends one queued record, queued at t, retrying until it is
+// accepted, rejected, evicted from the queue, superseded (snapshots), or ctx
+// ends (then it stays queued).
+func (f *Forwarder) deliver(ctx context.Context, payload []byte, pos Position, t time.Time) {
 	rec, err := decodePayload(payload)
 	if err != nil {
 		if err := f.q.dropInvalid(pos, err); err != nil { // its samples are unknown
@@ -749,6 +756,11 @@ func (f *Forwarder) deliver(ctx context.Context, payload []byte, pos Position) {
 		return
 	}
 	for attempt := 0; ; attempt++ {
+		if f.superseded(t) {
+			f.dropSuperseded(pos, n)
+			counted = true
+			return
+		}
 		start := time.Now()
 		w, err := f.send(ctx, rec)
 		f.m.sendDuration.Observe(time.Since(start).Seconds())

@@ -260,9 +260,7 @@ func newHarnessWith(t *testing.T, promURL string, recv *fakeReceiver, dir string
 // deliverAll runs the send loop until the queue is empty.
 func (h *harness) deliverAll(t *testing.T) {
 	t.Helper()
-	draining := make(chan struct{})
-	close(draining)
-	h.f.sendLoop(context.Background(), draining)
+	sendQueued(h.f)
 	n, _ := h.q.Len()
 	require.Equal(t, 0, n)
 }

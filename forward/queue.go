@@ -656,6 +656,17 @@ func (q *Queue) ackLocked(pos Position) error {
 	return q.writeCursor()
 }
 
+// Newest returns the time the newest unacknowledged record was queued, or
+// ok=false if the queue is empty.
+func (q *Queue) Newest() (t time.Time, ok bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.records) == 0 {
+		return time.Time{}, false
+	}
+	return q.records[len(q.records)-1].t, true
+}
+
 // Len returns the number of unacknowledged records and the bytes of the segment files.
 func (q *Queue) Len() (records int, bytes int64) {
 	q.mu.Lock()

@@ -175,7 +175,7 @@ func TestUndecodableRecordIsCountedOnce(t *testing.T) {
 		p, pos, _, ok, err := q.Peek()
 		require.NoError(t, err)
 		require.True(t, ok)
-		f.deliver(context.Background(), p, pos)
+		f.deliver(context.Background(), p, pos, time.Time{})
 		require.Equal(t, 1.0, droppedRecords(q, ReasonInvalid))
 		require.Zero(t, testutil.ToFloat64(f.m.dropped.WithLabelValues(ReasonInvalid)), "no sample count is made up")
 		n, _ := q.Len()
@@ -190,7 +190,7 @@ func TestUndecodableRecordIsCountedOnce(t *testing.T) {
 		require.True(t, ok)
 		require.NoError(t, q.Append(encodePayloadV2(5, make([]byte, 40<<10)))) // evicts it
 		require.Equal(t, 1.0, droppedRecords(q, ReasonInvalid))
-		f.deliver(context.Background(), p, pos)
+		f.deliver(context.Background(), p, pos, time.Time{})
 		require.Equal(t, 1.0, droppedRecords(q, ReasonInvalid))
 		n, _ := q.Len()
 		require.Equal(t, 1, n, "the newer record stays queued")

@@ -208,6 +208,11 @@ func (s *TelemeterSender) Send(ctx context.Context, req *prompb.WriteRequest) er
 	}
 }
 
+// StoresAtArrival implements arrivalStamper: a stock telemeter-server
+// stores every upload at the time it arrives (its OverwriteTimestamps);
+// our receiver keeps the samples' own timestamps (HeaderTimestamps).
+func (s *TelemeterSender) StoresAtArrival() bool { return s.auth.telemeterServer() }
+
 func (s *TelemeterSender) post(ctx context.Context, body []byte, token string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
@@ -394,6 +399,12 @@ func (s *ProtocolSender) noWriteEndpoint(direct bool, err error) error {
 	}
 	s.opts.Authorizer.reprobe()
 	return RetryableError{Err: fmt.Errorf("no /authorize and no remote-write endpoint at the fleet endpoint, asking /authorize again: %w", err)}
+}
+
+// StoresAtArrival implements arrivalStamper: true while batches go to a
+// stock telemeter-server with the telemeter upload.
+func (s *ProtocolSender) StoresAtArrival() bool {
+	return s.opts.Protocol != ProtocolRemoteWrite && s.opts.Telemeter != nil && s.opts.Telemeter.StoresAtArrival()
 }
 
 // SendRecord implements RecordSender.

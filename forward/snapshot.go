@@ -1,0 +1,51 @@
+package forward
+
+import "time"
+
+// arrivalStamper is a Sender whose server stores a delivery at the time it
+// arrives, not at its samples' own timestamps: a stock telemeter-server
+// overwrites every timestamp of an upload with its clock. To such a server
+// a cycle is a snapshot of "now", as telemeter-client treats it, and the
+// forwarder delivers it so (snapshots):
+//   - a cycle is queued as one record, so it is one upload, as
+//     telemeter-client's is: the server takes one upload per cluster per
+//     4m30s, and a cycle split in several would be delivered over several
+//     windows, its later parts by then superseded;
+//   - a queued cycle that a later cycle follows is dropped (superseded)
+//     instead of sent: delivered late, it would be stored as current
+//     although it is not, and at one upload per cycle a backlog would
+//     never shrink.
+type arrivalStamper interface {
+	StoresAtArrival() bool
+}
+
+// snapshots reports whether deliveries go to a server that stores them at
+// their arrival (arrivalStamper).
+func (f *Forwarder) snapshots() bool {
+	s, ok := f.sender.(arrivalStamper)
+	return ok && s.StoresAtArrival()
+}
+
+// superseded reports whether the queued record taken at t is a snapshot
+// that a later cycle's record replaces. Records of one cycle are queued
+// within moments of each other, cycles at least Interval×(1-Jitter) apart.
+func (f *Forwarder) superseded(t time.Time) bool {
+	if !f.snapshots() {
+		return false
+	}
+	newest, ok := f.q.Newest()
+	return ok && newest.Sub(t) >= f.opts.Interval/2
+}
+
+// dropSuperseded acknowledges a superseded record without sending it.
+func (f *Forwarder) dropSuperseded(pos Position, samples int) {
+	f.m.dropped.WithLabelValues(ReasonSuperseded).Add(float64(samples))
+	f.logCapOnce(ReasonSuperseded, "a later cycle is queued and the telemeter-server stores an upload at the time it arrives: delivering the latest cycle, dropping the older ones")
+	f.ack(pos)
+}
+
+// The senders the forwarder binary uses say when they deliver snapshots.
+var (
+	_ arrivalStamper = (*ProtocolSender)(nil)
+	_ arrivalStamper = (*TelemeterSender)(nil)
+)

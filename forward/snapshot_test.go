@@ -1,0 +1,225 @@
+package forward
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/prometheus/prompb"
+	"github.com/stretchr/testify/require"
+
+	"github.com/phonehome/phonehome/forward/telemetertest"
+)
+
+// cycleRecord is a queue payload of one cycle whose samples all hold value v.
+func cycleRecord(t *testing.T, v float64) []byte {
+	t.Helper()
+	req := telemeterBatch(time.Now().UnixMilli())
+	for i := range req.Timeseries {
+		for j := range req.Timeseries[i].Samples {
+			req.Timeseries[i].Samples[j].Value = v
+		}
+	}
+	body, err := EncodeWriteRequest(req)
+	require.NoError(t, err)
+	return encodePayload(countSamples(req), body)
+}
+
+// steppingClock is a queue clock that the test moves by whole intervals.
+type steppingClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *steppingClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *steppingClock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// snapshotForwarder is a forwarder with an empty queue on clock that
+// uploads to a stock telemeter-server stand-in, its credential obtained (as
+// Authorizer.Run does at start).
+func snapshotForwarder(t *testing.T, srv *telemetertest.Server, clock *steppingClock, opts Options) *Forwarder {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	q, err := OpenQueue(t.TempDir(), discardLogger(), reg, QueueOptions{Now: clock.now})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	a, s := newTelemeterPair(t, srv, reg)
+	_, err = a.Token(context.Background())
+	require.NoError(t, err)
+	require.True(t, s.StoresAtArrival())
+	opts.Interval = time.Minute
+	return New(discardLogger(), reg, nil, Policy{}, q, s, opts)
+}
+
+// uploadedValues are the distinct sample values a telemeter stand-in took.
+func uploadedValues(srv *telemetertest.Server) map[float64]int {
+	out := map[float64]int{}
+	for _, mf := range srv.Families() {
+		for _, m := range mf.GetMetric() {
+			out[m.GetUntyped().GetValue()]++
+		}
+	}
+	return out
+}
+
+// sendQueued runs f's send loop until its queue is empty.
+func sendQueued(f *Forwarder) {
+	draining := make(chan struct{})
+	close(draining)
+	f.sendLoop(context.Background(), draining)
+}
+
+// A stock telemeter-server stores every upload at the time it arrives:
+// after an outage, a backlog replayed in order would be stored as current
+// one stale cycle after another, at one upload per window, and never
+// shrink. The forwarder delivers the latest cycle and drops the older ones,
+// as telemeter-client, which uploads only its latest snapshot.
+func TestStockTelemeterServerGetsTheLatestCycleOfABacklog(t *testing.T) {
+	srv := telemetertest.NewServer("fleet")
+	defer srv.Close()
+	clock := &steppingClock{t: time.Now()}
+	f := snapshotForwarder(t, srv, clock, Options{})
+	for _, v := range []float64{1, 2, 3} { // three cycles queued during an outage
+		require.NoError(t, f.q.Append(cycleRecord(t, v)))
+		clock.add(time.Minute)
+	}
+
+	sendQueued(f)
+	require.Equal(t, 1, srv.Uploads(), "one upload: the latest cycle")
+	require.Equal(t, map[float64]int{3: 4}, uploadedValues(srv))
+	require.Equal(t, 4.0, testutil.ToFloat64(f.m.sent))
+	require.Equal(t, 8.0, testutil.ToFloat64(f.m.dropped.WithLabelValues(ReasonSuperseded)))
+	n, _ := f.q.Len()
+	require.Zero(t, n)
+}
+
+// A cycle that fails and is retried is dropped when a later cycle has been
+// queued meanwhile: the retry sends the later one.
+func TestStockTelemeterServerRetryTakesTheLaterCycle(t *testing.T) {
+	srv := telemetertest.NewServer("fleet")
+	defer srv.Close()
+	srv.FailNext(http.StatusServiceUnavailable)
+	clock := &steppingClock{t: time.Now()}
+	var f *Forwarder
+	f = snapshotForwarder(t, srv, clock, Options{sleep: func(ctx context.Context, _ time.Duration) error {
+		clock.add(time.Minute) // the next cycle is collected during the backoff
+		return f.q.Append(cycleRecord(t, 2))
+	}})
+	require.NoError(t, f.q.Append(cycleRecord(t, 1)))
+
+	sendQueued(f)
+	require.Equal(t, 2, srv.Uploads(), "the refused upload, then the later cycle")
+	require.Equal(t, map[float64]int{2: 4}, uploadedValues(srv))
+	require.Equal(t, 4.0, testutil.ToFloat64(f.m.dropped.WithLabelValues(ReasonSuperseded)))
+	require.Equal(t, 4.0, testutil.ToFloat64(f.m.sent))
+}
+
+// Records queued within one cycle (a cycle split before the server was
+// known) are all delivered: none supersedes another.
+func TestStockTelemeterServerKeepsTheRecordsOfOneCycle(t *testing.T) {
+	srv := telemetertest.NewServer("fleet")
+	defer srv.Close()
+	clock := &steppingClock{t: time.Now()}
+	f := snapshotForwarder(t, srv, clock, Options{})
+	require.NoError(t, f.q.Append(cycleRecord(t, 1), cycleRecord(t, 2)))
+	clock.add(time.Minute / 4)
+	require.NoError(t, f.q.Append(cycleRecord(t, 3)))
+
+	sendQueued(f)
+	require.Equal(t, map[float64]int{1: 4, 2: 4, 3: 4}, uploadedValues(srv))
+	require.Zero(t, testutil.ToFloat64(f.m.dropped.WithLabelValues(ReasonSuperseded)))
+}
+
+// stampingSender is a Sender for a server that stores uploads at their
+// arrival; it records the requests.
+type stampingSender struct{ reqs []*prompb.WriteRequest }
+
+func (s *stampingSender) Send(_ context.Context, req *prompb.WriteRequest) error {
+	s.reqs = append(s.reqs, req)
+	return nil
+}
+
+func (*stampingSender) StoresAtArrival() bool { return true }
+
+// For such a server a cycle is queued as one record, so it goes as one
+// upload (as telemeter-client's does), whatever max_samples_per_request
+// says: the server takes one upload per window.
+func TestStockTelemeterServerCycleIsOneUpload(t *testing.T) {
+	prom := fakePrometheus(t, readFixture(t, "federate-sample.prom"), true)
+	pol := fixturePolicy(t)
+	q, err := OpenQueue(t.TempDir(), discardLogger(), nil, QueueOptions{})
+	require.NoError(t, err)
+	defer q.Close()
+	src := NewFederator(mustURL(t, prom.URL), http.DefaultClient, FederateOptions{Matches: pol.Allow.Selectors()})
+	s := &stampingSender{}
+	f := New(discardLogger(), nil, src, pol, q, s, Options{MaxSamplesPerRequest: 50})
+
+	require.NoError(t, f.Collect(context.Background()))
+	n, _ := q.Len()
+	require.Equal(t, 1, n, "224 samples in one record, not five of at most 50")
+	sendQueued(f)
+	require.Len(t, s.reqs, 1)
+	require.Equal(t, 224, countSamples(s.reqs[0]))
+}
+
+// Only an answer from a stock telemeter-server makes deliveries snapshots:
+// our receiver keeps the samples' timestamps on both paths, and nothing is
+// known before the first answer.
+func TestStoresAtArrivalFollowsTheAuthorizeAnswer(t *testing.T) {
+	stock := func(w http.ResponseWriter) {
+		_ = json.NewEncoder(w).Encode(map[string]any{
+			"version": 1, "token": "c", "expiresInSeconds": 3600, "labels": map[string]string{"_id": telemeterHashedID},
+		})
+	}
+	ours := func(w http.ResponseWriter) {
+		_ = json.NewEncoder(w).Encode(map[string]any{
+			"token": "c", "expires_in_seconds": 3600, "tenant": "t", "cluster_id": telemeterHashedID,
+			"version": 1, "expiresInSeconds": 3600, "labels": map[string]string{"_id": telemeterHashedID},
+		})
+	}
+	notFound := func(w http.ResponseWriter) { http.Error(w, "404 page not found", http.StatusNotFound) }
+	for _, tc := range []struct {
+		name     string
+		answer   func(w http.ResponseWriter)
+		protocol string
+		want     bool
+	}{
+		{"stock server, auto", stock, ProtocolAuto, true},
+		{"stock server, telemeter", stock, ProtocolTelemeter, true},
+		{"stock server, remote-write", stock, ProtocolRemoteWrite, false},
+		{"our receiver, auto", ours, ProtocolAuto, false},
+		{"our receiver, telemeter", ours, ProtocolTelemeter, false},
+		{"no /authorize", notFound, ProtocolAuto, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, srv := newFleetEndpoint(t, tc.answer)
+			base, _ := url.Parse(srv.URL)
+			a := NewAuthorizer(slog.New(slog.DiscardHandler), nil, base, srv.Client(), AuthorizerOptions{Token: "fleet", ClusterID: telemeterHashedID})
+			ps := NewProtocolSender(ProtocolSenderOptions{
+				Protocol: tc.protocol, Authorizer: a,
+				RemoteWrite: NewHTTPSender(base, srv.Client(), HTTPSenderOptions{Credentials: a}),
+				Telemeter:   NewTelemeterSender(srv.URL+"/upload", srv.Client(), a, TelemeterSenderOptions{}),
+			})
+			require.False(t, ps.StoresAtArrival(), "unknown before the first answer")
+			_, err := a.Token(context.Background())
+			require.NoError(t, err)
+			require.Equal(t, tc.want, ps.StoresAtArrival())
+		})
+	}
+}
