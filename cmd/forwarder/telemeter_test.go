@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -214,13 +215,22 @@ func TestTelemeterFlagProblemsExit2(t *testing.T) {
 	require.Contains(t, stderr.String(), `--to-protocol \"grpc\"`)
 }
 
-// TestCMODeploymentDeliversToTelemeterServer runs the forwarder with the
-// CMO-rendered arguments (unchanged but for the environment, a free port and
-// a shorter interval), against a
-// Prometheus that wants the client certificate and the service-account token,
-// and a telemeter-server stand-in. The working directory is not writable, as
-// in the telemeter-client image, so the queue goes to the temporary directory.
-func TestCMODeploymentDeliversToTelemeterServer(t *testing.T) {
+// cmoRun is the forwarder started with the CMO-rendered arguments
+// (unchanged but for the environment, a free port and extra), against a
+// Prometheus that wants the client certificate and the service-account
+// token, and a telemeter-server stand-in. The working directory is not
+// writable, as in the telemeter-client image, so the queue goes to the
+// temporary directory.
+type cmoRun struct {
+	s         *self
+	telemeter *telemetertest.Server
+	fixtureTS map[int64]bool // the timestamps Prometheus federates
+	tmp       string         // $TMPDIR
+}
+
+// startCMO starts a cmoRun; prepare, if set, readies the stand-in first.
+func startCMO(t *testing.T, prepare func(*telemetertest.Server), extra ...string) cmoRun {
+	t.Helper()
 	// The fixture's samples moved to the last minute, as a cluster's
 	// Prometheus federates them: telemeter-server, and so the forwarder,
 	// take none older than a day.
@@ -239,10 +249,13 @@ func TestCMODeploymentDeliversToTelemeterServer(t *testing.T) {
 	}))
 	prom.TLS = &tls.Config{ClientAuth: tls.RequireAnyClientCert, MinVersion: tls.VersionTLS12}
 	prom.StartTLS()
-	defer prom.Close()
+	t.Cleanup(prom.Close)
 	telemeter := telemetertest.NewServer("fleet-token")
 	telemeter.MaxAge = forward.DefaultTelemeterMaxAge // telemeter-server's
-	defer telemeter.Close()
+	t.Cleanup(telemeter.Close)
+	if prepare != nil {
+		prepare(telemeter)
+	}
 
 	files := newCMOFiles(t)
 	require.NoError(t, os.WriteFile(files.ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: prom.Certificate().Raw}), 0o600))
@@ -255,10 +268,19 @@ func TestCMODeploymentDeliversToTelemeterServer(t *testing.T) {
 	cwd := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(cwd, "data"), nil, 0o600)) // no data/queue here
 	tmp := t.TempDir()
+	s := startSelfIn(t, cwd, []string{"TMPDIR=" + tmp}, append(args, extra...)...)
+	return cmoRun{s: s, telemeter: telemeter, fixtureTS: fixtureTS, tmp: tmp}
+}
+
+// TestCMODeploymentDeliversToTelemeterServer: the CMO deployment's
+// arguments deliver a cycle to a telemeter-server, as telemeter-client
+// does, with only the hashed id.
+func TestCMODeploymentDeliversToTelemeterServer(t *testing.T) {
 	// The one addition: --interval=1m instead of the default 4m30s, so the
 	// randomly delayed first collection comes within 6s, and a second one
 	// not before 54s, after this test.
-	s := startSelfIn(t, cwd, []string{"TMPDIR=" + tmp}, append(args, "--interval=1m")...)
+	run := startCMO(t, nil, "--interval=1m")
+	s, telemeter := run.s, run.telemeter
 
 	eventually(t, func() bool { return telemeter.Samples() >= 224 }, "224 samples at the telemeter-server")
 	var metrics string
@@ -276,7 +298,7 @@ func TestCMODeploymentDeliversToTelemeterServer(t *testing.T) {
 	}
 	for _, mf := range telemeter.Families() {
 		for _, m := range mf.GetMetric() {
-			require.True(t, fixtureTS[m.GetTimestampMs()], "original timestamp kept: %d", m.GetTimestampMs())
+			require.True(t, run.fixtureTS[m.GetTimestampMs()], "original timestamp kept: %d", m.GetTimestampMs())
 			for _, l := range m.GetLabel() {
 				require.NotContains(t, l.GetValue(), rawClusterID)
 				if l.GetName() == "_id" {
@@ -288,9 +310,34 @@ func TestCMODeploymentDeliversToTelemeterServer(t *testing.T) {
 	log := s.log()
 	require.Contains(t, log, "queueing in the temporary directory")
 	require.Contains(t, log, `"protocol":"telemeter"`)
-	require.DirExists(t, filepath.Join(tmp, "phonehome-forwarder-queue"))
+	require.DirExists(t, filepath.Join(run.tmp, "phonehome-forwarder-queue"))
 	require.NotContains(t, log, "fleet-token")
 	require.NotContains(t, log, testSalt)
+}
+
+// TestCMODeploymentAfterATelemeterServerOutage: a stock telemeter-server
+// stores every upload as current, so after its outage the forwarder sends
+// the latest cycle, not the backlog, and a cycle in one upload although
+// send.max_samples_per_request is below its 224 samples.
+func TestCMODeploymentAfterATelemeterServerOutage(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "forwarder.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte("send: {max_samples_per_request: 50}\n"), 0o600))
+	outage := []int{http.StatusServiceUnavailable, http.StatusServiceUnavailable, http.StatusServiceUnavailable}
+	run := startCMO(t, func(ts *telemetertest.Server) { ts.FailNext(outage...) },
+		"--interval=1s", "--config.file="+cfg)
+	s, telemeter := run.s, run.telemeter
+
+	superseded := regexp.MustCompile(`phonehome_forward_dropped_samples_total\{reason="superseded"\} [1-9]`)
+	eventually(t, func() bool {
+		_, metrics := get(t, "http://"+s.addr+"/metrics")
+		return superseded.MatchString(metrics) && len(telemeter.UploadSizes()) >= 2
+	}, "cycles queued during the outage superseded, two uploads after it")
+	s.stop(t)
+
+	require.Len(t, telemeter.Rejections(), len(outage))
+	sizes := telemeter.UploadSizes()
+	require.Equal(t, 224, sizes[len(sizes)-1], "a cycle is one upload: %v", sizes)
+	require.Contains(t, s.log(), "delivering the latest cycle, dropping the older ones")
 }
 
 // recentFixture shifts the timestamps of a text-format fixture so that its

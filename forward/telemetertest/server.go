@@ -59,6 +59,7 @@ type Server struct {
 	uploads  int
 	fail     []int
 	families []*dto.MetricFamily
+	sizes    []int // metrics per accepted upload
 	rejected []string
 	nextByID map[string]time.Time // RateLimit: when an id may upload again
 }
@@ -106,6 +107,13 @@ func (s *Server) Families() []*dto.MetricFamily {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]*dto.MetricFamily(nil), s.families...)
+}
+
+// UploadSizes are the numbers of metrics of the accepted uploads, in order.
+func (s *Server) UploadSizes() []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]int(nil), s.sizes...)
 }
 
 // Rejections are the reasons of uploads answered 4xx/5xx, in order.
@@ -243,8 +251,13 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	n := 0
+	for _, mf := range families {
+		n += len(mf.GetMetric())
+	}
 	s.mu.Lock()
 	s.families = append(s.families, families...)
+	s.sizes = append(s.sizes, n)
 	s.mu.Unlock()
 	w.WriteHeader(http.StatusOK)
 }
