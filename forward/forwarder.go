@@ -756,6 +756,12 @@ func (f *Forwarder) deliver(ctx context.Context, payload []byte, pos Position, t
 		return
 	}
 	for attempt := 0; ; attempt++ {
+		if f.waitForWindow(ctx) != nil {
+			return // stopping: it stays queued
+		}
+		if !f.q.Pending(pos) { // evicted from a full queue while we waited
+			return
+		}
 		if f.superseded(t) {
 			f.dropSuperseded(pos, n)
 			counted = true

@@ -1,6 +1,9 @@
 package forward
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // arrivalStamper is a Sender whose server stores a delivery at the time it
 // arrives, not at its samples' own timestamps: a stock telemeter-server
@@ -17,6 +20,10 @@ import "time"
 //     never shrink.
 type arrivalStamper interface {
 	StoresAtArrival() bool
+	// WaitForWindow waits until the server takes the next upload (its
+	// per-cluster rate limit), or ctx ends: the record is chosen after the
+	// wait, so that a cycle queued meanwhile supersedes the one waiting.
+	WaitForWindow(ctx context.Context) error
 }
 
 // snapshots reports whether deliveries go to a server that stores them at
@@ -24,6 +31,15 @@ type arrivalStamper interface {
 func (f *Forwarder) snapshots() bool {
 	s, ok := f.sender.(arrivalStamper)
 	return ok && s.StoresAtArrival()
+}
+
+// waitForWindow waits until a server that stores uploads at their arrival
+// takes the next one (arrivalStamper); at once for other servers.
+func (f *Forwarder) waitForWindow(ctx context.Context) error {
+	if s, ok := f.sender.(arrivalStamper); ok && s.StoresAtArrival() {
+		return s.WaitForWindow(ctx)
+	}
+	return nil
 }
 
 // superseded reports whether the queued record taken at t is a snapshot

@@ -130,6 +130,37 @@ func TestStockTelemeterServerRetryTakesTheLaterCycle(t *testing.T) {
 	require.Equal(t, 4.0, testutil.ToFloat64(f.m.sent))
 }
 
+// The server takes one upload per window: a cycle waiting for it is
+// superseded by one queued meanwhile, so the upload at the window's end
+// carries the latest cycle, and the wait is not part of the send's duration.
+func TestStockTelemeterServerWindowWaitTakesTheLaterCycle(t *testing.T) {
+	srv := telemetertest.NewServer("fleet")
+	defer srv.Close()
+	clock := &steppingClock{t: time.Now()}
+	f := snapshotForwarder(t, srv, clock, Options{})
+	s := f.sender.(*TelemeterSender)
+	s.pacer.limited, s.pacer.last = true, time.Now() // the server has shown its limiter
+	waits := 0
+	s.pacer.sleep = func(context.Context, time.Duration) error {
+		waits++
+		clock.add(time.Minute) // the next cycle is collected while the upload waits
+		return f.q.Append(cycleRecord(t, 2))
+	}
+	require.NoError(t, f.q.Append(cycleRecord(t, 1)))
+
+	p, pos, queuedAt, ok, err := f.q.Peek()
+	require.NoError(t, err)
+	require.True(t, ok)
+	f.deliver(context.Background(), p, pos, queuedAt)
+	require.Equal(t, 1, waits)
+	require.Zero(t, srv.Uploads(), "the waiting cycle is superseded, not uploaded")
+	require.Equal(t, 4.0, testutil.ToFloat64(f.m.dropped.WithLabelValues(ReasonSuperseded)))
+
+	s.pacer.last = time.Time{} // the window has passed
+	sendQueued(f)
+	require.Equal(t, map[float64]int{2: 4}, uploadedValues(srv))
+}
+
 // Records queued within one cycle (a cycle split before the server was
 // known) are all delivered: none supersedes another.
 func TestStockTelemeterServerKeepsTheRecordsOfOneCycle(t *testing.T) {
@@ -156,6 +187,8 @@ func (s *stampingSender) Send(_ context.Context, req *prompb.WriteRequest) error
 }
 
 func (*stampingSender) StoresAtArrival() bool { return true }
+
+func (*stampingSender) WaitForWindow(context.Context) error { return nil }
 
 // For such a server a cycle is queued as one record, so it goes as one
 // upload (as telemeter-client's does), whatever max_samples_per_request

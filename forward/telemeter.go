@@ -213,6 +213,10 @@ func (s *TelemeterSender) Send(ctx context.Context, req *prompb.WriteRequest) er
 // our receiver keeps the samples' own timestamps (HeaderTimestamps).
 func (s *TelemeterSender) StoresAtArrival() bool { return s.auth.telemeterServer() }
 
+// WaitForWindow implements arrivalStamper: it waits, as Send would, until
+// the server's upload window lets the next upload through, or ctx ends.
+func (s *TelemeterSender) WaitForWindow(ctx context.Context) error { return s.pacer.wait(ctx) }
+
 func (s *TelemeterSender) post(ctx context.Context, body []byte, token string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
@@ -405,6 +409,14 @@ func (s *ProtocolSender) noWriteEndpoint(direct bool, err error) error {
 // stock telemeter-server with the telemeter upload.
 func (s *ProtocolSender) StoresAtArrival() bool {
 	return s.opts.Protocol != ProtocolRemoteWrite && s.opts.Telemeter != nil && s.opts.Telemeter.StoresAtArrival()
+}
+
+// WaitForWindow implements arrivalStamper.
+func (s *ProtocolSender) WaitForWindow(ctx context.Context) error {
+	if !s.StoresAtArrival() {
+		return nil
+	}
+	return s.opts.Telemeter.WaitForWindow(ctx)
 }
 
 // SendRecord implements RecordSender.

@@ -25,6 +25,7 @@ const DefaultTelemeterRateLimit = 4*time.Minute + 30*time.Second
 type uploadPacer struct {
 	window time.Duration // <= 0: never wait
 	now    func() time.Time
+	sleep  func(ctx context.Context, d time.Duration) error // nil: Sleep
 
 	mu      sync.Mutex
 	limited bool      // the server has shown its limiter
@@ -34,6 +35,9 @@ type uploadPacer struct {
 // wait blocks until an upload may go out, or ctx ends.
 func (p *uploadPacer) wait(ctx context.Context) error {
 	if d := p.remaining(); d > 0 {
+		if p.sleep != nil {
+			return p.sleep(ctx, d)
+		}
 		return Sleep(ctx, d)
 	}
 	return nil
