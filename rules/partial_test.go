@@ -403,7 +403,7 @@ func TestGracefulStopKeepsFiringAlertsThroughARestart(t *testing.T) {
 // TestAlertValidityDefaults: docs/rules.md's figures for the defaults (a 1m
 // evaluation interval and resend delay): a sent alert stays active in
 // Alertmanager for 4 minutes, one sent as the evaluator stops gracefully
-// for 9.
+// for 10.
 func TestAlertValidityDefaults(t *testing.T) {
 	evaluate := false // nothing to load: the defaults only
 	cfg := Config{Evaluate: &evaluate}
@@ -412,7 +412,7 @@ func TestAlertValidityDefaults(t *testing.T) {
 	require.NoError(t, err)
 	interval := time.Duration(cfg.EvaluationInterval)
 	require.Equal(t, 4*time.Minute, validity(interval, m.resendDelay))
-	require.Equal(t, 9*time.Minute, restartValidity(interval, m.resendDelay))
+	require.Equal(t, 10*time.Minute, restartValidity(interval, m.resendDelay))
 }
 
 // startFleetAlerts runs FleetComplete (firing while both clusters report)
