@@ -147,8 +147,8 @@ func (b *lockedBuffer) String() string {
 
 // startFleetRules runs a Manager with rules over reader, evaluated every
 // 50ms for tenant acme, sending alerts to the Alertmanager at amURL (if not
-// empty) with a resend delay of 200ms. It returns the manager, the store and
-// a stop func.
+// empty) with a resend delay of 200ms, and a partial `for` state read again
+// after 20ms. It returns the manager, the store and a stop func.
 func startFleetRules(t *testing.T, rules string, reader Reader, logs *lockedBuffer, amURL string) (*Manager, *historyStore, func()) {
 	t.Helper()
 	dir := t.TempDir()
@@ -163,6 +163,7 @@ func startFleetRules(t *testing.T, rules string, reader Reader, logs *lockedBuff
 	m, err := New(slog.New(slog.NewTextHandler(logs, nil)), nil, engine, store, cfg, Options{Reader: reader})
 	require.NoError(t, err)
 	m.resendDelay = 200 * time.Millisecond
+	m.restoreRetryWait = 20 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- m.Run(ctx) }()
@@ -237,7 +238,7 @@ func TestPartialDataSkipsEvaluation(t *testing.T) {
 	skipped := testutil.ToFloat64(m.metrics.partial)
 	require.GreaterOrEqual(t, skipped, 9.0)
 	// Logged by the group at Warn, once per skipped rule evaluation.
-	require.Equal(t, int(skipped), strings.Count(logs.String(), "partial data: peer 10.0.3.7:9291 unavailable"), logs.String())
+	require.Equal(t, int(skipped), strings.Count(logs.String(), "evaluation skipped: partial data: peer 10.0.3.7:9291 unavailable"), logs.String())
 	require.Contains(t, logs.String(), "level=WARN")
 }
 
