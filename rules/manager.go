@@ -387,7 +387,8 @@ func (m *Manager) newTenantRules(ctx context.Context, tenant string) *tenantRule
 	}
 	// Queries in the group context carry the tenant too, for any
 	// tenant-scoped Queryable a QueryFunc might reach.
-	restore := restoreQueryable{q: queryable, stop: ctx, retryWait: m.restoreRetryWait, partial: m.metrics.partialRestores}
+	active := &activeRules{}
+	restore := restoreQueryable{q: queryable, stop: ctx, retryWait: m.restoreRetryWait, partial: m.metrics.partialRestores, holdAlerts: active.holdAlerts}
 	ctx = auth.WithIdentity(context.WithoutCancel(ctx), auth.Identity{Tenant: tenant})
 	mgr := promrules.NewManager(&promrules.ManagerOptions{
 		ExternalURL:     m.externalURL(),
@@ -404,7 +405,7 @@ func (m *Manager) newTenantRules(ctx context.Context, tenant string) *tenantRule
 		Metrics:         m.groupMet, // shared: one registration, groups of all tenants
 		Parser:          m.parser,
 	})
-	return &tenantRules{Manager: mgr, iterate: resendSkipped(notify, m.resendDelay), notify: notify}
+	return &tenantRules{Manager: mgr, iterate: active.track(resendSkipped(notify, m.resendDelay)), notify: notify}
 }
 
 func (m *Manager) externalURL() *url.URL {

@@ -42,6 +42,9 @@ type restoreQueryable struct {
 	// later one, so a group's restore waits 3×retryWait at most.
 	retryWait time.Duration
 	partial   *prometheus.CounterVec // by result: retried, failed
+	// holdAlerts reports whether the rule selected by ms may hold alerts;
+	// nil: always.
+	holdAlerts func(ms []*labels.Matcher) bool
 }
 
 func (r restoreQueryable) Querier(mint, maxt int64) (promstorage.Querier, error) {
@@ -70,7 +73,9 @@ func (p *perSelectQuerier) open() (promstorage.Querier, error) {
 // Select reads a rule's `for` state. An answer lacking data (a peer
 // unavailable, a bucket block not fetched) is read again after a wait, up
 // to restoreReads reads for the whole group; if it still lacks data, the
-// Select fails. Restored from what it got, an alert could fire before its
+// Select fails. Unless the rule holds no alert: then there is nothing the
+// answer could restore (as at a start while peers are not ready, when the
+// evaluations skipped the rules too), and it is used as it is. Restored from what it got, an alert could fire before its
 // `for` has passed (the missing part may hold its latest activation) or
 // lose the state of an alert that was firing, both silently. Failed, it is
 // Prometheus' failed restore: the group logs it ("Failed to restore 'for'
@@ -84,6 +89,9 @@ func (p *perSelectQuerier) Select(ctx context.Context, sortSeries bool, hints *p
 				return promstorage.ErrSeriesSet(err)
 			}
 			return set
+		}
+		if p.r.holdAlerts != nil && !p.r.holdAlerts(ms) {
+			return promstorage.EmptySeriesSet() // what it read cannot apply to any alert
 		}
 		p.reads--
 		if p.reads <= 0 || !p.sleep() {

@@ -23,7 +23,9 @@ import (
 // read. Restored from that partial answer, the alert fired at once (before,
 // silently). It is read again and restored from the whole answer (pending,
 // 55 minutes to go); if the other replica never answers, it is not
-// restored, and waits its full `for`, as after any failed restore.
+// restored, and waits its full `for`, as after any failed restore. A rule
+// holding no alert has nothing to restore: its partial reads are not
+// repeated.
 func TestForStateNotRestoredFromPartialData(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
@@ -49,6 +51,9 @@ func TestForStateNotRestoredFromPartialData(t *testing.T) {
 			m, _, stop := startFleetRules(t, `groups:
 - name: fleet
   rules:
+  - alert: NeverFires
+    expr: count(up) > 100
+    for: 1h
   - alert: FleetCompleteForAnHour
     expr: count(up) >= 2
     for: 1h
@@ -76,7 +81,8 @@ func TestForStateNotRestoredFromPartialData(t *testing.T) {
 }
 
 // forStateReader is a fleetReader whose peer does not answer the first
-// partialReads reads of ALERTS_FOR_STATE (the evaluations read it whole).
+// partialReads reads of FleetCompleteForAnHour's `for` state, nor any of
+// NeverFires' (the evaluations read it whole).
 type forStateReader struct {
 	fleetReader
 	partialReads atomic.Int32
@@ -101,7 +107,7 @@ type forStatePeer struct {
 
 func (p *forStatePeer) Select(ctx context.Context, sortSeries bool, hints *promstorage.SelectHints, ms ...*labels.Matcher) promstorage.SeriesSet {
 	for _, m := range ms {
-		if m.Name == model.MetricNameLabel && m.Matches("ALERTS_FOR_STATE") && p.r.partialReads.Add(-1) >= 0 {
+		if m.Name == labels.AlertName && (m.Value == "NeverFires" || m.Value == "FleetCompleteForAnHour" && p.r.partialReads.Add(-1) >= 0) {
 			return promstorage.ErrSeriesSet(errDeadPeer)
 		}
 	}

@@ -55,12 +55,14 @@ func TestRestoreQueryableSelectsAfterNext(t *testing.T) {
 // TestRestoreRereadsPartialAnswers: a `for` state read that lacks data is
 // read again after a wait, 3 reads for the group at most, then fails, so
 // that the rule's alerts are not restored from it; a stop ends the wait.
+// For a rule that holds no alert, there is nothing to restore.
 func TestRestoreRereadsPartialAnswers(t *testing.T) {
 	forState := labels.MustNewMatcher(labels.MatchEqual, model.MetricNameLabel, "ALERTS_FOR_STATE")
 	for _, tc := range []struct {
 		name            string
 		partialReads    int
 		stopped         bool
+		noAlerts        bool
 		wantSeries      int
 		wantWait        time.Duration
 		retried, failed float64
@@ -70,6 +72,7 @@ func TestRestoreRereadsPartialAnswers(t *testing.T) {
 		{name: "whole at the third read", partialReads: 2, wantSeries: 1, wantWait: 3 * time.Second, retried: 2},
 		{name: "never whole", partialReads: 99, wantWait: 3 * time.Second, retried: 2, failed: 1},
 		{name: "stopped", partialReads: 99, stopped: true, failed: 1},
+		{name: "no alert to restore", partialReads: 99, noAlerts: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -80,7 +83,8 @@ func TestRestoreRereadsPartialAnswers(t *testing.T) {
 				}
 				fq := &flakyQueryable{partialReads: tc.partialReads}
 				partial := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "partial"}, []string{"result"})
-				q, err := restoreQueryable{q: fq, stop: stop, retryWait: time.Second, partial: partial}.Querier(0, 1)
+				holdAlerts := func([]*labels.Matcher) bool { return !tc.noAlerts }
+				q, err := restoreQueryable{q: fq, stop: stop, retryWait: time.Second, partial: partial, holdAlerts: holdAlerts}.Querier(0, 1)
 				require.NoError(t, err)
 				defer func() { require.NoError(t, q.Close()) }()
 
