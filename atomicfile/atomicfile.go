@@ -20,24 +20,8 @@ func Write(path string, b []byte, perm os.FileMode) error {
 	return p.Commit()
 }
 
-// RemoveStale removes the temporary files a Write or Prepare of path left
-// when the process died before it renamed or removed them, and returns how
-// many it removed. Call it only where no Write of path can be running (at
-// start, before the file's writer).
-func RemoveStale(path string) (int, error) {
-	stale, err := filepath.Glob(filepath.Join(filepath.Dir(path), tempPattern(path)))
-	if err != nil {
-		return 0, err
-	}
-	for i, name := range stale {
-		if err := os.Remove(name); err != nil && !os.IsNotExist(err) {
-			return i, fmt.Errorf("remove stale %s: %w", name, err)
-		}
-	}
-	return len(stale), nil
-}
-
-// tempPattern names path's temporary files (os.CreateTemp's "*" is random).
+// tempPattern names path's temporary files (os.CreateTemp replaces "*"
+// with a random decimal number; see staleTarget).
 func tempPattern(path string) string { return "." + filepath.Base(path) + ".*.tmp" }
 
 // Prepared is Write cut in two: the file is written and fsynced under a

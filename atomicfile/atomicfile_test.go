@@ -48,29 +48,3 @@ func TestPreparedIsInPlaceOnlyOnceCommitted(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, entries, 1, "no temporary file is left")
 }
-
-func TestRemoveStaleRemovesOnlyPathsTemporaryFiles(t *testing.T) {
-	dir := t.TempDir()
-	p := filepath.Join(dir, "state.json")
-	require.NoError(t, Write(p, []byte("kept"), 0o640))
-	for range 2 { // as a process killed between Prepare and Commit leaves them
-		_, err := Prepare(p, []byte("torn"), 0o640)
-		require.NoError(t, err)
-	}
-	other, err := Prepare(filepath.Join(dir, "other.json"), []byte("x"), 0o640)
-	require.NoError(t, err)
-
-	n, err := RemoveStale(p)
-	require.NoError(t, err)
-	require.Equal(t, 2, n)
-	entries, err := os.ReadDir(dir)
-	require.NoError(t, err)
-	var names []string
-	for _, e := range entries {
-		names = append(names, e.Name())
-	}
-	require.ElementsMatch(t, []string{"state.json", filepath.Base(other.tmp)}, names)
-	b, err := os.ReadFile(p)
-	require.NoError(t, err)
-	require.Equal(t, "kept", string(b))
-}

@@ -178,20 +178,17 @@ func New(logger *slog.Logger, reg prometheus.Registerer, local Local, bucket Buc
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create erasure directory: %w", err)
 	}
+	// A job's state file half-written when the process died: it may hold
+	// the cluster's id, and the job resumes from the complete one.
+	if err := atomicfile.RemoveStaleIn(logger, dir, ".json"); err != nil {
+		return nil, fmt.Errorf("remove torn erasure job state: %w", err)
+	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("list erasure jobs: %w", err)
 	}
 	var resumed []string
 	for _, de := range entries {
-		if strings.HasPrefix(de.Name(), ".") && strings.HasSuffix(de.Name(), ".tmp") {
-			// A state file half-written when the process died: it may hold
-			// the cluster's id, and the job resumes from the complete one.
-			if err := os.Remove(filepath.Join(dir, de.Name())); err != nil {
-				return nil, fmt.Errorf("remove torn erasure job state: %w", err)
-			}
-			continue
-		}
 		if !strings.HasSuffix(de.Name(), ".json") {
 			continue
 		}

@@ -201,6 +201,9 @@ func majorOf(proto string) float64 {
 }
 
 func (s *HTTPSender) loadState() {
+	if err := atomicfile.RemoveStale(s.logger, s.opts.StateFile); err != nil {
+		s.logger.Warn("remove temporary remote-write state files", "err", err)
+	}
 	b, err := os.ReadFile(s.opts.StateFile)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {

@@ -170,6 +170,9 @@ func NewServer(logger *slog.Logger, reg prometheus.Registerer, files Files, opts
 		if err := os.MkdirAll(opts.StateDir, 0o750); err != nil {
 			return nil, fmt.Errorf("create gathering state dir: %w", err)
 		}
+		if err := removeStaleState(s.logger, opts.StateDir); err != nil {
+			return nil, err
+		}
 	}
 	var errs []error
 	add := func(tenant, path string) *source {

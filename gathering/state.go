@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -59,6 +60,15 @@ func statePath(dir, tenant string) string {
 		return filepath.Join(dir, "default.json")
 	}
 	return filepath.Join(dir, "tenants", tenant+".json")
+}
+
+// removeStaleState removes the temporary state files that a process
+// killed while writing them left under dir (the default's, the tenants').
+func removeStaleState(logger *slog.Logger, dir string) error {
+	return errors.Join(
+		atomicfile.RemoveStale(logger, statePath(dir, DefaultTenant)),
+		atomicfile.RemoveStaleIn(logger, filepath.Join(dir, "tenants"), ".json"),
+	)
 }
 
 // HasState reports whether dir, a ServerOptions.StateDir, holds the state

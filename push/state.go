@@ -325,14 +325,8 @@ func openState(logger *slog.Logger, dir string, now int64) (map[string]*tenantSt
 	}
 	// A process killed while writing the snapshot or rewriting the log
 	// leaves its temporary file: nothing else will remove it.
-	for _, name := range []string{snapshotFile, logFile} {
-		n, err := atomicfile.RemoveStale(filepath.Join(dir, name))
-		if err != nil {
-			return nil, 0, nil, err
-		}
-		if n > 0 {
-			logger.Info("removed temporary push state files left by a crash", "file", name, "count", n)
-		}
+	if err := atomicfile.RemoveStale(logger, filepath.Join(dir, snapshotFile), filepath.Join(dir, logFile)); err != nil {
+		return nil, 0, nil, err
 	}
 	state := map[string]*tenantState{}
 	var seq uint64

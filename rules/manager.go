@@ -102,6 +102,10 @@ type Manager struct {
 	// resendDelay is how often a firing alert is sent again (Prometheus'
 	// --rules.alert.resend-delay); a field so that tests can shorten it.
 	resendDelay time.Duration
+	// restoreRetryWait is the wait before reading the `for` state again
+	// after a partial answer (restore.go); a field so that tests can
+	// shorten it.
+	restoreRetryWait time.Duration
 
 	mu      sync.Mutex
 	tenants map[string]*tenantRules
@@ -128,6 +132,9 @@ type metrics struct {
 	lastSuccess prometheus.Gauge
 	tenants     prometheus.Gauge
 	partial     prometheus.Counter
+	// partialRestores counts reads of the `for` state that got partial
+	// data: read again (retried) or not restored (failed).
+	partialRestores *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -149,7 +156,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "phonehome_rules_partial_evaluations_total",
 			Help: "Rule queries that read partial data (a peer unavailable, a bucket block not fetched), so the rule skipped that evaluation.",
 		}),
+		partialRestores: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_rules_partial_restores_total",
+			Help: "Reads of an alerting rule's `for` state (ALERTS_FOR_STATE) at start that got partial data, by result: retried (read again), failed (still partial: not restored, its alerts wait their full `for`).",
+		}, []string{"result"}),
 	}
+	m.partialRestores.WithLabelValues("retried")
+	m.partialRestores.WithLabelValues("failed")
 	m.reloads.WithLabelValues("success")
 	m.reloads.WithLabelValues("failure")
 	return m
@@ -170,7 +183,8 @@ func New(logger *slog.Logger, reg prometheus.Registerer, engine promql.QueryEngi
 		metrics: newMetrics(reg),
 		tenants: map[string]*tenantRules{},
 
-		resendDelay: time.Minute,
+		resendDelay:      time.Minute,
+		restoreRetryWait: 5 * time.Second,
 	}
 	if m.reader == nil {
 		m.reader = store
@@ -373,6 +387,8 @@ func (m *Manager) newTenantRules(ctx context.Context, tenant string) *tenantRule
 	}
 	// Queries in the group context carry the tenant too, for any
 	// tenant-scoped Queryable a QueryFunc might reach.
+	active := &activeRules{}
+	restore := restoreQueryable{q: queryable, stop: ctx, retryWait: m.restoreRetryWait, partial: m.metrics.partialRestores, holdAlerts: active.holdAlerts}
 	ctx = auth.WithIdentity(context.WithoutCancel(ctx), auth.Identity{Tenant: tenant})
 	mgr := promrules.NewManager(&promrules.ManagerOptions{
 		ExternalURL:     m.externalURL(),
@@ -380,7 +396,7 @@ func (m *Manager) newTenantRules(ctx context.Context, tenant string) *tenantRule
 		NotifyFunc:      notify,
 		Context:         ctx,
 		AppendableV2:    tenantAppendable{w: m.store, tenant: tenant},
-		Queryable:       restoreQueryable{queryable}, // the `for` state restore only
+		Queryable:       restore, // the `for` state restore only
 		Logger:          m.logger.With("tenant", tenant),
 		OutageTolerance: time.Hour,
 		ForGracePeriod:  10 * time.Minute,
@@ -389,7 +405,7 @@ func (m *Manager) newTenantRules(ctx context.Context, tenant string) *tenantRule
 		Metrics:         m.groupMet, // shared: one registration, groups of all tenants
 		Parser:          m.parser,
 	})
-	return &tenantRules{Manager: mgr, iterate: resendSkipped(notify, m.resendDelay), notify: notify}
+	return &tenantRules{Manager: mgr, iterate: active.track(resendSkipped(notify, m.resendDelay)), notify: notify}
 }
 
 func (m *Manager) externalURL() *url.URL {

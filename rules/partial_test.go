@@ -147,8 +147,8 @@ func (b *lockedBuffer) String() string {
 
 // startFleetRules runs a Manager with rules over reader, evaluated every
 // 50ms for tenant acme, sending alerts to the Alertmanager at amURL (if not
-// empty) with a resend delay of 200ms. It returns the manager, the store and
-// a stop func.
+// empty) with a resend delay of 200ms, and a partial `for` state read again
+// after 20ms. It returns the manager, the store and a stop func.
 func startFleetRules(t *testing.T, rules string, reader Reader, logs *lockedBuffer, amURL string) (*Manager, *historyStore, func()) {
 	t.Helper()
 	dir := t.TempDir()
@@ -163,6 +163,7 @@ func startFleetRules(t *testing.T, rules string, reader Reader, logs *lockedBuff
 	m, err := New(slog.New(slog.NewTextHandler(logs, nil)), nil, engine, store, cfg, Options{Reader: reader})
 	require.NoError(t, err)
 	m.resendDelay = 200 * time.Millisecond
+	m.restoreRetryWait = 20 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- m.Run(ctx) }()
@@ -237,7 +238,7 @@ func TestPartialDataSkipsEvaluation(t *testing.T) {
 	skipped := testutil.ToFloat64(m.metrics.partial)
 	require.GreaterOrEqual(t, skipped, 9.0)
 	// Logged by the group at Warn, once per skipped rule evaluation.
-	require.Equal(t, int(skipped), strings.Count(logs.String(), "partial data: peer 10.0.3.7:9291 unavailable"), logs.String())
+	require.Equal(t, int(skipped), strings.Count(logs.String(), "evaluation skipped: partial data: peer 10.0.3.7:9291 unavailable"), logs.String())
 	require.Contains(t, logs.String(), "level=WARN")
 }
 
@@ -403,7 +404,7 @@ func TestGracefulStopKeepsFiringAlertsThroughARestart(t *testing.T) {
 // TestAlertValidityDefaults: docs/rules.md's figures for the defaults (a 1m
 // evaluation interval and resend delay): a sent alert stays active in
 // Alertmanager for 4 minutes, one sent as the evaluator stops gracefully
-// for 9.
+// for 10.
 func TestAlertValidityDefaults(t *testing.T) {
 	evaluate := false // nothing to load: the defaults only
 	cfg := Config{Evaluate: &evaluate}
@@ -412,7 +413,7 @@ func TestAlertValidityDefaults(t *testing.T) {
 	require.NoError(t, err)
 	interval := time.Duration(cfg.EvaluationInterval)
 	require.Equal(t, 4*time.Minute, validity(interval, m.resendDelay))
-	require.Equal(t, 9*time.Minute, restartValidity(interval, m.resendDelay))
+	require.Equal(t, 10*time.Minute, restartValidity(interval, m.resendDelay))
 }
 
 // startFleetAlerts runs FleetComplete (firing while both clusters report)

@@ -76,6 +76,9 @@ func (s *Status) load() error {
 	if s.opts.HistoryFile == "" {
 		return nil
 	}
+	if err := atomicfile.RemoveStale(s.logger, s.opts.HistoryFile); err != nil { // litter only: the history still loads
+		s.logger.Warn("remove temporary status history files", "err", err)
+	}
 	b, err := os.ReadFile(s.opts.HistoryFile)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil

@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	promstorage "github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
+
+	"github.com/phonehome/phonehome/atomicfile"
 )
 
 // DB is the receiver's storage: one TSDB per tenant under <dir>/tenants and
@@ -92,6 +94,9 @@ func openWithBucket(logger *slog.Logger, reg prometheus.Registerer, dir string, 
 		compactNow:     make(chan struct{}, 1),
 		stopCompact:    make(chan struct{}),
 		compactDone:    make(chan struct{}),
+	}
+	if err := atomicfile.RemoveStale(logger, filepath.Join(dir, denyFile)); err != nil {
+		return nil, err
 	}
 	deny, err := loadDenyList(filepath.Join(dir, denyFile))
 	if err != nil {

@@ -14,6 +14,8 @@ import (
 	promstorage "github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/prometheus/prometheus/util/compression"
+
+	"github.com/phonehome/phonehome/atomicfile"
 )
 
 var tenantRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
@@ -99,6 +101,11 @@ func (t *tenant) hintRef(h uint64) promstorage.SeriesRef {
 // WAL replay happens here.
 func openTenant(logger *slog.Logger, reg prometheus.Registerer, dir, name string, cfg Config, now func() time.Time) (*tenant, error) {
 	t := &tenant{name: name, dir: filepath.Join(dir, "tenants", name), refs: newSeriesRefs(), incarnation: incarnations.Add(1) & hintIncarnationMask}
+	// Nothing writes the tenant's state files while it is not open (the
+	// shipper and EraseLocal's reopen hold shipMtx).
+	if err := atomicfile.RemoveStale(logger.With("tenant", name), filepath.Join(t.dir, shipperFile), filepath.Join(t.dir, metadataFile)); err != nil {
+		return nil, err
+	}
 	uploaded, err := readShipped(t.dir)
 	if err != nil {
 		return nil, err
