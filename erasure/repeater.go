@@ -98,24 +98,32 @@ func (rp *Repeater) Run(ctx context.Context) error {
 // repeated by one, and returns their results and a warning for each replica
 // that did not take it. The calls outlive a caller that goes away (each is
 // bounded by peers.timeout): the job here is taken, and the other
-// replicas' must be too. A pending retry of an older call for the same
-// cluster is dropped first, so that the peers apply the two in order.
+// replicas' must be too.
+//
+// A pending retry of an older call for the same cluster is dropped first,
+// so that the peers apply the two in order; also when another replica
+// repeats the newer call here, as it repeats it on the peers this one
+// retries.
 func (rp *Repeater) repeat(r *http.Request, path string, req Request) ([]ReplicaResult, []string) {
-	if rp == nil || r.Header.Get(peers.OriginHeader) != "" {
+	if rp == nil {
 		return nil, nil
 	}
-	body, err := json.Marshal(req)
-	if err != nil { // a Request always marshals
-		return nil, []string{"not repeated on the other replicas: " + err.Error()}
-	}
 	c := &pendingCall{
-		path: path, authorization: r.Header.Get("Authorization"), body: body, tenant: req.Tenant,
+		path: path, authorization: r.Header.Get("Authorization"), tenant: req.Tenant,
 		until: time.Now().Add(rp.opts.For), called: map[string]bool{}, settled: map[string]bool{}, left: map[string]bool{}, done: make(chan struct{}),
 	}
 	if req.ClusterID != "" {
 		c.cluster, c.clusterSHA = req.ClusterID, storage.ClusterDigest(req.Tenant, req.ClusterID)
 	}
 	rp.supersede(c)
+	if r.Header.Get(peers.OriginHeader) != "" {
+		return nil, nil
+	}
+	body, err := json.Marshal(req)
+	if err != nil { // a Request always marshals
+		return nil, []string{"not repeated on the other replicas: " + err.Error()}
+	}
+	c.body = body
 	var (
 		results  []ReplicaResult
 		warnings []string

@@ -388,3 +388,28 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// TestRepeaterCallRepeatedHereSupersedes: a re-admission that another
+// replica repeats here drops this replica's pending retry of the erasure of
+// that cluster (the other replica repeats the re-admission on the peers
+// this one retries), and is not repeated from here.
+func TestRepeaterCallRepeatedHereSupersedes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sp := newScriptedPeers("c:9291")
+		sp.set(nil, func(_ context.Context, addr, _ string) peers.Answer { return unavailable(addr) })
+		f := newRepeaterFixture(t, sp)
+		f.post(t, erasePath, `{"cluster_id":"c1"}`)
+		<-sp.calls
+		require.Equal(t, 1.0, testutil.ToFloat64(f.rp.m.pending))
+
+		req := httptest.NewRequest(http.MethodPost, readmitPath, strings.NewReader(`{"cluster_id":"c1"}`))
+		req.Header.Set(peers.OriginHeader, "b0b")
+		rec := httptest.NewRecorder()
+		f.h.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+		require.Equal(t, 0.0, testutil.ToFloat64(f.rp.m.pending))
+		require.Equal(t, 1.0, f.repeats("superseded"))
+		advance(time.Hour)
+		require.Empty(t, sp.calls, "neither retried nor repeated")
+	})
+}
