@@ -114,6 +114,15 @@ func newRepeaterFixture(t *testing.T, sp *scriptedPeers) *repeaterFixture {
 	return f
 }
 
+// newDownPeerFixture is a repeaterFixture whose one peer, c:9291, answers
+// every call 503.
+func newDownPeerFixture(t *testing.T) (*scriptedPeers, *repeaterFixture) {
+	t.Helper()
+	sp := newScriptedPeers("c:9291")
+	sp.set(nil, func(_ context.Context, addr, _ string) peers.Answer { return unavailable(addr) })
+	return sp, newRepeaterFixture(t, sp)
+}
+
 // post makes an admin call and returns its answer's warnings.
 func (f *repeaterFixture) post(t *testing.T, path, body string) []string {
 	t.Helper()
@@ -179,9 +188,7 @@ func TestRepeaterDeliversToAReplicaThatWasDown(t *testing.T) {
 // TestRepeaterBacksOffToAMinute: the wait doubles up to a minute.
 func TestRepeaterBacksOffToAMinute(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		sp := newScriptedPeers("c:9291")
-		sp.set(nil, func(_ context.Context, addr, _ string) peers.Answer { return unavailable(addr) })
-		f := newRepeaterFixture(t, sp)
+		sp, f := newDownPeerFixture(t)
 		f.post(t, readmitPath, `{"cluster_id":"c1"}`)
 		<-sp.calls
 		var waits []time.Duration
@@ -279,9 +286,7 @@ func TestRepeaterNewerCallSupersedes(t *testing.T) {
 // call taken afterwards says it is not retried.
 func TestRepeaterStopsWithTheProcess(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		sp := newScriptedPeers("c:9291")
-		sp.set(nil, func(_ context.Context, addr, _ string) peers.Answer { return unavailable(addr) })
-		f := newRepeaterFixture(t, sp)
+		sp, f := newDownPeerFixture(t)
 		f.post(t, erasePath, `{"cluster_id":"c1"}`)
 		<-sp.calls
 		<-sp.calls // a retry
@@ -303,9 +308,7 @@ func TestRepeaterStopsWithTheProcess(t *testing.T) {
 // retried; after an hour the retries stop, with a warning and a count.
 func TestRepeaterGivesUpAfterAnHourAndKeepsNoCredentialOnDisk(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		sp := newScriptedPeers("c:9291")
-		sp.set(nil, func(_ context.Context, addr, _ string) peers.Answer { return unavailable(addr) })
-		f := newRepeaterFixture(t, sp)
+		sp, f := newDownPeerFixture(t)
 		start := time.Now()
 		f.post(t, erasePath, `{"cluster_id":"c1"}`)
 		<-sp.calls
@@ -395,9 +398,7 @@ func (s *syncBuffer) String() string {
 // this one retries), and is not repeated from here.
 func TestRepeaterCallRepeatedHereSupersedes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		sp := newScriptedPeers("c:9291")
-		sp.set(nil, func(_ context.Context, addr, _ string) peers.Answer { return unavailable(addr) })
-		f := newRepeaterFixture(t, sp)
+		sp, f := newDownPeerFixture(t)
 		f.post(t, erasePath, `{"cluster_id":"c1"}`)
 		<-sp.calls
 		require.Equal(t, 1.0, testutil.ToFloat64(f.rp.m.pending))
