@@ -21,13 +21,14 @@ import (
 //
 // An admin credential acts on its own tenant only; an empty tenant means it.
 //
-// With replicas (nil: a single receiver), an erasure or re-admission taken
+// With a Repeater (nil: a single receiver), an erasure or re-admission taken
 // here is repeated on every other replica, and the answer lists each
 // replica's result ("replicas"), with a warning for each that did not take
-// it. A call repeated by a replica is not repeated again.
-func (e *Eraser) Handler(replicas Replicas) http.Handler {
+// it (the Repeater retries it there). A call repeated by a replica is not
+// repeated again.
+func (e *Eraser) Handler(replicas *Repeater) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /api/v1/admin/erase", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("POST "+erasePath, func(w http.ResponseWriter, r *http.Request) {
 		var req Request
 		if !decode(w, r, &req) {
 			return
@@ -46,7 +47,7 @@ func (e *Eraser) Handler(replicas Replicas) http.Handler {
 		case err != nil:
 			apiError(w, http.StatusInternalServerError, err.Error())
 		default:
-			results, warnings := repeat(r, replicas, "/api/v1/admin/erase", req)
+			results, warnings := replicas.repeat(r, erasePath, req)
 			respond(w, http.StatusAccepted, submitted{Status: st, Replicas: results}, warnings...)
 		}
 	})
@@ -67,7 +68,7 @@ func (e *Eraser) Handler(replicas Replicas) http.Handler {
 		}
 		respond(w, http.StatusOK, st)
 	})
-	mux.HandleFunc("POST /api/v1/admin/readmit", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("POST "+readmitPath, func(w http.ResponseWriter, r *http.Request) {
 		var req Request
 		if !decode(w, r, &req) || !ownTenant(w, r, &req.Tenant) {
 			return
@@ -81,11 +82,17 @@ func (e *Eraser) Handler(replicas Replicas) http.Handler {
 			apiError(w, http.StatusInternalServerError, err.Error())
 			return
 		}
-		results, warnings := repeat(r, replicas, "/api/v1/admin/readmit", req)
+		results, warnings := replicas.repeat(r, readmitPath, req)
 		respond(w, http.StatusOK, readmitted{Readmitted: ok, Replicas: results}, warnings...)
 	})
 	return mux
 }
+
+// The paths of the calls a Repeater repeats.
+const (
+	erasePath   = "/api/v1/admin/erase"
+	readmitPath = "/api/v1/admin/readmit"
+)
 
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {

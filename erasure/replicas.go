@@ -9,12 +9,17 @@ import (
 	"github.com/phonehome/phonehome/peers"
 )
 
-// Replicas repeats admin calls on the receiver's other replicas (package
-// peers). Each replica holds a cluster in its own head, disk and deny list,
-// so an erasure or a re-admission submitted to one replica is submitted to
-// every replica it can reach, and the answer says what each did.
+// Replicas repeats admin calls on the receiver's other replicas (*peers.Set).
+// Each replica holds a cluster in its own head, disk and deny list, so an
+// erasure or a re-admission submitted to one replica is submitted to every
+// replica it can reach, and the answer says what each did; a Repeater
+// retries it on those that did not take it.
 type Replicas interface {
 	Broadcast(ctx context.Context, path, authorization string, body []byte) []peers.Answer
+	// Peers lists the peers a Broadcast calls now.
+	Peers() []string
+	// Repeat makes a Broadcast's call on the one peer at addr.
+	Repeat(ctx context.Context, addr, path, authorization string, body []byte) peers.Answer
 }
 
 // ReplicaResult is what another replica did with a repeated call.
@@ -28,39 +33,27 @@ type ReplicaResult struct {
 	Error      string `json:"error,omitempty"`
 }
 
-// repeat submits req to the other replicas unless r was itself repeated by
-// one, and returns their results and a warning for each replica that did not
-// take it. The calls outlive a caller that goes away (each is bounded by
-// peers.timeout): the job here is taken, and the other replicas' must be too.
-func repeat(r *http.Request, replicas Replicas, path string, req Request) ([]ReplicaResult, []string) {
-	if replicas == nil || r.Header.Get(peers.OriginHeader) != "" {
-		return nil, nil
-	}
-	body, err := json.Marshal(req)
-	if err != nil { // a Request always marshals
-		return nil, []string{"not repeated on the other replicas: " + err.Error()}
-	}
-	var (
-		results  []ReplicaResult
-		warnings []string
-	)
-	for _, a := range replicas.Broadcast(context.WithoutCancel(r.Context()), path, r.Header.Get("Authorization"), body) {
-		res := replicaResult(a)
-		if res.Error != "" {
-			warnings = append(warnings, fmt.Sprintf("replica %s did not take it (%s): send it to that replica again", a.Peer, res.Error))
-		}
-		results = append(results, res)
-	}
-	return results, warnings
-}
+// outcome is how a replica's answer to a repeated call ends its repeats.
+type outcome string
 
-// replicaResult reads a replica's answer to a repeated call: the envelope
-// of respond (an erasure's job or a re-admission's result) or apiError.
-func replicaResult(a peers.Answer) ReplicaResult {
+const (
+	delivered outcome = "delivered" // it took the call (2xx)
+	refused   outcome = "refused"   // a 4xx that a retry would not change
+	failed    outcome = "failed"    // no answer, 5xx, 408 or 429: retried
+	itself    outcome = ""          // the peer is this receiver
+)
+
+// replicaResult reads a replica's answer to a repeated call (the envelope
+// of respond, an erasure's job or a re-admission's result, or apiError)
+// and tells whether to retry it.
+func replicaResult(a peers.Answer) (ReplicaResult, outcome) {
 	res := ReplicaResult{Replica: a.Peer}
+	if a.Peer == "" {
+		return res, itself
+	}
 	if a.Err != nil {
 		res.Error = a.Err.Error()
-		return res
+		return res, failed
 	}
 	var env envelope[struct {
 		ID         string `json:"id"`
@@ -72,10 +65,17 @@ func replicaResult(a peers.Answer) ReplicaResult {
 		res.Error = fmt.Sprintf("%d: %s", a.Code, env.Error)
 	case a.Code/100 != 2:
 		res.Error = fmt.Sprintf("answered %d", a.Code)
-	case err != nil:
+	case err != nil: // taken, whatever it said
 		res.Error = fmt.Sprintf("undecodable answer: %v", err)
+		return res, delivered
 	default:
 		res.Job, res.Readmitted = env.Data.ID, env.Data.Readmitted
+		return res, delivered
 	}
-	return res
+	switch {
+	case a.Code == http.StatusRequestTimeout, a.Code == http.StatusTooManyRequests, a.Code/100 != 4:
+		return res, failed
+	default:
+		return res, refused
+	}
 }

@@ -31,6 +31,12 @@ func (f *fakeReplicas) Broadcast(ctx context.Context, path, authorization string
 	return f.answers
 }
 
+func (f *fakeReplicas) Peers() []string { return nil }
+
+func (f *fakeReplicas) Repeat(context.Context, string, string, string, []byte) peers.Answer {
+	panic("no retries without Run")
+}
+
 // TestAdminCallsAreRepeatedOnTheReplicas: an erasure and a re-admission are
 // repeated on the other replicas with the caller's credential and the
 // tenant filled in; the answer lists each replica's job or error, with a
@@ -44,7 +50,7 @@ func TestAdminCallsAreRepeatedOnTheReplicas(t *testing.T) {
 		{Peer: "10.0.0.3:9291", Code: http.StatusForbidden, Body: []byte(`{"status":"error","error":"forbidden"}`)},
 		{Peer: "10.0.0.4:9291", Err: errors.New("connection refused")},
 	}}
-	h := auth.Middleware(auth.Insecure{Tenant: "acme"}, 0, nil, e.Handler(replicas))
+	h := auth.Middleware(auth.Insecure{Tenant: "acme"}, 0, nil, e.Handler(NewRepeater(slog.New(slog.DiscardHandler), nil, replicas, RepeaterOptions{})))
 	call := func(path, body string, hdr http.Header) (int, map[string]json.RawMessage) {
 		req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer adm1n")
@@ -75,8 +81,8 @@ func TestAdminCallsAreRepeatedOnTheReplicas(t *testing.T) {
 	var warnings []string
 	require.NoError(t, json.Unmarshal(env["warnings"], &warnings))
 	require.Len(t, warnings, 2)
-	require.Contains(t, warnings[0], "replica 10.0.0.3:9291 did not take it (403: forbidden)")
-	require.Contains(t, warnings[1], "replica 10.0.0.4:9291")
+	require.Contains(t, warnings[0], "replica 10.0.0.3:9291 refused it (403: forbidden): not retried")
+	require.Contains(t, warnings[1], "replica 10.0.0.4:9291 did not take it (connection refused): this replica retries it there for up to 1h0m0s")
 
 	replicas.calls = nil
 	replicas.answers = []peers.Answer{{Peer: "10.0.0.2:9291", Code: http.StatusOK, Body: []byte(`{"status":"success","data":{"readmitted":true}}`)}}
@@ -104,7 +110,7 @@ func TestRepeatOutlivesTheCaller(t *testing.T) {
 	e, err := New(slog.New(slog.DiscardHandler), nil, &fakeLocal{}, &fakeBucket{}, filepath.Join(t.TempDir(), "jobs"), Options{})
 	require.NoError(t, err)
 	replicas := &fakeReplicas{answers: []peers.Answer{{Peer: "10.0.0.2:9291", Code: http.StatusAccepted, Body: []byte(`{"status":"success","data":{"id":"01JOB"}}`)}}}
-	h := auth.Middleware(auth.Insecure{Tenant: "acme"}, 0, nil, e.Handler(replicas))
+	h := auth.Middleware(auth.Insecure{Tenant: "acme"}, 0, nil, e.Handler(NewRepeater(slog.New(slog.DiscardHandler), nil, replicas, RepeaterOptions{})))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/api/v1/admin/erase", strings.NewReader(`{"cluster_id":"c1"}`))

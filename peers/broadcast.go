@@ -3,6 +3,7 @@ package peers
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -52,6 +53,37 @@ func (s *Set) Broadcast(ctx context.Context, path, authorization string, body []
 		}
 	}
 	return out
+}
+
+// ErrNotPeer is Repeat's error for an address that is not among the peers
+// (any more): it left discovery.
+var ErrNotPeer = errors.New("not one of the peers")
+
+// Peers returns the addresses of the current peers, this receiver left
+// out, sorted: those a Broadcast calls.
+func (s *Set) Peers() []string {
+	ps := s.snapshot()
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.addr
+	}
+	return out
+}
+
+// Repeat makes the call of a Broadcast on the one peer at addr, to retry
+// it there: an Answer with ErrNotPeer if addr is no longer a peer, a zero
+// Answer if it turns out to be this receiver.
+func (s *Set) Repeat(ctx context.Context, addr, path, authorization string, body []byte) Answer {
+	s.mu.Lock()
+	p, ok := s.peers[addr]
+	s.mu.Unlock()
+	switch {
+	case !ok:
+		return Answer{Peer: addr, Err: fmt.Errorf("%s: %w", addr, ErrNotPeer)}
+	case p.self.Load():
+		return Answer{}
+	}
+	return s.call(ctx, p, path, authorization, body)
 }
 
 // call makes one Broadcast call; a zero Answer means p is this receiver.

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -93,4 +94,47 @@ func TestBroadcastBoundedByPeersTimeout(t *testing.T) {
 	require.Less(t, time.Since(start), 10*time.Second)
 	require.Len(t, answers, 1)
 	require.ErrorIs(t, answers[0].Err, context.DeadlineExceeded)
+}
+
+// TestRepeatCallsOnePeer: Repeat makes a Broadcast's call on one peer only,
+// says when the address is no longer a peer, and answers nothing for this
+// receiver itself; Peers lists the peers a Broadcast calls.
+func TestRepeatCallsOnePeer(t *testing.T) {
+	f := newFixture(t)
+	var self, other http.Handler
+	selfSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { self.ServeHTTP(w, r) }))
+	t.Cleanup(selfSrv.Close)
+	var (
+		mu  sync.Mutex
+		got []string
+	)
+	otherSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { other.ServeHTTP(w, r) }))
+	t.Cleanup(otherSrv.Close)
+	addr := func(s *httptest.Server) string { return strings.TrimPrefix(s.URL, "http://") }
+	a := f.set(t, nil, f.config(addr(selfSrv), addr(otherSrv)))
+	b := f.set(t, nil, f.config(addr(otherSrv)))
+	self = a.Repeatable(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("a repeated call reached its own origin's handler") }))
+	other = b.Repeatable(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.URL.Path+" "+r.Header.Get("Authorization")+" "+r.Header.Get(OriginHeader))
+		mu.Unlock()
+		w.WriteHeader(http.StatusAccepted)
+	}))
+	both := []string{addr(selfSrv), addr(otherSrv)}
+	slices.Sort(both)
+	require.Equal(t, both, a.Peers(), "itself is not known yet")
+
+	ans := a.Repeat(context.Background(), addr(otherSrv), "/api/v1/admin/readmit", "Bearer adm1n", []byte(`{}`))
+	require.NoError(t, ans.Err)
+	require.Equal(t, Answer{Peer: addr(otherSrv), Code: http.StatusAccepted, Body: []byte{}}, ans)
+	require.Equal(t, []string{"/api/v1/admin/readmit Bearer adm1n " + a.Instance()}, got)
+
+	require.Equal(t, Answer{}, a.Repeat(context.Background(), addr(selfSrv), "/api/v1/admin/readmit", "", nil))
+	require.Equal(t, []string{addr(otherSrv)}, a.Peers(), "known now to be itself")
+	require.Equal(t, Answer{}, a.Repeat(context.Background(), addr(selfSrv), "/api/v1/admin/readmit", "", nil), "not called again")
+
+	ans = a.Repeat(context.Background(), "127.0.0.1:1", "/api/v1/admin/readmit", "", nil)
+	require.ErrorIs(t, ans.Err, ErrNotPeer)
+	require.Equal(t, "127.0.0.1:1", ans.Peer)
+	require.Len(t, got, 1)
 }

@@ -351,11 +351,11 @@ func run(args []string, stderr io.Writer) int {
 	mux := http.NewServeMux()
 	mux.Handle("POST /api/v1/write", auth.Middleware(a.authn, auth.PermWrite, writes.CountUnauthenticated, writes))
 	mux.Handle("/api/v1/", auth.Middleware(a.authn, auth.PermRead, nil, api))
-	var replicas erasure.Replicas // erasures and re-admissions repeated on the peers
+	var repeater *erasure.Repeater // erasures and re-admissions repeated on the peers, retried on those that miss one
 	if peerSet.Enabled() {
-		replicas = peerSet
+		repeater = erasure.NewRepeater(logger.With("component", "erasure"), reg, peerSet, erasure.RepeaterOptions{})
 	}
-	mux.Handle("/api/v1/admin/", auth.Middleware(a.authn, auth.PermAdmin, nil, peerSet.Repeatable(eraser.Handler(replicas))))
+	mux.Handle("/api/v1/admin/", auth.Middleware(a.authn, auth.PermAdmin, nil, peerSet.Repeatable(eraser.Handler(repeater))))
 	for _, p := range status.Patterns { // fleet status API: read (own tenant) or admin (any), checked by status
 		mux.Handle(p, auth.Middleware(a.authn, 0, nil, fleet.Handler()))
 	}
@@ -503,6 +503,10 @@ func run(args []string, stderr io.Writer) int {
 	{ // Erasure jobs (admin API), one at a time, failed ones retried.
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return eraser.Run(ctx) }, func(error) { cancel() })
+	}
+	if repeater != nil { // Retries of erasures and re-admissions on the peers that missed them.
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return repeater.Run(ctx) }, func(error) { cancel() })
 	}
 	if lc.Active() { // Bucket lifecycle: retention, then deletion of marked blocks after the delay.
 		ctx, cancel := context.WithCancel(context.Background())
