@@ -139,6 +139,10 @@ type Eraser struct {
 	mu    sync.Mutex
 	jobs  map[string]*job
 	queue chan string
+	// admitMu orders a job's deny (Do) against a re-admission of its
+	// cluster (Readmit): one taken while the job waits or runs must not
+	// be undone by it.
+	admitMu sync.Mutex
 }
 
 // Options are the optional parts of an Eraser.
@@ -325,14 +329,59 @@ func (e *Eraser) Submit(req Request) (Status, error) {
 	return st, nil
 }
 
-// Readmit lifts the deny list entry of an erased cluster.
+// Readmit lifts the deny list entry of an erased cluster, and makes its
+// unfinished jobs leave it admitted when they run (they still erase): the
+// deny is applied when a job runs, and would otherwise come back after the
+// re-admission.
 func (e *Eraser) Readmit(tenant, clusterID, requestedBy, caller string) (bool, error) {
+	e.admitMu.Lock()
+	defer e.admitMu.Unlock()
+	waiting, err := e.admitUnfinished(tenant, clusterID)
+	if err != nil {
+		return false, err
+	}
 	ok, err := e.local.Readmit(tenant, clusterID)
+	ok = ok || waiting > 0
 	if err == nil && ok {
 		e.logger.Info("erased cluster re-admitted", "audit", true, "tenant", tenant,
 			"cluster_sha256", storage.ClusterDigest(tenant, clusterID), "requested_by", requestedBy, "caller", caller)
 	}
 	return ok, err
+}
+
+// admitUnfinished turns off the deny of the cluster's unfinished jobs,
+// persisted, and returns how many there were. e.admitMu must be held.
+func (e *Eraser) admitUnfinished(tenant, clusterID string) (int, error) {
+	var admitted []*job
+	e.mu.Lock()
+	for _, j := range e.jobs {
+		if j.status.State != StateDone && j.req.Tenant == tenant && j.req.ClusterID == clusterID && j.req.Deny != nil && *j.req.Deny {
+			j.req.Deny = new(false)
+			admitted = append(admitted, j)
+		}
+	}
+	e.mu.Unlock()
+	for _, j := range admitted {
+		if err := e.save(j); err != nil {
+			return 0, err
+		}
+	}
+	return len(admitted), nil
+}
+
+// deny puts a job's cluster on the deny list, unless the job asks not to
+// or the cluster was re-admitted since it was taken.
+func (e *Eraser) deny(j *job) error {
+	e.admitMu.Lock()
+	defer e.admitMu.Unlock()
+	e.mu.Lock()
+	deny := j.req.ClusterID != "" && j.req.Deny != nil && *j.req.Deny
+	tenant, cluster, id := j.req.Tenant, j.req.ClusterID, j.status.ID
+	e.mu.Unlock()
+	if !deny {
+		return nil
+	}
+	return e.local.Deny(tenant, cluster, "erasure "+id)
 }
 
 // Get returns a job's status.
@@ -442,10 +491,8 @@ func (e *Eraser) Do(ctx context.Context, id string) (err error) {
 	if err != nil {
 		return err
 	}
-	if j.req.ClusterID != "" && j.req.Deny != nil && *j.req.Deny {
-		if err := e.local.Deny(j.req.Tenant, j.req.ClusterID, "erasure "+id); err != nil {
-			return fmt.Errorf("deny: %w", err)
-		}
+	if err := e.deny(j); err != nil {
+		return fmt.Errorf("deny: %w", err)
 	}
 	e.mu.Lock()
 	localDone := j.status.LocalDone

@@ -313,3 +313,26 @@ func TestSelectorIsRedacted(t *testing.T) {
 	require.Contains(t, st.Selector, `job="x"`)
 	require.NoError(t, e.Do(context.Background(), st.ID))
 }
+
+// The deny is applied when a job runs: a re-admission taken while the job
+// waits must not be undone by it, also after a restart. The job still
+// erases.
+func TestReadmitWhileTheJobWaitsIsKept(t *testing.T) {
+	dir := t.TempDir()
+	local := &fakeLocal{}
+	e, err := New(slog.New(slog.DiscardHandler), nil, local, &fakeBucket{}, dir, Options{})
+	require.NoError(t, err)
+	st, err := e.Submit(Request{Tenant: "acme", ClusterID: secretID})
+	require.NoError(t, err)
+	readmitted, err := e.Readmit("acme", secretID, "ticket-2", "test")
+	require.NoError(t, err)
+	require.True(t, readmitted)
+
+	e, err = New(slog.New(slog.DiscardHandler), nil, local, &fakeBucket{}, dir, Options{}) // restarted before the job ran
+	require.NoError(t, err)
+	require.NoError(t, e.Do(context.Background(), <-e.queue))
+	got, _ := e.Get(st.ID)
+	require.Equal(t, StateDone, got.State)
+	require.Empty(t, local.denied, "re-admitted before the job ran")
+	require.Len(t, local.erased, 1)
+}

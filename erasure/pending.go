@@ -36,6 +36,24 @@ type pendingCall struct {
 	superseded bool               // by a newer call for the cluster; under Repeater.mu
 	cancel     context.CancelFunc // its retry loop's, once started; under Repeater.mu
 	done       chan struct{}      // closed when it has ended
+
+	// admittedBody is a denying erasure's body with the deny off (nil for
+	// other calls). A re-admission of the cluster does not supersede such
+	// an erasure: the replicas that missed both must still erase, and not
+	// deny. From then on (admitted, under Repeater.mu) it is sent instead.
+	admittedBody []byte
+	admitted     bool
+	attempting   sync.Mutex // held by an attempt in flight
+}
+
+// bodyFor is what the next attempt of c sends.
+func (rp *Repeater) bodyFor(c *pendingCall) []byte {
+	rp.mu.Lock()
+	defer rp.mu.Unlock()
+	if c.admitted {
+		return c.admittedBody
+	}
+	return c.body
 }
 
 // missing lists the peers that have not taken c, sorted.
@@ -75,6 +93,9 @@ func (rp *Repeater) retry(ctx context.Context, c *pendingCall) string {
 // and reports whether none is missing it any more: none left discovery
 // without a newcomer taking it in its place.
 func (rp *Repeater) attempt(ctx context.Context, c *pendingCall) bool {
+	c.attempting.Lock()
+	defer c.attempting.Unlock()
+	body := rp.bodyFor(c)
 	c.attempts++
 	current := map[string]bool{}
 	var targets []string
@@ -99,7 +120,7 @@ func (rp *Repeater) attempt(ctx context.Context, c *pendingCall) bool {
 	answers := make([]peers.Answer, len(targets))
 	var wg sync.WaitGroup
 	for i, a := range targets {
-		wg.Go(func() { answers[i] = rp.replicas.Repeat(ctx, a, c.path, c.authorization, c.body) })
+		wg.Go(func() { answers[i] = rp.replicas.Repeat(ctx, a, c.path, c.authorization, body) })
 	}
 	wg.Wait()
 	c.waiting = nil

@@ -124,6 +124,11 @@ func (rp *Repeater) repeat(r *http.Request, path string, req Request) ([]Replica
 		return nil, []string{"not repeated on the other replicas: " + err.Error()}
 	}
 	c.body = body
+	if path == erasePath && req.ClusterID != "" && (req.Deny == nil || *req.Deny) {
+		admitted := req
+		admitted.Deny = new(false)
+		c.admittedBody, _ = json.Marshal(admitted)
+	}
 	var (
 		results  []ReplicaResult
 		warnings []string
@@ -166,15 +171,21 @@ func (rp *Repeater) repeat(r *http.Request, path string, req Request) ([]Replica
 }
 
 // supersede drops the pending calls for c's cluster and waits until none
-// of their retries is in flight.
+// of their retries is in flight. A re-admission keeps a pending erasure
+// (admittedBody): it is sent without its deny from then on.
 func (rp *Repeater) supersede(c *pendingCall) {
 	if c.cluster == "" {
 		return
 	}
-	var older []*pendingCall
+	var older, admitted []*pendingCall
 	rp.mu.Lock()
 	for o := range rp.pending {
 		if o.tenant == c.tenant && o.cluster == c.cluster {
+			if c.path == readmitPath && o.admittedBody != nil {
+				o.admitted = true
+				admitted = append(admitted, o)
+				continue
+			}
 			older = append(older, o)
 			delete(rp.pending, o)
 			o.superseded = true
@@ -187,6 +198,10 @@ func (rp *Repeater) supersede(c *pendingCall) {
 	}
 	rp.m.pending.Set(float64(len(rp.pending)))
 	rp.mu.Unlock()
+	for _, o := range admitted { // an attempt in flight may still deny
+		o.attempting.Lock()
+		o.attempting.Unlock() //nolint:staticcheck // a wait, not a critical section
+	}
 	for _, o := range older {
 		<-o.done
 	}

@@ -37,6 +37,13 @@ type scriptedPeers struct {
 	mu     sync.Mutex
 	peers  []string
 	answer func(ctx context.Context, addr, path string) peers.Answer
+	bodies map[string][]byte // the last body a retry sent, by path
+}
+
+func (f *scriptedPeers) body(path string) []byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.bodies[path]
 }
 
 func newScriptedPeers(addrs ...string) *scriptedPeers {
@@ -68,10 +75,16 @@ func (f *scriptedPeers) Peers() []string {
 	return append([]string(nil), f.peers...)
 }
 
-func (f *scriptedPeers) Repeat(ctx context.Context, addr, path, authorization string, _ []byte) peers.Answer {
+func (f *scriptedPeers) Repeat(ctx context.Context, addr, path, authorization string, body []byte) peers.Answer {
 	f.calls <- addr + " " + path + " " + authorization
 	f.mu.Lock()
 	answer := f.answer
+	if body != nil {
+		if f.bodies == nil {
+			f.bodies = map[string][]byte{}
+		}
+		f.bodies[path] = body
+	}
 	f.mu.Unlock()
 	return answer(ctx, addr, path)
 }
@@ -253,7 +266,7 @@ func TestRepeaterNewerCallSupersedes(t *testing.T) {
 			}
 		})
 		f := newRepeaterFixture(t, sp)
-		f.post(t, erasePath, `{"cluster_id":"c1"}`)
+		f.post(t, readmitPath, `{"cluster_id":"c1"}`)
 		f.post(t, erasePath, `{"cluster_id":"c2"}`)
 		<-sp.calls
 		<-sp.calls
@@ -263,12 +276,12 @@ func TestRepeaterNewerCallSupersedes(t *testing.T) {
 		synctest.Wait()
 
 		sp.set(nil, func(_ context.Context, addr, path string) peers.Answer { return unavailable(addr) })
-		f.post(t, readmitPath, `{"cluster_id":"c1"}`)
-		require.Len(t, returned, 1, "the erasure's attempt had returned before the re-admission was repeated")
+		f.post(t, erasePath, `{"cluster_id":"c1"}`)
+		require.Len(t, returned, 1, "the re-admission's attempt had returned before the erasure was repeated")
 		close(release) // c2's
-		require.Equal(t, "c:9291 /api/v1/admin/readmit Bearer adm1n-s3cret", <-sp.calls)
+		require.Equal(t, "c:9291 /api/v1/admin/erase Bearer adm1n-s3cret", <-sp.calls)
 		require.Equal(t, 1.0, f.repeats("superseded"))
-		require.Equal(t, 2.0, testutil.ToFloat64(f.rp.m.pending), "c2's erasure and c1's re-admission")
+		require.Equal(t, 2.0, testutil.ToFloat64(f.rp.m.pending), "c2's erasure and c1's")
 		require.Contains(t, f.logs.String(), "admin call repeat superseded by a newer call for the cluster")
 
 		var got []string
@@ -276,8 +289,36 @@ func TestRepeaterNewerCallSupersedes(t *testing.T) {
 		got = append(got, <-sp.calls, <-sp.calls)
 		synctest.Wait()
 		require.Empty(t, sp.calls)
-		require.ElementsMatch(t, []string{"c:9291 /api/v1/admin/readmit Bearer adm1n-s3cret", "c:9291 /api/v1/admin/erase Bearer adm1n-s3cret"}, got, "c1's re-admission and c2's erasure")
+		require.ElementsMatch(t, []string{"c:9291 /api/v1/admin/erase Bearer adm1n-s3cret", "c:9291 /api/v1/admin/erase Bearer adm1n-s3cret"}, got, "c1's and c2's erasures")
 		require.Equal(t, 0.0, testutil.ToFloat64(f.rp.m.pending))
+	})
+}
+
+// TestRepeaterReadmissionKeepsAPendingErasure: a replica that missed an
+// erasure and then its cluster's re-admission must still erase it, and
+// not deny it: the re-admission does not drop the pending erasure, which is
+// sent without its deny from then on, with no attempt of the old one in
+// flight.
+func TestRepeaterReadmissionKeepsAPendingErasure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sp, f := newDownPeerFixture(t)
+		f.post(t, erasePath, `{"cluster_id":"c1"}`)
+		<-sp.calls
+		f.post(t, readmitPath, `{"cluster_id":"c1"}`)
+		<-sp.calls
+		require.Zero(t, f.repeats("superseded"))
+		require.Equal(t, 2.0, testutil.ToFloat64(f.rp.m.pending))
+
+		sp.set(nil, func(_ context.Context, addr, _ string) peers.Answer { return accepted(addr) })
+		got := []string{<-sp.calls, <-sp.calls}
+		synctest.Wait()
+		require.ElementsMatch(t, []string{"c:9291 /api/v1/admin/erase Bearer adm1n-s3cret", "c:9291 /api/v1/admin/readmit Bearer adm1n-s3cret"}, got)
+		require.Equal(t, 0.0, testutil.ToFloat64(f.rp.m.pending))
+		var erase Request
+		require.NoError(t, json.Unmarshal(sp.body(erasePath), &erase))
+		require.Equal(t, "c1", erase.ClusterID)
+		require.NotNil(t, erase.Deny)
+		require.False(t, *erase.Deny, "erased there, not denied")
 	})
 }
 
@@ -392,22 +433,22 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// TestRepeaterCallRepeatedHereSupersedes: a re-admission that another
-// replica repeats here drops this replica's pending retry of the erasure of
-// that cluster (the other replica repeats the re-admission on the peers
-// this one retries), and is not repeated from here.
+// TestRepeaterCallRepeatedHereSupersedes: an erasure that another replica
+// repeats here drops this replica's pending retry of the re-admission of
+// that cluster (the other replica repeats the erasure on the peers this one
+// retries), and is not repeated from here.
 func TestRepeaterCallRepeatedHereSupersedes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		sp, f := newDownPeerFixture(t)
-		f.post(t, erasePath, `{"cluster_id":"c1"}`)
+		f.post(t, readmitPath, `{"cluster_id":"c1"}`)
 		<-sp.calls
 		require.Equal(t, 1.0, testutil.ToFloat64(f.rp.m.pending))
 
-		req := httptest.NewRequest(http.MethodPost, readmitPath, strings.NewReader(`{"cluster_id":"c1"}`))
+		req := httptest.NewRequest(http.MethodPost, erasePath, strings.NewReader(`{"cluster_id":"c1"}`))
 		req.Header.Set(peers.OriginHeader, "b0b")
 		rec := httptest.NewRecorder()
 		f.h.ServeHTTP(rec, req)
-		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+		require.Equal(t, http.StatusAccepted, rec.Code, rec.Body.String())
 		require.Equal(t, 0.0, testutil.ToFloat64(f.rp.m.pending))
 		require.Equal(t, 1.0, f.repeats("superseded"))
 		advance(time.Hour)
