@@ -53,6 +53,15 @@ func (h *ClusterIDHasher) Pseudonym(id string) string {
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:16])
 }
 
+// ids returns the ids of a cluster that sent id: the pseudonym is stored,
+// or, with a nil h (no cluster_id_hash), the id as sent.
+func (h *ClusterIDHasher) ids(sent string) ClusterIDs {
+	if h == nil {
+		return ClusterIDs{Sent: sent, Stored: sent}
+	}
+	return ClusterIDs{Sent: sent, Stored: h.Pseudonym(sent)}
+}
+
 // PseudonymTokens binds a static token bound to a cluster's raw id (a
 // tokens file may name either form, see PseudonymBound) to its pseudonym, as
 // the Telemeter paths bind theirs: writes with it store the pseudonym, and

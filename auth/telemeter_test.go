@@ -197,7 +197,7 @@ func TestTelemeterBearerUpstreamDownIs503(t *testing.T) {
 
 type downFleet struct{}
 
-func (downFleet) AuthorizeFleet(context.Context, string, string) (string, error) {
+func (downFleet) AuthorizeFleet(context.Context, string, ClusterIDs) (string, error) {
 	return "", fmt.Errorf("webhook: %w", ErrUpstream)
 }
 
@@ -213,17 +213,16 @@ func TestPseudonymBoundToken(t *testing.T) {
 		{Token: "by-pseudonym", Tenant: "acme", ClusterID: h.Pseudonym(raw), Allow: []string{"authorize"}},
 	})
 	require.NoError(t, err)
-	fleet := PseudonymBound{FleetAuthorizer: tok, Hasher: h}
 	for _, token := range []string{"by-raw", "by-pseudonym"} {
 		for _, sent := range []string{raw, h.Pseudonym(raw)} {
 			if token == "by-raw" && sent != raw {
 				continue // a forwarder sends the pseudonym: bind it by the pseudonym
 			}
-			tenant, err := fleet.AuthorizeFleet(context.Background(), token, sent)
+			tenant, err := tok.AuthorizeFleet(context.Background(), token, h.ids(sent))
 			require.NoError(t, err, "%s sent %s", token, sent)
 			require.Equal(t, "acme", tenant)
 		}
-		_, err := fleet.AuthorizeFleet(context.Background(), token, "another-cluster")
+		_, err := tok.AuthorizeFleet(context.Background(), token, h.ids("another-cluster"))
 		require.ErrorIs(t, err, ErrForbidden, token)
 	}
 }
