@@ -121,7 +121,11 @@ func (h *AuthorizeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, "invalid", http.StatusBadRequest, "parameter id (query or form) must be the cluster's id ("+clusterIDRE.String()+")")
 		return
 	}
-	cluster := h.hasher.ids(sent)
+	cluster, err := h.hasher.ids(sent)
+	if err != nil {
+		h.fail(w, "invalid", http.StatusBadRequest, "parameter id: "+err.Error())
+		return
+	}
 	tenant, err := h.fleet.AuthorizeFleet(r.Context(), token, cluster)
 	switch {
 	case err == nil:

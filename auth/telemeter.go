@@ -170,7 +170,11 @@ func (t *TelemeterBearer) Authenticate(r *http.Request) (Identity, error) {
 		t.checks.WithLabelValues("invalid").Inc()
 		return Identity{}, err
 	}
-	cluster := t.opts.Hasher.ids(clusterID)
+	cluster, err := t.opts.Hasher.ids(clusterID)
+	if err != nil {
+		t.checks.WithLabelValues("invalid").Inc()
+		return Identity{}, fmt.Errorf("telemeter bearer cluster_id: %w: %w", err, ErrUnauthorized)
+	}
 	tenant, err := t.authorize(r.Context(), token, cluster)
 	if err != nil {
 		return Identity{}, err

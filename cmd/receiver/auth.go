@@ -41,6 +41,7 @@ func setupAuth(logger *slog.Logger, reg prometheus.Registerer, cfg receive.AuthC
 		if hasher, err = auth.LoadClusterIDHasher(cfg.ClusterIDHash.SecretFile); err != nil {
 			return authSetup{}, err
 		}
+		hasher.RefusePseudonyms = cfg.ClusterIDHash.Pseudonyms == receive.PseudonymsRefuse
 	}
 	// /authorize and Telemeter's write path each ask the fleet authorizer
 	// through their own webhook client, so that each has its own bound of

@@ -3,6 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -91,5 +96,75 @@ func TestStaticTokenBoundToRawIDWritesPseudonym(t *testing.T) {
 				t.Errorf("stored _id %q, want the pseudonym %q", l.Value, pseudonym)
 			}
 		}
+	}
+}
+
+// auth.cluster_id_hash.pseudonyms: refuse reaches both places a cluster
+// claims an id: /authorize answers 400 and Telemeter's write path 401 for
+// a pseudonym-shaped id (another cluster's stored _id, say), and both
+// still take a raw id.
+func TestPseudonymsRefuseIsWired(t *testing.T) {
+	const raw = "0f2c6b3e-6d0e-4e7b-9a51-2d6f1c9b8a77"
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	_, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("k1.pem", string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})))
+	cfg := receive.AuthConfig{
+		TokensFile:    write("tokens.yaml", "tokens:\n  - token: fleet\n    tenant: acme\n    allow: [authorize]\n"),
+		KeysFile:      write("keys.yaml", "keys:\n- kid: k1\n  created: 2026-01-01T00:00:00Z\n  private_key_file: "+filepath.Join(dir, "k1.pem")+"\n"),
+		ClusterIDHash: &receive.ClusterIDHashConfig{SecretFile: write("key", "0123456789abcdef0123"), Pseudonyms: receive.PseudonymsRefuse},
+	}
+	cfg.SetDefaults()
+	a, err := setupAuth(slog.New(slog.DiscardHandler), nil, cfg, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hasher, err := auth.LoadClusterIDHasher(cfg.ClusterIDHash.SecretFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := hasher.Pseudonym(raw)
+
+	authorize := func(id string) int {
+		r := httptest.NewRequest(http.MethodPost, "/authorize?id="+id, nil)
+		r.Header.Set("Authorization", "Bearer fleet")
+		w := httptest.NewRecorder()
+		a.authorize.ServeHTTP(w, r)
+		return w.Code
+	}
+	if got := authorize(stored); got != http.StatusBadRequest {
+		t.Errorf("/authorize with a stored id: %d, want 400", got)
+	}
+	if got := authorize(raw); got != http.StatusOK {
+		t.Errorf("/authorize with a raw id: %d, want 200", got)
+	}
+
+	telemeter := auth.Middleware(a.telemeter, auth.PermWrite, nil,
+		http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	telemeterWrite := func(id string) int {
+		r := httptest.NewRequest(http.MethodPost, "/metrics/v1/receive", nil)
+		r.Header.Set("Authorization", "Bearer "+base64.StdEncoding.EncodeToString([]byte(`{"authorization_token":"fleet","cluster_id":"`+id+`"}`)))
+		w := httptest.NewRecorder()
+		telemeter.ServeHTTP(w, r)
+		return w.Code
+	}
+	if got := telemeterWrite(stored); got != http.StatusUnauthorized {
+		t.Errorf("telemeter write with a stored id: %d, want 401", got)
+	}
+	if got := telemeterWrite(raw); got != http.StatusNoContent {
+		t.Errorf("telemeter write with a raw id: %d, want 204", got)
 	}
 }
