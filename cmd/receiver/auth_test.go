@@ -33,24 +33,10 @@ func (r *recorder) Write(_ context.Context, _ string, series []prompb.TimeSeries
 	return storage.Stats{Samples: len(series)}, nil
 }
 
-// With auth.cluster_id_hash, a tokens file may bind a token to the raw
-// cluster id (README). A write with such a token must store the pseudonym,
-// never the raw id: the series' raw _id is rewritten, a missing one added
-// as the pseudonym.
-func TestStaticTokenBoundToRawIDWritesPseudonym(t *testing.T) {
-	const raw = "0f2c6b3e-6d0e-4e7b-9a51-2d6f1c9b8a77"
-	dir := t.TempDir()
-	write := func(name, content string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	cfg := receive.AuthConfig{
-		TokensFile:    write("tokens.yaml", "tokens:\n  - token: cluster-writer\n    tenant: acme\n    cluster_id: "+raw+"\n    allow: [write]\n"),
-		ClusterIDHash: &receive.ClusterIDHashConfig{SecretFile: write("key", "0123456789abcdef0123")},
-	}
+// setupHashingAuth builds cfg's auth, which has a cluster_id_hash, and
+// returns it with the pseudonym of raw.
+func setupHashingAuth(t *testing.T, cfg receive.AuthConfig, raw string) (authSetup, string) {
+	t.Helper()
 	a, err := setupAuth(slog.New(slog.DiscardHandler), nil, cfg, false)
 	if err != nil {
 		t.Fatal(err)
@@ -59,7 +45,33 @@ func TestStaticTokenBoundToRawIDWritesPseudonym(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pseudonym := hasher.Pseudonym(raw)
+	return a, hasher.Pseudonym(raw)
+}
+
+// fileWriter returns a function that writes a file in dir and returns its path.
+func fileWriter(t *testing.T, dir string) func(name, content string) string {
+	return func(name, content string) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+}
+
+// With auth.cluster_id_hash, a tokens file may bind a token to the raw
+// cluster id (README). A write with such a token must store the pseudonym,
+// never the raw id: the series' raw _id is rewritten, a missing one added
+// as the pseudonym.
+func TestStaticTokenBoundToRawIDWritesPseudonym(t *testing.T) {
+	const raw = "0f2c6b3e-6d0e-4e7b-9a51-2d6f1c9b8a77"
+	write := fileWriter(t, t.TempDir())
+	cfg := receive.AuthConfig{
+		TokensFile:    write("tokens.yaml", "tokens:\n  - token: cluster-writer\n    tenant: acme\n    cluster_id: "+raw+"\n    allow: [write]\n"),
+		ClusterIDHash: &receive.ClusterIDHashConfig{SecretFile: write("key", "0123456789abcdef0123")},
+	}
+	a, pseudonym := setupHashingAuth(t, cfg, raw)
 
 	rec := &recorder{}
 	var lcfg limits.Config
@@ -105,14 +117,7 @@ func TestStaticTokenBoundToRawIDWritesPseudonym(t *testing.T) {
 // still take a raw id.
 func TestPseudonymsRefuseIsWired(t *testing.T) {
 	const raw = "0f2c6b3e-6d0e-4e7b-9a51-2d6f1c9b8a77"
-	dir := t.TempDir()
-	write := func(name, content string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := fileWriter(t, t.TempDir())
 	_, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -124,19 +129,11 @@ func TestPseudonymsRefuseIsWired(t *testing.T) {
 	write("k1.pem", string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})))
 	cfg := receive.AuthConfig{
 		TokensFile:    write("tokens.yaml", "tokens:\n  - token: fleet\n    tenant: acme\n    allow: [authorize]\n"),
-		KeysFile:      write("keys.yaml", "keys:\n- kid: k1\n  created: 2026-01-01T00:00:00Z\n  private_key_file: "+filepath.Join(dir, "k1.pem")+"\n"),
+		KeysFile:      write("keys.yaml", "keys:\n- kid: k1\n  created: 2026-01-01T00:00:00Z\n  private_key_file: k1.pem\n"),
 		ClusterIDHash: &receive.ClusterIDHashConfig{SecretFile: write("key", "0123456789abcdef0123"), Pseudonyms: receive.PseudonymsRefuse},
 	}
 	cfg.SetDefaults()
-	a, err := setupAuth(slog.New(slog.DiscardHandler), nil, cfg, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hasher, err := auth.LoadClusterIDHasher(cfg.ClusterIDHash.SecretFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stored := hasher.Pseudonym(raw)
+	a, stored := setupHashingAuth(t, cfg, raw)
 
 	authorize := func(id string) int {
 		r := httptest.NewRequest(http.MethodPost, "/authorize?id="+id, nil)
