@@ -79,9 +79,10 @@ func (h *ClusterIDHasher) ids(sent string) (ClusterIDs, error) {
 }
 
 // PseudonymTokens binds a static token bound to a cluster's raw id (a
-// tokens file may name either form, see PseudonymBound) to its pseudonym, as
-// the Telemeter paths bind theirs: writes with it store the pseudonym, and
-// series that carry the raw _id are rewritten (Identity.ClusterIDAlias).
+// tokens file may name either form, see Tokens.AuthorizeFleet) to its
+// pseudonym, as the Telemeter paths bind theirs: writes with it store the
+// pseudonym, and series that carry the raw _id are rewritten
+// (Identity.ClusterIDAlias).
 // Without it such a token wrote the raw id to the WAL and the blocks.
 type PseudonymTokens struct {
 	Authenticator

@@ -96,9 +96,9 @@ const maxTelemeterLookup = time.Minute
 // only as the cluster_id it came with. Safe for concurrent use.
 //
 // Answers of the fleet authorizer are cached by a digest of the token and
-// the cluster's ids, as Kubernetes' cached token authenticator does: positive ones
-// for CacheTTL, refusals for NegativeCacheTTL, in two caches of CacheSize
-// entries each. Concurrent checks of the same bearer share one lookup. A
+// the cluster's ids, as Kubernetes' cached token authenticator does:
+// positive ones for CacheTTL, refusals for NegativeCacheTTL, in two caches
+// of CacheSize entries each. Concurrent checks of the same bearer share one lookup. A
 // positive answer in the last quarter of its TTL is looked up again in the
 // background by the next check, which does not wait for it: a cluster that
 // keeps writing is never held up by the lookup, nor refused for a busy or
