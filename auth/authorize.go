@@ -24,16 +24,29 @@ var clusterIDRE = regexp.MustCompile(`^[A-Za-z0-9_=.:-]{1,128}$`)
 // ErrUpstream means the upstream authorizer could not give an answer.
 var ErrUpstream = errors.New("upstream authorizer unavailable")
 
+// ClusterIDs names a cluster asking for a credential: the id it sent, and
+// the id the credential binds and its data is stored as (its pseudonym
+// with cluster_id_hash, else the same). Stored is the identity that
+// matters: pseudonyms are visible to anyone who reads fleet data, so an
+// authorizer that only checked Sent would let a client claim another
+// cluster's stored id.
+type ClusterIDs struct {
+	Sent   string
+	Stored string
+}
+
 // FleetAuthorizer decides whether a fleet token may obtain a credential for
 // a cluster, and for which tenant.
 type FleetAuthorizer interface {
-	AuthorizeFleet(ctx context.Context, token, clusterID string) (tenant string, err error)
+	AuthorizeFleet(ctx context.Context, token string, cluster ClusterIDs) (tenant string, err error)
 }
 
 // AuthorizeFleet implements FleetAuthorizer for static tokens: the token
 // needs the authorize permission, and a token bound to a cluster only
-// authorizes that cluster.
-func (t *Tokens) AuthorizeFleet(_ context.Context, token, clusterID string) (string, error) {
+// authorizes that cluster. A tokens file may bind by either form of the
+// id: the raw id a telemeter-client sends, or the pseudonym stored with
+// cluster_id_hash (what an operator reads in the fleet's data).
+func (t *Tokens) AuthorizeFleet(_ context.Context, token string, cluster ClusterIDs) (string, error) {
 	id, err := t.lookup(token)
 	if err != nil {
 		return "", err
@@ -41,32 +54,10 @@ func (t *Tokens) AuthorizeFleet(_ context.Context, token, clusterID string) (str
 	if id.Allow&PermAuthorize == 0 {
 		return "", fmt.Errorf("token may not authorize: %w", ErrForbidden)
 	}
-	if id.ClusterID != "" && id.ClusterID != clusterID {
-		return "", errOtherCluster
+	if id.ClusterID != "" && id.ClusterID != cluster.Sent && id.ClusterID != cluster.Stored {
+		return "", fmt.Errorf("token is bound to another cluster: %w", ErrForbidden)
 	}
 	return id.Tenant, nil
-}
-
-var errOtherCluster = fmt.Errorf("token is bound to another cluster: %w", ErrForbidden)
-
-// PseudonymBound lets a tokens file bind a fleet token to a cluster by
-// either form of its id: the raw id a telemeter-client sends, or the
-// pseudonym the receiver stores with cluster_id_hash (and a forwarder
-// sends), which is what an operator reads in the fleet's data.
-type PseudonymBound struct {
-	FleetAuthorizer
-	Hasher *ClusterIDHasher
-}
-
-// AuthorizeFleet implements FleetAuthorizer.
-func (p PseudonymBound) AuthorizeFleet(ctx context.Context, token, clusterID string) (string, error) {
-	tenant, err := p.FleetAuthorizer.AuthorizeFleet(ctx, token, clusterID)
-	if errors.Is(err, errOtherCluster) && p.Hasher != nil {
-		if ps := p.Hasher.Pseudonym(clusterID); ps != clusterID {
-			return p.FleetAuthorizer.AuthorizeFleet(ctx, token, ps)
-		}
-	}
-	return tenant, err
 }
 
 // AuthorizeResponse is the JSON body of a successful POST /authorize. It
@@ -125,12 +116,17 @@ func (h *AuthorizeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, 4<<10)
-	clusterID := r.FormValue("id")
-	if !clusterIDRE.MatchString(clusterID) {
+	sent := r.FormValue("id")
+	if !clusterIDRE.MatchString(sent) {
 		h.fail(w, "invalid", http.StatusBadRequest, "parameter id (query or form) must be the cluster's id ("+clusterIDRE.String()+")")
 		return
 	}
-	tenant, err := h.fleet.AuthorizeFleet(r.Context(), token, clusterID)
+	cluster, err := h.hasher.ids(sent)
+	if err != nil {
+		h.fail(w, "invalid", http.StatusBadRequest, "parameter id: "+err.Error())
+		return
+	}
+	tenant, err := h.fleet.AuthorizeFleet(r.Context(), token, cluster)
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrForbidden):
@@ -149,9 +145,7 @@ func (h *AuthorizeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, "error", http.StatusInternalServerError, "internal error")
 		return
 	}
-	if h.hasher != nil {
-		clusterID = h.hasher.Pseudonym(clusterID)
-	}
+	clusterID := cluster.Stored
 	signed, exp, err := h.issuer.Issue(tenant, clusterID)
 	if err != nil {
 		h.logger.Error("issue credential", "err", err)
@@ -179,8 +173,12 @@ func (h *AuthorizeHandler) fail(w http.ResponseWriter, result string, code int, 
 }
 
 // Webhook asks an upstream HTTP service whether a fleet token may authorize
-// a cluster. It POSTs {"token": ..., "cluster_id": ...} as JSON and expects
-// 200 with {"tenant": ...}; 401 and 403 refuse; anything else is ErrUpstream.
+// a cluster. It POSTs {"token": ..., "cluster_id": ..., "stored_id": ...}
+// as JSON (cluster_id as the cluster sent it, stored_id the _id the
+// credential binds) and expects 200 with {"tenant": ...}; 401 and 403
+// refuse; anything else is ErrUpstream. A webhook that approves ids it has
+// not seen before must bind on stored_id: a client may send another
+// cluster's stored id, which anyone who reads fleet data knows.
 type Webhook struct {
 	URL    string
 	Client *http.Client // nil: http.DefaultClient
@@ -215,7 +213,7 @@ func noRedirects(c *http.Client) *http.Client {
 }
 
 // AuthorizeFleet implements FleetAuthorizer.
-func (wh Webhook) AuthorizeFleet(ctx context.Context, token, clusterID string) (string, error) {
+func (wh Webhook) AuthorizeFleet(ctx context.Context, token string, cluster ClusterIDs) (string, error) {
 	if wh.sem != nil {
 		select {
 		case wh.sem <- struct{}{}:
@@ -224,7 +222,7 @@ func (wh Webhook) AuthorizeFleet(ctx context.Context, token, clusterID string) (
 			return "", fmt.Errorf("webhook: %d lookups in flight: %w", cap(wh.sem), ErrUpstream)
 		}
 	}
-	body, _ := json.Marshal(map[string]string{"token": token, "cluster_id": clusterID})
+	body, _ := json.Marshal(map[string]string{"token": token, "cluster_id": cluster.Sent, "stored_id": cluster.Stored})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, wh.URL, bytes.NewReader(body))
 	if err != nil {
 		return "", fmt.Errorf("webhook request: %w", err)

@@ -4,6 +4,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -20,7 +21,18 @@ var pseudonymRE = regexp.MustCompile(`^[A-Za-z0-9_-]{22}$`)
 // Telemeter paths: telemeter-client's /authorize id and the cluster_id of
 // Prometheus' telemetry remote-write) into pseudonyms before anything
 // stores or logs them.
-type ClusterIDHasher struct{ key []byte }
+type ClusterIDHasher struct {
+	key []byte
+	// RefusePseudonyms refuses a cluster id sent with the pseudonym's shape
+	// at /authorize and on Telemeter's write path, instead of keeping it:
+	// for fleets whose clusters all send raw ids (no forwarder), so that no
+	// client can present a stored id, which readers of fleet data see.
+	// Set it before the hasher is used.
+	RefusePseudonyms bool
+}
+
+// errSentPseudonym refuses a pseudonym-shaped id under RefusePseudonyms.
+var errSentPseudonym = errors.New("the cluster id has the shape of a stored pseudonym (22 base64url characters), and this receiver takes only raw cluster ids (auth.cluster_id_hash.pseudonyms: refuse)")
 
 // LoadClusterIDHasher reads the HMAC key from path (trailing newlines
 // trimmed); it must have at least 16 bytes.
@@ -53,10 +65,24 @@ func (h *ClusterIDHasher) Pseudonym(id string) string {
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:16])
 }
 
+// ids returns the ids of a cluster that sent id: the pseudonym is stored,
+// or, with a nil h (no cluster_id_hash), the id as sent. Under
+// RefusePseudonyms a pseudonym-shaped id is errSentPseudonym.
+func (h *ClusterIDHasher) ids(sent string) (ClusterIDs, error) {
+	if h == nil {
+		return ClusterIDs{Sent: sent, Stored: sent}, nil
+	}
+	if h.RefusePseudonyms && pseudonymRE.MatchString(sent) {
+		return ClusterIDs{}, errSentPseudonym
+	}
+	return ClusterIDs{Sent: sent, Stored: h.Pseudonym(sent)}, nil
+}
+
 // PseudonymTokens binds a static token bound to a cluster's raw id (a
-// tokens file may name either form, see PseudonymBound) to its pseudonym, as
-// the Telemeter paths bind theirs: writes with it store the pseudonym, and
-// series that carry the raw _id are rewritten (Identity.ClusterIDAlias).
+// tokens file may name either form, see Tokens.AuthorizeFleet) to its
+// pseudonym, as the Telemeter paths bind theirs: writes with it store the
+// pseudonym, and series that carry the raw _id are rewritten
+// (Identity.ClusterIDAlias).
 // Without it such a token wrote the raw id to the WAL and the blocks.
 type PseudonymTokens struct {
 	Authenticator

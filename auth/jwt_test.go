@@ -283,17 +283,17 @@ func TestFileTokensRevocation(t *testing.T) {
 	require.NoError(t, os.WriteFile(p, []byte("tokens:\n- {token: a, tenant: t}\n- {token: b, tenant: t}\n"), 0o600))
 	ft, err := NewFileTokens(discardLogger(), nil, p)
 	require.NoError(t, err)
-	_, err = ft.AuthorizeFleet(t.Context(), "b", "c1")
+	_, err = ft.AuthorizeFleet(t.Context(), "b", unhashed("c1"))
 	require.NoError(t, err)
 
 	require.NoError(t, os.WriteFile(p, []byte("tokens:\n- {token: a, tenant: t}\n"), 0o600))
 	require.NoError(t, ft.Reload())
-	_, err = ft.AuthorizeFleet(t.Context(), "b", "c1")
+	_, err = ft.AuthorizeFleet(t.Context(), "b", unhashed("c1"))
 	require.ErrorIs(t, err, ErrUnauthorized, "a revoked token fails at the next authorize")
 
 	require.NoError(t, os.WriteFile(p, []byte("tokens: [{tenant: t}]\n"), 0o600))
 	require.Error(t, ft.Reload())
-	_, err = ft.AuthorizeFleet(t.Context(), "a", "c1")
+	_, err = ft.AuthorizeFleet(t.Context(), "a", unhashed("c1"))
 	require.NoError(t, err, "an invalid file keeps the previous tokens")
 }
 

@@ -33,8 +33,11 @@ func (c *fakeClock) Advance(d time.Duration) {
 }
 
 // fleetFunc is a FleetAuthorizer made of a function.
-type fleetFunc func(ctx context.Context, token, clusterID string) (string, error)
+type fleetFunc func(ctx context.Context, token string, cluster ClusterIDs) (string, error)
 
-func (f fleetFunc) AuthorizeFleet(ctx context.Context, token, clusterID string) (string, error) {
-	return f(ctx, token, clusterID)
+func (f fleetFunc) AuthorizeFleet(ctx context.Context, token string, cluster ClusterIDs) (string, error) {
+	return f(ctx, token, cluster)
 }
+
+// unhashed is a cluster id stored as sent, as without cluster_id_hash.
+func unhashed(id string) ClusterIDs { return ClusterIDs{Sent: id, Stored: id} }

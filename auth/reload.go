@@ -85,8 +85,8 @@ func (f *FileTokens) Authenticate(r *http.Request) (Identity, error) {
 }
 
 // AuthorizeFleet implements FleetAuthorizer.
-func (f *FileTokens) AuthorizeFleet(ctx context.Context, token, clusterID string) (string, error) {
-	return f.cur.Load().AuthorizeFleet(ctx, token, clusterID)
+func (f *FileTokens) AuthorizeFleet(ctx context.Context, token string, cluster ClusterIDs) (string, error) {
+	return f.cur.Load().AuthorizeFleet(ctx, token, cluster)
 }
 
 // UnboundWriters is Tokens.UnboundWriters of the tokens in force.

@@ -95,10 +95,10 @@ const maxTelemeterLookup = time.Minute
 // token at /authorize would be; the identity it yields may only write, and
 // only as the cluster_id it came with. Safe for concurrent use.
 //
-// Answers of the fleet authorizer are cached by a digest of token and
-// cluster id, as Kubernetes' cached token authenticator does: positive ones
-// for CacheTTL, refusals for NegativeCacheTTL, in two caches of CacheSize
-// entries each. Concurrent checks of the same bearer share one lookup. A
+// Answers of the fleet authorizer are cached by a digest of the token and
+// the cluster's ids, as Kubernetes' cached token authenticator does:
+// positive ones for CacheTTL, refusals for NegativeCacheTTL, in two caches
+// of CacheSize entries each. Concurrent checks of the same bearer share one lookup. A
 // positive answer in the last quarter of its TTL is looked up again in the
 // background by the next check, which does not wait for it: a cluster that
 // keeps writing is never held up by the lookup, nor refused for a busy or
@@ -106,7 +106,7 @@ const maxTelemeterLookup = time.Minute
 type TelemeterBearer struct {
 	fleet   FleetAuthorizer
 	opts    TelemeterOptions
-	allowed expiringCache[string] // tenants of (token, cluster id) digests
+	allowed expiringCache[string] // tenants of (token, sent id, stored id) digests
 	refused expiringCache[error]  // ErrUnauthorized or ErrForbidden, by the same digests
 	group   singleflight.Group    // lookups in flight, by digest
 	checks  *prometheus.CounterVec
@@ -170,29 +170,31 @@ func (t *TelemeterBearer) Authenticate(r *http.Request) (Identity, error) {
 		t.checks.WithLabelValues("invalid").Inc()
 		return Identity{}, err
 	}
-	tenant, err := t.authorize(r.Context(), token, clusterID)
+	cluster, err := t.opts.Hasher.ids(clusterID)
+	if err != nil {
+		t.checks.WithLabelValues("invalid").Inc()
+		return Identity{}, fmt.Errorf("telemeter bearer cluster_id: %w: %w", err, ErrUnauthorized)
+	}
+	tenant, err := t.authorize(r.Context(), token, cluster)
 	if err != nil {
 		return Identity{}, err
 	}
-	id := Identity{Tenant: tenant, ClusterID: clusterID, Allow: PermWrite}
-	if h := t.opts.Hasher; h != nil {
-		id.ClusterID = h.Pseudonym(clusterID)
-		if id.ClusterID != clusterID {
-			id.ClusterIDAlias = clusterID // series sent with the raw id are rewritten, never stored
-		}
+	id := Identity{Tenant: tenant, ClusterID: cluster.Stored, Allow: PermWrite}
+	if cluster.Stored != cluster.Sent {
+		id.ClusterIDAlias = cluster.Sent // series sent with the raw id are rewritten, never stored
 	}
 	return id, nil
 }
 
 // authorize answers from the caches, or asks the fleet authorizer (one
-// lookup per digest at a time). The caches are keyed by a digest of token
-// and cluster id, never the token.
-func (t *TelemeterBearer) authorize(ctx context.Context, token, clusterID string) (string, error) {
-	key := sha256.Sum256([]byte(token + "\x00" + clusterID))
+// lookup per digest at a time). The caches are keyed by a digest of the
+// token and both ids the authorizer is asked about, never the token.
+func (t *TelemeterBearer) authorize(ctx context.Context, token string, cluster ClusterIDs) (string, error) {
+	key := sha256.Sum256([]byte(token + "\x00" + cluster.Sent + "\x00" + cluster.Stored))
 	now := t.opts.now()
 	if tenant, exp, ok := t.allowed.get(key, now); ok {
 		if exp.Sub(now) < t.opts.CacheTTL/4 {
-			t.lookup(ctx, key, token, clusterID) // refresh ahead; nobody waits for it
+			t.lookup(ctx, key, token, cluster) // refresh ahead; nobody waits for it
 		}
 		t.checks.WithLabelValues("cached").Inc()
 		return tenant, nil
@@ -202,7 +204,7 @@ func (t *TelemeterBearer) authorize(ctx context.Context, token, clusterID string
 		return "", err
 	}
 	select {
-	case res := <-t.lookup(ctx, key, token, clusterID):
+	case res := <-t.lookup(ctx, key, token, cluster):
 		t.checks.WithLabelValues(lookupResult(res.Err)).Inc()
 		if res.Err != nil {
 			return "", res.Err
@@ -218,13 +220,13 @@ func (t *TelemeterBearer) authorize(ctx context.Context, token, clusterID string
 // caches its answer. The lookup outlives ctx's cancellation (others may wait
 // for it) but not maxTelemeterLookup. An entry expires one TTL after the
 // lookup started, so it never outlives the answer by more than its TTL.
-func (t *TelemeterBearer) lookup(ctx context.Context, key [sha256.Size]byte, token, clusterID string) <-chan singleflight.Result {
+func (t *TelemeterBearer) lookup(ctx context.Context, key [sha256.Size]byte, token string, cluster ClusterIDs) <-chan singleflight.Result {
 	ctx = context.WithoutCancel(ctx)
 	return t.group.DoChan(string(key[:]), func() (any, error) {
 		ctx, cancel := context.WithTimeout(ctx, maxTelemeterLookup)
 		defer cancel()
 		start := t.opts.now()
-		tenant, err := t.fleet.AuthorizeFleet(ctx, token, clusterID)
+		tenant, err := t.fleet.AuthorizeFleet(ctx, token, cluster)
 		t.lookups.WithLabelValues(lookupResult(err)).Inc()
 		switch {
 		case err == nil:

@@ -29,11 +29,11 @@ func (r *registry) set(clusterID string, err error) {
 	r.clusters[clusterID] = err
 }
 
-func (r *registry) AuthorizeFleet(_ context.Context, token, clusterID string) (string, error) {
+func (r *registry) AuthorizeFleet(_ context.Context, token string, cluster ClusterIDs) (string, error) {
 	r.calls.Add(1)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	err, ok := r.clusters[clusterID]
+	err, ok := r.clusters[cluster.Stored]
 	switch {
 	case token != "fleet" || !ok:
 		return "", fmt.Errorf("unknown: %w", ErrUnauthorized)
@@ -117,7 +117,7 @@ func TestTelemeterBearerSharesLookups(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var calls atomic.Int64
 		release := make(chan struct{})
-		a := NewTelemeterBearer(nil, fleetFunc(func(ctx context.Context, _, _ string) (string, error) {
+		a := NewTelemeterBearer(nil, fleetFunc(func(ctx context.Context, _ string, _ ClusterIDs) (string, error) {
 			calls.Add(1)
 			<-release
 			if err := ctx.Err(); err != nil {

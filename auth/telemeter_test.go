@@ -197,14 +197,14 @@ func TestTelemeterBearerUpstreamDownIs503(t *testing.T) {
 
 type downFleet struct{}
 
-func (downFleet) AuthorizeFleet(context.Context, string, string) (string, error) {
+func (downFleet) AuthorizeFleet(context.Context, string, ClusterIDs) (string, error) {
 	return "", fmt.Errorf("webhook: %w", ErrUpstream)
 }
 
-// TestPseudonymBoundToken: with cluster_id_hash, a fleet token bound in the
+// TestTokenBoundByRawIDOrPseudonym: with cluster_id_hash, a fleet token bound in the
 // tokens file to a cluster authorizes that cluster whether the file names
 // its raw id or its pseudonym, and no other cluster.
-func TestPseudonymBoundToken(t *testing.T) {
+func TestTokenBoundByRawIDOrPseudonym(t *testing.T) {
 	h, err := NewClusterIDHasher([]byte("0123456789abcdef-fleet-key"))
 	require.NoError(t, err)
 	const raw = "5f6c2a9e-3b1d-4c7e-9a0f-2d8e4b6c1a73"
@@ -213,17 +213,16 @@ func TestPseudonymBoundToken(t *testing.T) {
 		{Token: "by-pseudonym", Tenant: "acme", ClusterID: h.Pseudonym(raw), Allow: []string{"authorize"}},
 	})
 	require.NoError(t, err)
-	fleet := PseudonymBound{FleetAuthorizer: tok, Hasher: h}
 	for _, token := range []string{"by-raw", "by-pseudonym"} {
 		for _, sent := range []string{raw, h.Pseudonym(raw)} {
 			if token == "by-raw" && sent != raw {
 				continue // a forwarder sends the pseudonym: bind it by the pseudonym
 			}
-			tenant, err := fleet.AuthorizeFleet(context.Background(), token, sent)
+			tenant, err := tok.AuthorizeFleet(context.Background(), token, ClusterIDs{Sent: sent, Stored: h.Pseudonym(sent)})
 			require.NoError(t, err, "%s sent %s", token, sent)
 			require.Equal(t, "acme", tenant)
 		}
-		_, err := fleet.AuthorizeFleet(context.Background(), token, "another-cluster")
+		_, err := tok.AuthorizeFleet(context.Background(), token, ClusterIDs{Sent: "another-cluster", Stored: h.Pseudonym("another-cluster")})
 		require.ErrorIs(t, err, ErrForbidden, token)
 	}
 }

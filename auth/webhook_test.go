@@ -40,15 +40,15 @@ func TestWebhookAnswers(t *testing.T) {
 	}))
 	defer srv.Close()
 	wh := NewWebhook(srv.URL, srv.Client())
-	tenant, err := wh.AuthorizeFleet(context.Background(), "good", "c1")
+	tenant, err := wh.AuthorizeFleet(context.Background(), "good", unhashed("c1"))
 	require.NoError(t, err)
 	require.Equal(t, "acme", tenant)
 	for token, want := range map[string]error{"bad-tenant": ErrUpstream, "revoked": ErrUnauthorized, "wrong-cluster": ErrForbidden, "other": ErrUpstream} {
-		_, err := wh.AuthorizeFleet(context.Background(), token, "c1")
+		_, err := wh.AuthorizeFleet(context.Background(), token, unhashed("c1"))
 		require.ErrorIs(t, err, want, token)
 	}
 
-	tenant, err = Webhook{URL: srv.URL}.AuthorizeFleet(context.Background(), "good", "c1")
+	tenant, err = Webhook{URL: srv.URL}.AuthorizeFleet(context.Background(), "good", unhashed("c1"))
 	require.NoError(t, err, "a Webhook without a Client uses http.DefaultClient")
 	require.Equal(t, "acme", tenant)
 }
@@ -70,7 +70,7 @@ func TestWebhookBoundsLookupsInFlight(t *testing.T) {
 	done := make(chan error, WebhookMaxInflight)
 	for range WebhookMaxInflight {
 		go func() {
-			_, err := wh.AuthorizeFleet(context.Background(), "good", "c1")
+			_, err := wh.AuthorizeFleet(context.Background(), "good", unhashed("c1"))
 			done <- err
 		}()
 	}
@@ -83,7 +83,7 @@ func TestWebhookBoundsLookupsInFlight(t *testing.T) {
 	}
 	refused := make(chan error, 1)
 	go func() {
-		_, err := wh.AuthorizeFleet(context.Background(), "good", "c1")
+		_, err := wh.AuthorizeFleet(context.Background(), "good", unhashed("c1"))
 		refused <- err
 	}()
 	select {
@@ -188,7 +188,7 @@ func TestWebhookFollowsNoRedirect(t *testing.T) {
 		"NewWebhook":     NewWebhook(redirecting.URL, redirecting.Client()),
 		"without Client": {URL: redirecting.URL},
 	} {
-		_, err := wh.AuthorizeFleet(context.Background(), "good", "c1")
+		_, err := wh.AuthorizeFleet(context.Background(), "good", unhashed("c1"))
 		require.ErrorIs(t, err, ErrUpstream, name)
 	}
 	require.False(t, reached.Load(), "the token was sent to the redirect's target")

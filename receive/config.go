@@ -86,7 +86,19 @@ type AuthConfig struct {
 // ClusterIDHashConfig names the HMAC key of auth.cluster_id_hash.
 type ClusterIDHashConfig struct {
 	SecretFile string `yaml:"secret_file"`
+	// Pseudonyms is what happens to a cluster id sent at /authorize or on
+	// Telemeter's write path that already has the pseudonym's shape (what
+	// a forwarder sends): "accept" (stored as it is; the default) or
+	// "refuse" (400 at /authorize, 401 on the write path), for fleets whose
+	// clusters all send raw ids, so that nobody can present a stored id.
+	Pseudonyms string `yaml:"pseudonyms"`
 }
+
+// Values of auth.cluster_id_hash.pseudonyms.
+const (
+	PseudonymsAccept = "accept"
+	PseudonymsRefuse = "refuse"
+)
 
 // TelemeterConfig bounds the caches of fleet-token answers on Telemeter's
 // remote-write path (see auth.TelemeterOptions): a revoked token keeps
@@ -130,6 +142,9 @@ func (a *AuthConfig) SetDefaults() {
 	if a.Telemeter.TokenCacheSize == 0 {
 		a.Telemeter.TokenCacheSize = auth.DefaultTelemeterCacheSize
 	}
+	if a.ClusterIDHash != nil && a.ClusterIDHash.Pseudonyms == "" {
+		a.ClusterIDHash.Pseudonyms = PseudonymsAccept
+	}
 	if a.AuthorizeWebhook != nil && a.AuthorizeWebhook.Timeout == 0 {
 		a.AuthorizeWebhook.Timeout = model.Duration(5 * time.Second)
 	}
@@ -147,8 +162,13 @@ func (a *AuthConfig) Validate() error {
 	if a.IDMismatch != IDMismatchReject && a.IDMismatch != IDMismatchOverwrite {
 		errs = append(errs, fmt.Errorf("auth.id_mismatch: %q, want reject or overwrite", a.IDMismatch))
 	}
-	if a.ClusterIDHash != nil && a.ClusterIDHash.SecretFile == "" {
-		errs = append(errs, errors.New("auth.cluster_id_hash.secret_file: required"))
+	if h := a.ClusterIDHash; h != nil {
+		if h.SecretFile == "" {
+			errs = append(errs, errors.New("auth.cluster_id_hash.secret_file: required"))
+		}
+		if h.Pseudonyms != PseudonymsAccept && h.Pseudonyms != PseudonymsRefuse {
+			errs = append(errs, fmt.Errorf("auth.cluster_id_hash.pseudonyms: %q, want accept or refuse", h.Pseudonyms))
+		}
 	}
 	if a.Telemeter.TokenCacheTTL < 0 || a.Telemeter.TokenCacheTTL > model.Duration(time.Hour) {
 		errs = append(errs, fmt.Errorf("auth.telemeter.token_cache_ttl: %s, want between 0 and 1h (a revoked token writes that long)", a.Telemeter.TokenCacheTTL))

@@ -38,6 +38,10 @@ func TestLoadConfigDefaults(t *testing.T) {
 	require.Equal(t, 30*time.Second, time.Duration(cfg.Auth.Telemeter.TokenCacheNegativeTTL))
 	require.Equal(t, 100_000, cfg.Auth.Telemeter.TokenCacheSize)
 	require.True(t, filepath.IsAbs(cfg.Auth.ClusterIDHash.SecretFile), "relative to the config file")
+	require.Equal(t, PseudonymsAccept, cfg.Auth.ClusterIDHash.Pseudonyms, "forwarders send pseudonyms")
+	refusing, err := LoadConfig(writeConfig(t, "auth:\n  cluster_id_hash:\n    secret_file: key\n    pseudonyms: refuse\n"))
+	require.NoError(t, err)
+	require.Equal(t, PseudonymsRefuse, refusing.Auth.ClusterIDHash.Pseudonyms)
 
 	// Telemeter's paths: prometheus_replica unless set; "" turns it off.
 	require.Equal(t, TelemeterOptions{ReplicaLabel: "prometheus_replica", ReplicaFailover: 2 * time.Minute}, cfg.Telemeter.Options())
@@ -50,7 +54,7 @@ func TestLoadConfigNamesEveryProblem(t *testing.T) {
 	_, err := LoadConfig(writeConfig(t, "auth:\n  tokenz_file: x\n"))
 	require.ErrorContains(t, err, "field tokenz_file not found")
 
-	_, err = LoadConfig(writeConfig(t, "limits:\n  defaults:\n    max_body_bytes: 64MiB\n    max_decoded_bytes: 1MiB\n    max_label_name_length: -1\nallowlist: ['up{', 'ok']\nelide_labels: [__name__, 'a-b']\nauth:\n  id_mismatch: ignore\n  telemeter: {token_cache_ttl: 2h, token_cache_negative_ttl: 2h, token_cache_size: -1}\n  cluster_id_hash: {}\ntelemeter: {replica_label: a-b, replica_failover_timeout: 500ms}\n"))
+	_, err = LoadConfig(writeConfig(t, "limits:\n  defaults:\n    max_body_bytes: 64MiB\n    max_decoded_bytes: 1MiB\n    max_label_name_length: -1\nallowlist: ['up{', 'ok']\nelide_labels: [__name__, 'a-b']\nauth:\n  id_mismatch: ignore\n  telemeter: {token_cache_ttl: 2h, token_cache_negative_ttl: 2h, token_cache_size: -1}\n  cluster_id_hash: {pseudonyms: deny}\ntelemeter: {replica_label: a-b, replica_failover_timeout: 500ms}\n"))
 	for _, want := range []string{
 		"limits.defaults.max_decoded_bytes",
 		"limits.defaults.max_label_name_length",
@@ -62,6 +66,7 @@ func TestLoadConfigNamesEveryProblem(t *testing.T) {
 		"auth.telemeter.token_cache_negative_ttl: 2h",
 		"auth.telemeter.token_cache_size: -1",
 		"auth.cluster_id_hash.secret_file: required",
+		`auth.cluster_id_hash.pseudonyms: "deny", want accept or refuse`,
 		`telemeter.replica_label: "a-b"`,
 		"telemeter.replica_failover_timeout: 500ms",
 	} {

@@ -41,16 +41,13 @@ func setupAuth(logger *slog.Logger, reg prometheus.Registerer, cfg receive.AuthC
 		if hasher, err = auth.LoadClusterIDHasher(cfg.ClusterIDHash.SecretFile); err != nil {
 			return authSetup{}, err
 		}
+		hasher.RefusePseudonyms = cfg.ClusterIDHash.Pseudonyms == receive.PseudonymsRefuse
 	}
 	// /authorize and Telemeter's write path each ask the fleet authorizer
 	// through their own webhook client, so that each has its own bound of
 	// lookups in flight: a flood of made-up tokens at one does not starve
 	// the other (known clusters' writes, or their credential renewals).
 	var fleet, writeFleet auth.FleetAuthorizer = tokens, tokens
-	if hasher != nil { // a token's cluster_id may be the raw id or its pseudonym
-		fleet = auth.PseudonymBound{FleetAuthorizer: tokens, Hasher: hasher}
-		writeFleet = fleet
-	}
 	if wh := cfg.AuthorizeWebhook; wh != nil {
 		fleet = auth.NewWebhook(wh.URL, &http.Client{Timeout: time.Duration(wh.Timeout)})
 		writeFleet = auth.NewWebhook(wh.URL, &http.Client{Timeout: time.Duration(wh.Timeout)})

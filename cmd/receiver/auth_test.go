@@ -3,6 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -28,24 +33,10 @@ func (r *recorder) Write(_ context.Context, _ string, series []prompb.TimeSeries
 	return storage.Stats{Samples: len(series)}, nil
 }
 
-// With auth.cluster_id_hash, a tokens file may bind a token to the raw
-// cluster id (README). A write with such a token must store the pseudonym,
-// never the raw id: the series' raw _id is rewritten, a missing one added
-// as the pseudonym.
-func TestStaticTokenBoundToRawIDWritesPseudonym(t *testing.T) {
-	const raw = "0f2c6b3e-6d0e-4e7b-9a51-2d6f1c9b8a77"
-	dir := t.TempDir()
-	write := func(name, content string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	cfg := receive.AuthConfig{
-		TokensFile:    write("tokens.yaml", "tokens:\n  - token: cluster-writer\n    tenant: acme\n    cluster_id: "+raw+"\n    allow: [write]\n"),
-		ClusterIDHash: &receive.ClusterIDHashConfig{SecretFile: write("key", "0123456789abcdef0123")},
-	}
+// setupHashingAuth builds cfg's auth, which has a cluster_id_hash, and
+// returns it with the pseudonym of raw.
+func setupHashingAuth(t *testing.T, cfg receive.AuthConfig, raw string) (authSetup, string) {
+	t.Helper()
 	a, err := setupAuth(slog.New(slog.DiscardHandler), nil, cfg, false)
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +45,33 @@ func TestStaticTokenBoundToRawIDWritesPseudonym(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pseudonym := hasher.Pseudonym(raw)
+	return a, hasher.Pseudonym(raw)
+}
+
+// fileWriter returns a function that writes a file in dir and returns its path.
+func fileWriter(t *testing.T, dir string) func(name, content string) string {
+	return func(name, content string) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+}
+
+// With auth.cluster_id_hash, a tokens file may bind a token to the raw
+// cluster id (README). A write with such a token must store the pseudonym,
+// never the raw id: the series' raw _id is rewritten, a missing one added
+// as the pseudonym.
+func TestStaticTokenBoundToRawIDWritesPseudonym(t *testing.T) {
+	const raw = "0f2c6b3e-6d0e-4e7b-9a51-2d6f1c9b8a77"
+	write := fileWriter(t, t.TempDir())
+	cfg := receive.AuthConfig{
+		TokensFile:    write("tokens.yaml", "tokens:\n  - token: cluster-writer\n    tenant: acme\n    cluster_id: "+raw+"\n    allow: [write]\n"),
+		ClusterIDHash: &receive.ClusterIDHashConfig{SecretFile: write("key", "0123456789abcdef0123")},
+	}
+	a, pseudonym := setupHashingAuth(t, cfg, raw)
 
 	rec := &recorder{}
 	var lcfg limits.Config
@@ -91,5 +108,60 @@ func TestStaticTokenBoundToRawIDWritesPseudonym(t *testing.T) {
 				t.Errorf("stored _id %q, want the pseudonym %q", l.Value, pseudonym)
 			}
 		}
+	}
+}
+
+// auth.cluster_id_hash.pseudonyms: refuse reaches both places a cluster
+// claims an id: /authorize answers 400 and Telemeter's write path 401 for
+// a pseudonym-shaped id (another cluster's stored _id, say), and both
+// still take a raw id.
+func TestPseudonymsRefuseIsWired(t *testing.T) {
+	const raw = "0f2c6b3e-6d0e-4e7b-9a51-2d6f1c9b8a77"
+	write := fileWriter(t, t.TempDir())
+	_, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("k1.pem", string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})))
+	cfg := receive.AuthConfig{
+		TokensFile:    write("tokens.yaml", "tokens:\n  - token: fleet\n    tenant: acme\n    allow: [authorize]\n"),
+		KeysFile:      write("keys.yaml", "keys:\n- kid: k1\n  created: 2026-01-01T00:00:00Z\n  private_key_file: k1.pem\n"),
+		ClusterIDHash: &receive.ClusterIDHashConfig{SecretFile: write("key", "0123456789abcdef0123"), Pseudonyms: receive.PseudonymsRefuse},
+	}
+	cfg.SetDefaults()
+	a, stored := setupHashingAuth(t, cfg, raw)
+
+	authorize := func(id string) int {
+		r := httptest.NewRequest(http.MethodPost, "/authorize?id="+id, nil)
+		r.Header.Set("Authorization", "Bearer fleet")
+		w := httptest.NewRecorder()
+		a.authorize.ServeHTTP(w, r)
+		return w.Code
+	}
+	if got := authorize(stored); got != http.StatusBadRequest {
+		t.Errorf("/authorize with a stored id: %d, want 400", got)
+	}
+	if got := authorize(raw); got != http.StatusOK {
+		t.Errorf("/authorize with a raw id: %d, want 200", got)
+	}
+
+	telemeter := auth.Middleware(a.telemeter, auth.PermWrite, nil,
+		http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	telemeterWrite := func(id string) int {
+		r := httptest.NewRequest(http.MethodPost, "/metrics/v1/receive", nil)
+		r.Header.Set("Authorization", "Bearer "+base64.StdEncoding.EncodeToString([]byte(`{"authorization_token":"fleet","cluster_id":"`+id+`"}`)))
+		w := httptest.NewRecorder()
+		telemeter.ServeHTTP(w, r)
+		return w.Code
+	}
+	if got := telemeterWrite(stored); got != http.StatusUnauthorized {
+		t.Errorf("telemeter write with a stored id: %d, want 401", got)
+	}
+	if got := telemeterWrite(raw); got != http.StatusNoContent {
+		t.Errorf("telemeter write with a raw id: %d, want 204", got)
 	}
 }
