@@ -256,3 +256,28 @@ func TestStoresAtArrivalFollowsTheAuthorizeAnswer(t *testing.T) {
 		})
 	}
 }
+
+// At a start, the queue restored from disk is delivered before the
+// authorizer may have answered: the server, unknown until then, is learnt
+// before the record to send is chosen, so a stock telemeter-server gets
+// the latest cycle, not the oldest as current.
+func TestStockTelemeterServerGetsTheLatestCycleBeforeTheFirstAnswer(t *testing.T) {
+	srv := telemetertest.NewServer("fleet")
+	defer srv.Close()
+	clock := &steppingClock{t: time.Now()}
+	reg := prometheus.NewRegistry()
+	q, err := OpenQueue(t.TempDir(), discardLogger(), reg, QueueOptions{Now: clock.now})
+	require.NoError(t, err)
+	defer q.Close()
+	for _, v := range []float64{1, 2} { // cycles a previous run left queued
+		require.NoError(t, q.Append(cycleRecord(t, v)))
+		clock.add(time.Minute)
+	}
+	_, s := newTelemeterPair(t, srv, reg)
+	require.False(t, s.StoresAtArrival(), "no answer yet")
+	f := New(discardLogger(), reg, nil, Policy{}, q, s, Options{Interval: time.Minute})
+
+	sendQueued(f)
+	require.Equal(t, map[float64]int{2: 4}, uploadedValues(srv))
+	require.Equal(t, 4.0, testutil.ToFloat64(f.m.dropped.WithLabelValues(ReasonSuperseded)))
+}
