@@ -213,7 +213,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range []string{ReasonAllowlist, ReasonRelabel} {
 		m.filtered.WithLabelValues(r)
 	}
-	for _, r := range []string{ReasonMaxSeries, ReasonSelectorCap, ReasonMaxBytes, ReasonQueueFull, ReasonRecordTooLarge, ReasonQueueError, ReasonHTTP4xx, ReasonInvalid, ReasonPartialWrite} {
+	for _, r := range []string{ReasonMaxSeries, ReasonSelectorCap, ReasonMaxBytes, ReasonQueueFull, ReasonRecordTooLarge, ReasonQueueError, ReasonHTTP4xx, ReasonInvalid, ReasonPartialWrite, ReasonSuperseded} {
 		m.dropped.WithLabelValues(r)
 	}
 	return m
