@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/prometheus/prompb"
 	"github.com/stretchr/testify/require"
 
@@ -280,4 +281,25 @@ func TestStockTelemeterServerGetsTheLatestCycleBeforeTheFirstAnswer(t *testing.T
 	sendQueued(f)
 	require.Equal(t, map[float64]int{2: 4}, uploadedValues(srv))
 	require.Equal(t, 4.0, testutil.ToFloat64(f.m.dropped.WithLabelValues(ReasonSuperseded)))
+}
+
+// The wait for the server's upload window comes before the send, not in
+// its duration (phonehome_forward_send_duration_seconds, as its help and
+// the README say).
+func TestStockTelemeterServerWindowWaitNotInSendDuration(t *testing.T) {
+	srv := telemetertest.NewServer("fleet")
+	defer srv.Close()
+	clock := &steppingClock{t: time.Now()}
+	f := snapshotForwarder(t, srv, clock, Options{})
+	s := f.sender.(*TelemeterSender)
+	s.pacer.limited, s.pacer.last = true, time.Now() // the server has shown its limiter: a 1s window
+	require.NoError(t, f.q.Append(cycleRecord(t, 1)))
+
+	start := time.Now()
+	sendQueued(f)
+	require.GreaterOrEqual(t, time.Since(start), s.opts.RateLimit*9/10, "the window was waited out")
+	var m dto.Metric
+	require.NoError(t, f.m.sendDuration.Write(&m))
+	require.Equal(t, uint64(1), m.GetHistogram().GetSampleCount())
+	require.Less(t, m.GetHistogram().GetSampleSum(), s.opts.RateLimit.Seconds()/2)
 }
