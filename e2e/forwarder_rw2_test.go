@@ -112,7 +112,7 @@ func waitQuery(t *testing.T, base, token, q string, want func(float64) bool) flo
 func requireNoForwarderDrops(t *testing.T, fwd *Process) {
 	t.Helper()
 	mfs := scrapeMetrics(t, fwd.URL())
-	for _, reason := range []string{"queue_full", "http_4xx", "invalid", "queue_error", "max_series", "max_bytes", "partial_write"} {
+	for _, reason := range []string{"queue_full", "http_4xx", "invalid", "queue_error", "max_series", "max_bytes", "partial_write", "superseded"} {
 		require.Zero(t, metricValue(mfs, "phonehome_forward_dropped_samples_total", map[string]string{"reason": reason}), reason)
 	}
 }

@@ -57,6 +57,14 @@ func (a *Authorizer) telemeterServer() bool {
 	return a.fromTelemeterServer && !a.direct
 }
 
+// known reports whether an answer to /authorize (or its absence: direct
+// mode) has told what the fleet endpoint is; false before the first.
+func (a *Authorizer) known() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.cur != nil || a.direct || a.fromTelemeterServer
+}
+
 // Rejected implements Credentials: a static token does not change by asking again.
 func (TokenFile) Rejected(string) bool { return false }
 

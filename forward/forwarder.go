@@ -196,7 +196,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "phonehome_forward_send_requests_total", Help: "Remote-write attempts by HTTP status code (\"error\" for transport failures).",
 		}, []string{"code"}),
 		sendDuration: f.NewHistogram(prometheus.HistogramOpts{
-			Name: "phonehome_forward_send_duration_seconds", Help: "Latency of remote-write attempts (in telemeter mode, including any wait for telemeter-server's upload window).",
+			Name: "phonehome_forward_send_duration_seconds", Help: "Latency of remote-write attempts (in telemeter mode, the wait for a stock telemeter-server's upload window comes before, not in, it).",
 			Buckets: prometheus.ExponentialBuckets(0.005, 4, 8),
 		}),
 		retries: f.NewCounter(prometheus.CounterOpts{
@@ -213,7 +213,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range []string{ReasonAllowlist, ReasonRelabel} {
 		m.filtered.WithLabelValues(r)
 	}
-	for _, r := range []string{ReasonMaxSeries, ReasonSelectorCap, ReasonMaxBytes, ReasonQueueFull, ReasonRecordTooLarge, ReasonQueueError, ReasonHTTP4xx, ReasonInvalid, ReasonPartialWrite} {
+	for _, r := range []string{ReasonMaxSeries, ReasonSelectorCap, ReasonMaxBytes, ReasonQueueFull, ReasonRecordTooLarge, ReasonQueueError, ReasonHTTP4xx, ReasonInvalid, ReasonPartialWrite, ReasonSuperseded} {
 		m.dropped.WithLabelValues(r)
 	}
 	return m

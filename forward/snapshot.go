@@ -20,9 +20,13 @@ import (
 //     never shrink.
 type arrivalStamper interface {
 	StoresAtArrival() bool
-	// WaitForWindow waits until the server takes the next upload (its
-	// per-cluster rate limit), or ctx ends: the record is chosen after the
-	// wait, so that a cycle queued meanwhile supersedes the one waiting.
+	// WaitForWindow first learns what the server is, if nothing has told
+	// yet (at a start: the authorizer's first answer), so that
+	// StoresAtArrival is known before a record is chosen; then, for a
+	// server that stores at arrival, it waits until the server takes the
+	// next upload (its per-cluster rate limit). It returns an error only
+	// when ctx ends. The record is chosen after it, so that a cycle queued
+	// meanwhile supersedes the one waiting.
 	WaitForWindow(ctx context.Context) error
 }
 
@@ -36,7 +40,7 @@ func (f *Forwarder) snapshots() bool {
 // waitForWindow waits until a server that stores uploads at their arrival
 // takes the next one (arrivalStamper); at once for other servers.
 func (f *Forwarder) waitForWindow(ctx context.Context) error {
-	if s, ok := f.sender.(arrivalStamper); ok && s.StoresAtArrival() {
+	if s, ok := f.sender.(arrivalStamper); ok {
 		return s.WaitForWindow(ctx)
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/prometheus/prompb"
 	"github.com/stretchr/testify/require"
 
@@ -255,4 +256,50 @@ func TestStoresAtArrivalFollowsTheAuthorizeAnswer(t *testing.T) {
 			require.Equal(t, tc.want, ps.StoresAtArrival())
 		})
 	}
+}
+
+// At a start, the queue restored from disk is delivered before the
+// authorizer may have answered: the server, unknown until then, is learnt
+// before the record to send is chosen, so a stock telemeter-server gets
+// the latest cycle, not the oldest as current.
+func TestStockTelemeterServerGetsTheLatestCycleBeforeTheFirstAnswer(t *testing.T) {
+	srv := telemetertest.NewServer("fleet")
+	defer srv.Close()
+	clock := &steppingClock{t: time.Now()}
+	reg := prometheus.NewRegistry()
+	q, err := OpenQueue(t.TempDir(), discardLogger(), reg, QueueOptions{Now: clock.now})
+	require.NoError(t, err)
+	defer q.Close()
+	for _, v := range []float64{1, 2} { // cycles a previous run left queued
+		require.NoError(t, q.Append(cycleRecord(t, v)))
+		clock.add(time.Minute)
+	}
+	_, s := newTelemeterPair(t, srv, reg)
+	require.False(t, s.StoresAtArrival(), "no answer yet")
+	f := New(discardLogger(), reg, nil, Policy{}, q, s, Options{Interval: time.Minute})
+
+	sendQueued(f)
+	require.Equal(t, map[float64]int{2: 4}, uploadedValues(srv))
+	require.Equal(t, 4.0, testutil.ToFloat64(f.m.dropped.WithLabelValues(ReasonSuperseded)))
+}
+
+// The wait for the server's upload window comes before the send, not in
+// its duration (phonehome_forward_send_duration_seconds, as its help and
+// the README say).
+func TestStockTelemeterServerWindowWaitNotInSendDuration(t *testing.T) {
+	srv := telemetertest.NewServer("fleet")
+	defer srv.Close()
+	clock := &steppingClock{t: time.Now()}
+	f := snapshotForwarder(t, srv, clock, Options{})
+	s := f.sender.(*TelemeterSender)
+	s.pacer.limited, s.pacer.last = true, time.Now() // the server has shown its limiter: a 1s window
+	require.NoError(t, f.q.Append(cycleRecord(t, 1)))
+
+	start := time.Now()
+	sendQueued(f)
+	require.GreaterOrEqual(t, time.Since(start), s.opts.RateLimit*9/10, "the window was waited out")
+	var m dto.Metric
+	require.NoError(t, f.m.sendDuration.Write(&m))
+	require.Equal(t, uint64(1), m.GetHistogram().GetSampleCount())
+	require.Less(t, m.GetHistogram().GetSampleSum(), s.opts.RateLimit.Seconds()/2)
 }

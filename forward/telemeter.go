@@ -213,9 +213,23 @@ func (s *TelemeterSender) Send(ctx context.Context, req *prompb.WriteRequest) er
 // our receiver keeps the samples' own timestamps (HeaderTimestamps).
 func (s *TelemeterSender) StoresAtArrival() bool { return s.auth.telemeterServer() }
 
-// WaitForWindow implements arrivalStamper: it waits, as Send would, until
-// the server's upload window lets the next upload through, or ctx ends.
-func (s *TelemeterSender) WaitForWindow(ctx context.Context) error { return s.pacer.wait(ctx) }
+// WaitForWindow implements arrivalStamper: before the first answer to
+// /authorize it obtains a credential, as Send would (an error is left to
+// Send, which keeps the batch queued), so that the server is known; then,
+// towards a stock telemeter-server, it waits, as Send would, until the
+// server's upload window lets the next upload through, or ctx ends.
+func (s *TelemeterSender) WaitForWindow(ctx context.Context) error {
+	if !s.auth.known() {
+		_, _ = s.auth.Token(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	if !s.StoresAtArrival() {
+		return nil
+	}
+	return s.pacer.wait(ctx)
+}
 
 func (s *TelemeterSender) post(ctx context.Context, body []byte, token string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
@@ -413,7 +427,7 @@ func (s *ProtocolSender) StoresAtArrival() bool {
 
 // WaitForWindow implements arrivalStamper.
 func (s *ProtocolSender) WaitForWindow(ctx context.Context) error {
-	if !s.StoresAtArrival() {
+	if s.opts.Protocol == ProtocolRemoteWrite || s.opts.Telemeter == nil {
 		return nil
 	}
 	return s.opts.Telemeter.WaitForWindow(ctx)
