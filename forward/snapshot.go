@@ -49,9 +49,17 @@ func (f *Forwarder) waitForWindow(ctx context.Context) error {
 // superseded reports whether the queued record taken at t is a snapshot
 // that a later cycle's record replaces. Records of one cycle are queued
 // within moments of each other, cycles at least Interval×(1-Jitter) apart.
+// A record older than one and a half intervals is superseded too, by the
+// next cycle: it is left from before a restart, or the collections have
+// failed since, when telemeter-client would send nothing rather than an
+// old cycle stored as current. (The latest cycle, chosen after the
+// window's wait, is never that old while collections succeed.)
 func (f *Forwarder) superseded(t time.Time) bool {
 	if !f.snapshots() {
 		return false
+	}
+	if f.q.opts.Now().Sub(t) > f.opts.Interval*3/2 {
+		return true
 	}
 	newest, ok := f.q.Newest()
 	return ok && newest.Sub(t) >= f.opts.Interval/2
@@ -60,7 +68,7 @@ func (f *Forwarder) superseded(t time.Time) bool {
 // dropSuperseded acknowledges a superseded record without sending it.
 func (f *Forwarder) dropSuperseded(pos Position, samples int) {
 	f.m.dropped.WithLabelValues(ReasonSuperseded).Add(float64(samples))
-	f.logCapOnce(ReasonSuperseded, "a later cycle is queued and the telemeter-server stores an upload at the time it arrives: delivering the latest cycle, dropping the older ones")
+	f.logCapOnce(ReasonSuperseded, "the telemeter-server stores an upload at the time it arrives: delivering the latest cycle, dropping the older ones (a later cycle is queued, or it is over an interval old)")
 	f.ack(pos)
 }
 

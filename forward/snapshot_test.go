@@ -162,6 +162,26 @@ func TestStockTelemeterServerWindowWaitTakesTheLaterCycle(t *testing.T) {
 	require.Equal(t, map[float64]int{2: 4}, uploadedValues(srv))
 }
 
+// A cycle left in the queue from before a restart (or from before the
+// collections failed) is not sent alone as current: it is over an interval
+// old, and the next cycle replaces it.
+func TestStockTelemeterServerGetsNoOldCycleAlone(t *testing.T) {
+	srv := telemetertest.NewServer("fleet")
+	defer srv.Close()
+	clock := &steppingClock{t: time.Now().Add(-2 * time.Minute)}
+	f := snapshotForwarder(t, srv, clock, Options{})
+	require.NoError(t, f.q.Append(cycleRecord(t, 1)))
+	clock.add(2 * time.Minute) // now: the record is two intervals old
+
+	sendQueued(f)
+	require.Zero(t, srv.Uploads())
+	require.Equal(t, 4.0, testutil.ToFloat64(f.m.dropped.WithLabelValues(ReasonSuperseded)))
+
+	require.NoError(t, f.q.Append(cycleRecord(t, 2))) // this run's first cycle
+	sendQueued(f)
+	require.Equal(t, map[float64]int{2: 4}, uploadedValues(srv))
+}
+
 // Records queued within one cycle (a cycle split before the server was
 // known) are all delivered: none supersedes another.
 func TestStockTelemeterServerKeepsTheRecordsOfOneCycle(t *testing.T) {
