@@ -487,7 +487,10 @@ func (e *Eraser) Do(ctx context.Context, id string) (err error) {
 		}
 		e.updateGauges()
 	}()
-	ms, forbidden, err := j.req.matchers()
+	e.mu.Lock()
+	req := j.req // Readmit may turn its deny off meanwhile
+	e.mu.Unlock()
+	ms, forbidden, err := req.matchers()
 	if err != nil {
 		return err
 	}
