@@ -3,6 +3,7 @@ package erasure
 import (
 	"context"
 	"log/slog"
+	"os"
 	"sync"
 	"testing"
 
@@ -34,7 +35,8 @@ func (b signallingBucket) EraseBucket(context.Context, string, []*labels.Matcher
 
 // TestReadmitWhileTheJobRuns: a re-admission turns off the deny of a job
 // that runs at the same time (as it starts, or as it ends), which the job
-// reads; the job still ends.
+// reads; the job still ends, and its state file (with the raw cluster id)
+// does not come back after the job removed it.
 func TestReadmitWhileTheJobRuns(t *testing.T) {
 	dir := t.TempDir()
 	bucket := signallingBucket{reached: make(chan struct{}, 1)}
@@ -60,5 +62,10 @@ func TestReadmitWhileTheJobRuns(t *testing.T) {
 		wg.Wait()
 		got, _ := e.Get(st.ID)
 		require.Equal(t, StateDone, got.State)
+		entries, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		for _, de := range entries {
+			require.True(t, de.IsDir(), "the state file of a finished job, with the raw cluster id, is back: %s", de.Name())
+		}
 	}
 }
