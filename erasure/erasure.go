@@ -143,6 +143,11 @@ type Eraser struct {
 	// cluster (Readmit): one taken while the job waits or runs must not
 	// be undone by it.
 	admitMu sync.Mutex
+	// saveMu orders the writes of a job's state file and its removal: a
+	// re-admission saves a job that Do runs and saves too, so the last
+	// write must hold the latest state, and none may come after the
+	// removal (it would put the raw cluster id back on disk).
+	saveMu sync.Mutex
 }
 
 // Options are the optional parts of an Eraser.
@@ -487,7 +492,10 @@ func (e *Eraser) Do(ctx context.Context, id string) (err error) {
 		}
 		e.updateGauges()
 	}()
-	ms, forbidden, err := j.req.matchers()
+	e.mu.Lock()
+	req := j.req // Readmit may turn its deny off meanwhile
+	e.mu.Unlock()
+	ms, forbidden, err := req.matchers()
 	if err != nil {
 		return err
 	}
@@ -525,8 +533,11 @@ func (e *Eraser) Do(ctx context.Context, id string) (err error) {
 	})
 	// The raw id lives only in the state file and this job's request:
 	// both go now.
-	if err := os.Remove(e.stateFile(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove job state: %w", err)
+	e.saveMu.Lock()
+	rmErr := os.Remove(e.stateFile(id))
+	e.saveMu.Unlock()
+	if rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
+		return fmt.Errorf("remove job state: %w", rmErr)
 	}
 	e.mu.Lock()
 	j.req.ClusterID = ""
@@ -575,7 +586,13 @@ func (e *Eraser) update(j *job, f func(*Status)) {
 func (e *Eraser) stateFile(id string) string { return filepath.Join(e.dir, id+".json") }
 
 func (e *Eraser) save(j *job) error {
+	e.saveMu.Lock()
+	defer e.saveMu.Unlock()
 	e.mu.Lock()
+	if j.status.State == StateDone { // its state file is removed
+		e.mu.Unlock()
+		return nil
+	}
 	b, err := json.Marshal(state{Request: j.req, Status: j.status, Pushed: j.pushed, Local: j.local})
 	e.mu.Unlock()
 	if err != nil {

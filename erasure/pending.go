@@ -37,7 +37,7 @@ type pendingCall struct {
 	cancel     context.CancelFunc // its retry loop's, once started; under Repeater.mu
 	done       chan struct{}      // closed when it has ended
 
-	// admittedBody is a denying erasure's body with the deny off (nil for
+	// admittedBody is a cluster erasure's body with the deny off (nil for
 	// other calls). A re-admission of the cluster does not supersede such
 	// an erasure: the replicas that missed both must still erase, and not
 	// deny. From then on (admitted, under Repeater.mu) it is sent instead.

@@ -124,7 +124,7 @@ func (rp *Repeater) repeat(r *http.Request, path string, req Request) ([]Replica
 		return nil, []string{"not repeated on the other replicas: " + err.Error()}
 	}
 	c.body = body
-	if path == erasePath && req.ClusterID != "" && (req.Deny == nil || *req.Deny) {
+	if path == erasePath && req.ClusterID != "" { // also without deny: a re-admission must not drop it
 		admitted := req
 		admitted.Deny = new(false)
 		c.admittedBody, _ = json.Marshal(admitted)

@@ -322,6 +322,29 @@ func TestRepeaterReadmissionKeepsAPendingErasure(t *testing.T) {
 	})
 }
 
+// TestRepeaterReadmissionKeepsAPendingErasureWithoutDeny: an erasure
+// posted with "deny": false is kept by a re-admission of its cluster too: a
+// replica that missed both must still erase the cluster's data.
+func TestRepeaterReadmissionKeepsAPendingErasureWithoutDeny(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sp, f := newDownPeerFixture(t)
+		f.post(t, erasePath, `{"cluster_id":"c1","deny":false}`)
+		<-sp.calls
+		f.post(t, readmitPath, `{"cluster_id":"c1"}`)
+		<-sp.calls
+		require.Zero(t, f.repeats("superseded"))
+
+		sp.set(nil, func(_ context.Context, addr, _ string) peers.Answer { return accepted(addr) })
+		got := []string{<-sp.calls, <-sp.calls}
+		synctest.Wait()
+		require.ElementsMatch(t, []string{"c:9291 /api/v1/admin/erase Bearer adm1n-s3cret", "c:9291 /api/v1/admin/readmit Bearer adm1n-s3cret"}, got)
+		var erase Request
+		require.NoError(t, json.Unmarshal(sp.body(erasePath), &erase))
+		require.NotNil(t, erase.Deny)
+		require.False(t, *erase.Deny)
+	})
+}
+
 // TestRepeaterStopsWithTheProcess: Run returns once its context ends,
 // with the retries stopped (goleak checks none is left) and logged, and a
 // call taken afterwards says it is not retried.
