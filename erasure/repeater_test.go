@@ -1,7 +1,6 @@
 package erasure
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/internal/logbuf"
 	"github.com/phonehome/phonehome/peers"
 )
 
@@ -103,7 +103,7 @@ type repeaterFixture struct {
 	peers *scriptedPeers
 	rp    *Repeater
 	reg   *prometheus.Registry
-	logs  *syncBuffer
+	logs  *logbuf.Buffer
 	dir   string
 	h     http.Handler
 	stop  func() // stops Run and waits for it
@@ -111,7 +111,7 @@ type repeaterFixture struct {
 
 func newRepeaterFixture(t *testing.T, sp *scriptedPeers) *repeaterFixture {
 	t.Helper()
-	f := &repeaterFixture{peers: sp, reg: prometheus.NewRegistry(), logs: &syncBuffer{}, dir: filepath.Join(t.TempDir(), "jobs")}
+	f := &repeaterFixture{peers: sp, reg: prometheus.NewRegistry(), logs: &logbuf.Buffer{}, dir: filepath.Join(t.TempDir(), "jobs")}
 	e, err := New(slog.New(slog.DiscardHandler), nil, &fakeLocal{}, &fakeBucket{}, f.dir, Options{})
 	require.NoError(t, err)
 	f.rp = NewRepeater(slog.New(slog.NewTextHandler(f.logs, nil)), f.reg, sp, RepeaterOptions{})
@@ -436,24 +436,6 @@ func TestRepeaterFollowsAReplicaToItsNewAddress(t *testing.T) {
 func advance(d time.Duration) {
 	time.Sleep(d)
 	synctest.Wait()
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestRepeaterCallRepeatedHereSupersedes: an erasure that another replica

@@ -1,14 +1,12 @@
 package peers
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/internal/logbuf"
 	"github.com/phonehome/phonehome/query"
 )
 
@@ -161,24 +160,6 @@ func TestLabelCallsTenancy(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent writes (a log sink).
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 func TestLabelCallsFallBackToSeriesForAPreviousRelease(t *testing.T) {
 	local := tenantDBs{"acme": openSeries(t, csv("b-op", "c2"))}
 	for _, tc := range []struct {
@@ -199,7 +180,7 @@ func TestLabelCallsFallBackToSeriesForAPreviousRelease(t *testing.T) {
 			srv := httptest.NewServer(mux)
 			t.Cleanup(srv.Close)
 
-			var logs syncBuffer
+			var logs logbuf.Buffer
 			cfg := f.config(host(srv))
 			require.NoError(t, cfg.Validate())
 			a, err := New(slog.New(slog.NewJSONHandler(&logs, nil)), prometheus.NewRegistry(), cfg, Options{HTTPClient: f.client})

@@ -1,7 +1,6 @@
 package rules
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -29,6 +28,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/internal/logbuf"
 	"github.com/phonehome/phonehome/storage"
 )
 
@@ -127,29 +127,11 @@ func (s *historyStore) written(name string) []float64 {
 	return append([]float64(nil), s.values[name]...)
 }
 
-// lockedBuffer is a log destination for concurrent writers.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // startFleetRules runs a Manager with rules over reader, evaluated every
 // 50ms for tenant acme, sending alerts to the Alertmanager at amURL (if not
 // empty) with a resend delay of 200ms, and a partial `for` state read again
 // after 20ms. It returns the manager, the store and a stop func.
-func startFleetRules(t *testing.T, rules string, reader Reader, logs *lockedBuffer, amURL string) (*Manager, *historyStore, func()) {
+func startFleetRules(t *testing.T, rules string, reader Reader, logs *logbuf.Buffer, amURL string) (*Manager, *historyStore, func()) {
 	t.Helper()
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "fleet.yaml"), []byte(rules), 0o600))
@@ -193,7 +175,7 @@ func alertByName(m *Manager, name string) *promrules.AlertingRule {
 // pending one keeps its `for` timer).
 func TestPartialDataSkipsEvaluation(t *testing.T) {
 	reader := &fleetReader{local: clusterDB(t, "a"), peer: clusterDB(t, "b")}
-	logs := &lockedBuffer{}
+	logs := &logbuf.Buffer{}
 	m, store, stop := startFleetRules(t, `groups:
 - name: fleet
   rules:
@@ -266,7 +248,7 @@ func TestPromQLAnnotationsDoNotSkipEvaluation(t *testing.T) {
   rules:
   - record: up:rate5m
     expr: sum(rate(up[5m]))
-`, reader, &lockedBuffer{}, "")
+`, reader, &logbuf.Buffer{}, "")
 	eventually(t, func() bool { return len(store.written("up:rate5m")) >= 2 })
 	stop()
 	require.Zero(t, testutil.ToFloat64(m.metrics.partial))
@@ -362,8 +344,8 @@ func TestTwoEvaluatorsSendIdenticalAlerts(t *testing.T) {
     labels: {severity: warning}
 `
 	start := time.Now()
-	_, _, stopA := startFleetRules(t, rules, reader, &lockedBuffer{}, am.URL)
-	_, _, stopB := startFleetRules(t, rules, reader, &lockedBuffer{}, am.URL)
+	_, _, stopA := startFleetRules(t, rules, reader, &logbuf.Buffer{}, am.URL)
+	_, _, stopB := startFleetRules(t, rules, reader, &logbuf.Buffer{}, am.URL)
 	eventually(t, func() bool { return len(sink.sent("FleetComplete", start)) >= 4 })
 	stopA()
 	stopB()
@@ -433,6 +415,6 @@ func startFleetAlerts(t *testing.T) (*Manager, *alertSink, *fleetReader, func())
   - alert: FleetCompleteForAnHour
     expr: count(up) >= 2
     for: 1h
-`, reader, &lockedBuffer{}, am.URL)
+`, reader, &logbuf.Buffer{}, am.URL)
 	return m, sink, reader, stop
 }

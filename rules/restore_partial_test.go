@@ -14,6 +14,8 @@ import (
 	promrules "github.com/prometheus/prometheus/rules"
 	promstorage "github.com/prometheus/prometheus/storage"
 	"github.com/stretchr/testify/require"
+
+	"github.com/phonehome/phonehome/internal/logbuf"
 )
 
 // TestForStateNotRestoredFromPartialData: the evaluator restarts after
@@ -47,7 +49,7 @@ func TestForStateNotRestoredFromPartialData(t *testing.T) {
 			appendForState(t, reader.peer, now.Add(-48*time.Minute), now.Add(-48*time.Minute), math.Float64frombits(value.StaleNaN)) // resolved
 			appendForState(t, reader.peer, current, now.Add(-15*time.Second), float64(current.Unix()))
 
-			logs := &lockedBuffer{}
+			logs := &logbuf.Buffer{}
 			m, _, stop := startFleetRules(t, `groups:
 - name: fleet
   rules:

@@ -13,6 +13,8 @@ import (
 	promstorage "github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/stretchr/testify/require"
+
+	"github.com/phonehome/phonehome/internal/logbuf"
 )
 
 // slowPeerReader is fleetReader with a peer that, while slow, answers each
@@ -79,7 +81,7 @@ func TestSlowPeerKeepsFiringAlertActive(t *testing.T) {
     expr: count(up{_id="a"})
   - record: clusters:b
     expr: count(up{_id="b"})
-`, reader, &lockedBuffer{}, am.URL)
+`, reader, &logbuf.Buffer{}, am.URL)
 	resent := resentWhileSkipping(t, m, sink, func() { reader.slow.Store(true) })
 	stop()
 

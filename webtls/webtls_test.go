@@ -1,7 +1,6 @@
 package webtls_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -15,13 +14,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/phonehome/phonehome/internal/logbuf"
 	"github.com/phonehome/phonehome/webtls"
 	"github.com/phonehome/phonehome/webtls/webtlstest"
 )
@@ -268,7 +267,7 @@ func TestCAFileRotation(t *testing.T) {
 	addr := serve(t, writeFile(t, "web.yml", fmt.Sprintf("tls_server_config:\n  cert_file: %s\n  key_file: %s\n", cert, key)))
 	bundle := writeFile(t, "service-ca.crt", string(old.PEM()))
 
-	var logs syncBuffer
+	var logs logbuf.Buffer
 	rt, err := webtls.ClientConfig{CAFile: bundle}.NewRoundTripper(slog.New(slog.NewTextHandler(&logs, nil)))
 	require.NoError(t, err)
 	client := &http.Client{Transport: rt, Timeout: 10 * time.Second}
@@ -360,22 +359,4 @@ func TestClientConfigValidate(t *testing.T) {
 		})
 	}
 	require.False(t, errors.Is(webtls.ClientConfig{}.Validate(), os.ErrNotExist))
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
