@@ -323,3 +323,24 @@ func TestStockTelemeterServerWindowWaitNotInSendDuration(t *testing.T) {
 	require.Equal(t, uint64(1), m.GetHistogram().GetSampleCount())
 	require.Less(t, m.GetHistogram().GetSampleSum(), s.opts.RateLimit.Seconds()/2)
 }
+
+// The thresholds of superseded, as docs/migrating-from-telemeter.md states
+// them: a record more than one and a half intervals old is superseded even
+// alone, and one queued half an interval or more before the newest is.
+func TestSupersededThresholds(t *testing.T) {
+	srv := telemetertest.NewServer("fleet")
+	defer srv.Close()
+	clock := &steppingClock{t: time.Now().Truncate(time.Second)}
+	f := snapshotForwarder(t, srv, clock, Options{}) // Interval: 1m
+
+	queued := clock.now()
+	clock.add(90 * time.Second)
+	require.False(t, f.superseded(queued), "alone, one and a half intervals old")
+	clock.add(time.Millisecond)
+	require.True(t, f.superseded(queued), "alone, over one and a half intervals old")
+
+	require.NoError(t, f.q.Append(cycleRecord(t, 1)))
+	newest := clock.now()
+	require.False(t, f.superseded(newest.Add(-30*time.Second+time.Millisecond)), "under half an interval before the newest")
+	require.True(t, f.superseded(newest.Add(-30*time.Second)), "half an interval before the newest")
+}
