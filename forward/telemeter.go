@@ -419,15 +419,21 @@ func (s *ProtocolSender) noWriteEndpoint(direct bool, err error) error {
 	return RetryableError{Err: fmt.Errorf("no /authorize and no remote-write endpoint at the fleet endpoint, asking /authorize again: %w", err)}
 }
 
+// mayUpload reports whether batches may go with the telemeter upload
+// (configured so, or auto).
+func (s *ProtocolSender) mayUpload() bool {
+	return s.opts.Protocol != ProtocolRemoteWrite && s.opts.Telemeter != nil
+}
+
 // StoresAtArrival implements arrivalStamper: true while batches go to a
 // stock telemeter-server with the telemeter upload.
 func (s *ProtocolSender) StoresAtArrival() bool {
-	return s.opts.Protocol != ProtocolRemoteWrite && s.opts.Telemeter != nil && s.opts.Telemeter.StoresAtArrival()
+	return s.mayUpload() && s.opts.Telemeter.StoresAtArrival()
 }
 
 // WaitForWindow implements arrivalStamper.
 func (s *ProtocolSender) WaitForWindow(ctx context.Context) error {
-	if s.opts.Protocol == ProtocolRemoteWrite || s.opts.Telemeter == nil {
+	if !s.mayUpload() {
 		return nil
 	}
 	return s.opts.Telemeter.WaitForWindow(ctx)
