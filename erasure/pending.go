@@ -67,7 +67,7 @@ func (c *pendingCall) missing() []string {
 // taken it ("delivered"), c.until passes ("expired") or ctx ends
 // ("stopped": the receiver stops, or a newer call supersedes c).
 func (rp *Repeater) retry(ctx context.Context, c *pendingCall) string {
-	wait := rp.opts.RetryMin
+	wait := repeatRetryMin
 	for {
 		t := time.NewTimer(min(wait, time.Until(c.until)))
 		select {
@@ -85,7 +85,7 @@ func (rp *Repeater) retry(ctx context.Context, c *pendingCall) string {
 		if ctx.Err() != nil {
 			return "stopped"
 		}
-		wait = min(2*wait, rp.opts.RetryMax)
+		wait = min(2*wait, repeatRetryMax)
 	}
 }
 

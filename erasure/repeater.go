@@ -16,35 +16,28 @@ import (
 	"github.com/phonehome/phonehome/storage"
 )
 
-// Defaults of RepeaterOptions.
+// The retries of a call a peer missed (not configurable: docs/lifecycle.md).
 const (
-	DefaultRepeatRetryMin = 5 * time.Second
-	DefaultRepeatRetryMax = time.Minute
-	// DefaultRepeatFor bounds how long a call a peer missed is retried,
-	// and so how long the caller's credential is held (in memory only).
-	DefaultRepeatFor = time.Hour
+	// repeatRetryMin is the wait before the first retry, doubled before
+	// each later one up to repeatRetryMax.
+	repeatRetryMin = 5 * time.Second
+	repeatRetryMax = time.Minute
+	// repeatFor bounds how long a call a peer missed is retried, and so
+	// how long the caller's credential is held (in memory only).
+	repeatFor = time.Hour
 )
-
-// RepeaterOptions tune a Repeater; zero values are the defaults.
-type RepeaterOptions struct {
-	// RetryMin and RetryMax bound the wait between retries: RetryMin,
-	// doubling up to RetryMax.
-	RetryMin, RetryMax time.Duration
-	// For is how long after the call its retries stop.
-	For time.Duration
-}
 
 // Repeater repeats the erasures and re-admissions taken here on the other
 // replicas, and keeps retrying each on the peers that did not take it
 // (down, restarting, timing out, answering 5xx or 429) in the background,
-// until they do, refuse it for good (another 4xx), RepeaterOptions.For
+// until they do, refuse it for good (another 4xx), repeatFor
 // passes, a newer call for the same cluster supersedes it, or Run stops.
 // An erasure is a compliance promise: a replica that was down when it was
 // posted must not keep the cluster's data and take its writes.
 //
 // A peer that leaves discovery while it misses a call is not retried, but
 // the call stays pending until a peer that joined since has taken it in its
-// place (a restarted pod comes back at a new address) or For passes. The
+// place (a restarted pod comes back at a new address) or repeatFor passes. The
 // caller's Authorization header is held in memory, never written, for as
 // long as the call is pending.
 //
@@ -53,7 +46,6 @@ type RepeaterOptions struct {
 type Repeater struct {
 	logger   *slog.Logger
 	replicas Replicas
-	opts     RepeaterOptions
 	m        repeatMetrics
 
 	mu      sync.Mutex
@@ -64,17 +56,8 @@ type Repeater struct {
 }
 
 // NewRepeater returns a Repeater over replicas; Run retries. reg may be nil.
-func NewRepeater(logger *slog.Logger, reg prometheus.Registerer, replicas Replicas, opts RepeaterOptions) *Repeater {
-	if opts.RetryMin <= 0 {
-		opts.RetryMin = DefaultRepeatRetryMin
-	}
-	if opts.RetryMax < opts.RetryMin {
-		opts.RetryMax = max(opts.RetryMin, DefaultRepeatRetryMax)
-	}
-	if opts.For <= 0 {
-		opts.For = DefaultRepeatFor
-	}
-	return &Repeater{logger: logger, replicas: replicas, opts: opts, m: newRepeatMetrics(reg), pending: map[*pendingCall]struct{}{}}
+func NewRepeater(logger *slog.Logger, reg prometheus.Registerer, replicas Replicas) *Repeater {
+	return &Repeater{logger: logger, replicas: replicas, m: newRepeatMetrics(reg), pending: map[*pendingCall]struct{}{}}
 }
 
 // Run retries the pending calls until ctx ends, then waits for their
@@ -110,7 +93,7 @@ func (rp *Repeater) repeat(r *http.Request, path string, req Request) ([]Replica
 	}
 	c := &pendingCall{
 		path: path, authorization: r.Header.Get("Authorization"), tenant: req.Tenant,
-		until: time.Now().Add(rp.opts.For), called: map[string]bool{}, settled: map[string]bool{}, left: map[string]bool{}, done: make(chan struct{}),
+		until: time.Now().Add(repeatFor), called: map[string]bool{}, settled: map[string]bool{}, left: map[string]bool{}, done: make(chan struct{}),
 	}
 	if req.ClusterID != "" {
 		c.cluster, c.clusterSHA = req.ClusterID, storage.ClusterDigest(req.Tenant, req.ClusterID)
@@ -162,9 +145,9 @@ func (rp *Repeater) repeat(r *http.Request, path string, req Request) ([]Replica
 		case !retried:
 			warnings = append(warnings, fmt.Sprintf("replica %s did not take it (%s), and this replica is stopping: send it to that replica again", res.Replica, res.Error))
 		case path == erasePath:
-			warnings = append(warnings, fmt.Sprintf("replica %s did not take it (%s): this replica retries it there for up to %s; its job appears in GET /api/v1/admin/erase on that replica", res.Replica, res.Error, rp.opts.For))
+			warnings = append(warnings, fmt.Sprintf("replica %s did not take it (%s): this replica retries it there for up to %s; its job appears in GET /api/v1/admin/erase on that replica", res.Replica, res.Error, repeatFor))
 		default:
-			warnings = append(warnings, fmt.Sprintf("replica %s did not take it (%s): this replica retries it there for up to %s, and logs %q when it does", res.Replica, res.Error, rp.opts.For, msgRepeatDelivered))
+			warnings = append(warnings, fmt.Sprintf("replica %s did not take it (%s): this replica retries it there for up to %s, and logs %q when it does", res.Replica, res.Error, repeatFor, msgRepeatDelivered))
 		}
 	}
 	return results, warnings
@@ -248,7 +231,7 @@ func (rp *Repeater) endLocked(c *pendingCall, why string) {
 		log.Info("admin call repeat superseded by a newer call for the cluster")
 	case why == "expired":
 		rp.m.repeats.WithLabelValues("expired").Add(float64(len(missing)))
-		log.Warn("admin call repeat given up: replicas did not take it in time; send it to them", "for", rp.opts.For.String())
+		log.Warn("admin call repeat given up: replicas did not take it in time; send it to them", "for", repeatFor.String())
 	case why == "stopped":
 		log.Warn("admin call repeat stopped with the receiver; send it to the replicas that did not take it")
 	}

@@ -114,7 +114,7 @@ func newRepeaterFixture(t *testing.T, sp *scriptedPeers) *repeaterFixture {
 	f := &repeaterFixture{peers: sp, reg: prometheus.NewRegistry(), logs: &logbuf.Buffer{}, dir: filepath.Join(t.TempDir(), "jobs")}
 	e, err := New(slog.New(slog.DiscardHandler), nil, &fakeLocal{}, &fakeBucket{}, f.dir, Options{})
 	require.NoError(t, err)
-	f.rp = NewRepeater(slog.New(slog.NewTextHandler(f.logs, nil)), f.reg, sp, RepeaterOptions{})
+	f.rp = NewRepeater(slog.New(slog.NewTextHandler(f.logs, nil)), f.reg, sp)
 	f.h = auth.Middleware(auth.Insecure{Tenant: "acme"}, 0, nil, e.Handler(f.rp))
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan error)

@@ -50,7 +50,7 @@ func TestAdminCallsAreRepeatedOnTheReplicas(t *testing.T) {
 		{Peer: "10.0.0.3:9291", Code: http.StatusForbidden, Body: []byte(`{"status":"error","error":"forbidden"}`)},
 		{Peer: "10.0.0.4:9291", Err: errors.New("connection refused")},
 	}}
-	h := auth.Middleware(auth.Insecure{Tenant: "acme"}, 0, nil, e.Handler(NewRepeater(slog.New(slog.DiscardHandler), nil, replicas, RepeaterOptions{})))
+	h := auth.Middleware(auth.Insecure{Tenant: "acme"}, 0, nil, e.Handler(NewRepeater(slog.New(slog.DiscardHandler), nil, replicas)))
 	call := func(path, body string, hdr http.Header) (int, map[string]json.RawMessage) {
 		req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer adm1n")
@@ -110,7 +110,7 @@ func TestRepeatOutlivesTheCaller(t *testing.T) {
 	e, err := New(slog.New(slog.DiscardHandler), nil, &fakeLocal{}, &fakeBucket{}, filepath.Join(t.TempDir(), "jobs"), Options{})
 	require.NoError(t, err)
 	replicas := &fakeReplicas{answers: []peers.Answer{{Peer: "10.0.0.2:9291", Code: http.StatusAccepted, Body: []byte(`{"status":"success","data":{"id":"01JOB"}}`)}}}
-	h := auth.Middleware(auth.Insecure{Tenant: "acme"}, 0, nil, e.Handler(NewRepeater(slog.New(slog.DiscardHandler), nil, replicas, RepeaterOptions{})))
+	h := auth.Middleware(auth.Insecure{Tenant: "acme"}, 0, nil, e.Handler(NewRepeater(slog.New(slog.DiscardHandler), nil, replicas)))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/api/v1/admin/erase", strings.NewReader(`{"cluster_id":"c1"}`))

@@ -55,9 +55,9 @@ func (s *Set) Broadcast(ctx context.Context, path, authorization string, body []
 	return out
 }
 
-// ErrNotPeer is Repeat's error for an address that is not among the peers
+// errNotPeer is Repeat's error for an address that is not among the peers
 // (any more): it left discovery.
-var ErrNotPeer = errors.New("not one of the peers")
+var errNotPeer = errors.New("not one of the peers")
 
 // Peers returns the addresses of the current peers, this receiver left
 // out, sorted: those a Broadcast calls.
@@ -71,7 +71,7 @@ func (s *Set) Peers() []string {
 }
 
 // Repeat makes the call of a Broadcast on the one peer at addr, to retry
-// it there: an Answer with ErrNotPeer if addr is no longer a peer, a zero
+// it there: an Answer with errNotPeer if addr is no longer a peer, a zero
 // Answer if it turns out to be this receiver.
 func (s *Set) Repeat(ctx context.Context, addr, path, authorization string, body []byte) Answer {
 	s.mu.Lock()
@@ -79,7 +79,7 @@ func (s *Set) Repeat(ctx context.Context, addr, path, authorization string, body
 	s.mu.Unlock()
 	switch {
 	case !ok:
-		return Answer{Peer: addr, Err: fmt.Errorf("%s: %w", addr, ErrNotPeer)}
+		return Answer{Peer: addr, Err: fmt.Errorf("%s: %w", addr, errNotPeer)}
 	case p.self.Load():
 		return Answer{}
 	}

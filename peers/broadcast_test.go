@@ -134,7 +134,7 @@ func TestRepeatCallsOnePeer(t *testing.T) {
 	require.Equal(t, Answer{}, a.Repeat(context.Background(), addr(selfSrv), "/api/v1/admin/readmit", "", nil), "not called again")
 
 	ans = a.Repeat(context.Background(), "127.0.0.1:1", "/api/v1/admin/readmit", "", nil)
-	require.ErrorIs(t, ans.Err, ErrNotPeer)
+	require.ErrorIs(t, ans.Err, errNotPeer)
 	require.Equal(t, "127.0.0.1:1", ans.Peer)
 	require.Len(t, got, 1)
 }

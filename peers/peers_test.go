@@ -500,3 +500,15 @@ func TestPeersOverMutualTLS(t *testing.T) {
 	_, err = set(webtls.ClientConfig{CAFile: caFile}).Shards()[0].Eval(ctx, pushdownReq)
 	require.ErrorIs(t, err, pushdown.ErrUnavailable, "refused by the peer's mTLS: unavailable")
 }
+
+// TestConfigDefaults: the defaults docs/scale-out.md shows, and that
+// docs/rules.md counts with (a slow peer holds each rule peers.timeout).
+func TestConfigDefaults(t *testing.T) {
+	var c Config
+	c.SetDefaults()
+	require.Equal(t, "http", c.Scheme)
+	require.Equal(t, 30*time.Second, time.Duration(c.RefreshInterval))
+	require.Equal(t, 30*time.Second, time.Duration(c.Timeout))
+	require.Equal(t, time.Minute, time.Duration(c.HorizonTTL))
+	require.True(t, c.PushdownEnabled())
+}

@@ -398,6 +398,20 @@ func TestAlertValidityDefaults(t *testing.T) {
 	require.Equal(t, 10*time.Minute, restartValidity(interval, m.resendDelay))
 }
 
+// TestRestoreRetryDefaults: docs/rules.md's figures for a `for` state read
+// that gets partial data: read again 5 s later, then 10 s later, so 3 reads
+// and at most 15 s of waiting per group (TestRestoreRereadsPartialAnswers checks the
+// doubling and the bound as multiples of the wait).
+func TestRestoreRetryDefaults(t *testing.T) {
+	evaluate := false // nothing to load: the defaults only
+	cfg := Config{Evaluate: &evaluate}
+	cfg.SetDefaults()
+	m, err := New(slog.New(slog.DiscardHandler), nil, nil, &historyStore{}, cfg, Options{})
+	require.NoError(t, err)
+	require.Equal(t, 5*time.Second, m.restoreRetryWait)
+	require.Equal(t, 3, restoreReads)
+}
+
 // startFleetAlerts runs FleetComplete (firing while both clusters report)
 // and FleetCompleteForAnHour (pending meanwhile) over a fleetReader, sending
 // to an alertSink.

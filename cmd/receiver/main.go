@@ -353,7 +353,7 @@ func run(args []string, stderr io.Writer) int {
 	mux.Handle("/api/v1/", auth.Middleware(a.authn, auth.PermRead, nil, api))
 	var repeater *erasure.Repeater // erasures and re-admissions repeated on the peers, retried on those that miss one
 	if peerSet.Enabled() {
-		repeater = erasure.NewRepeater(logger.With("component", "erasure"), reg, peerSet, erasure.RepeaterOptions{})
+		repeater = erasure.NewRepeater(logger.With("component", "erasure"), reg, peerSet)
 	}
 	mux.Handle("/api/v1/admin/", auth.Middleware(a.authn, auth.PermAdmin, nil, peerSet.Repeatable(eraser.Handler(repeater))))
 	for _, p := range status.Patterns { // fleet status API: read (own tenant) or admin (any), checked by status
