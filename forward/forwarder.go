@@ -97,6 +97,9 @@ type Options struct {
 	SeriesCacheSize int
 
 	sleep func(ctx context.Context, d time.Duration) error // tests
+	// learnServerTimeout bounds Collect's wait for the authorizer's first
+	// answer (learnServer; default defaultLearnServerTimeout).
+	learnServerTimeout time.Duration
 }
 
 func (o *Options) defaults() {
@@ -128,7 +131,15 @@ func (o *Options) defaults() {
 	if o.sleep == nil {
 		o.sleep = Sleep
 	}
+	if o.learnServerTimeout <= 0 {
+		o.learnServerTimeout = defaultLearnServerTimeout
+	}
 }
+
+// defaultLearnServerTimeout bounds how long a collection waits for the
+// authorizer's first answer: a few round trips, small against the
+// 4m30s interval and the random wait before the first collection.
+const defaultLearnServerTimeout = 10 * time.Second
 
 const defaultSeriesCacheSize = 100_000
 
@@ -390,6 +401,7 @@ func (f *Forwarder) Run(ctx context.Context) error {
 // resulting requests to the queue with a single fsync. Calls must not overlap
 // (Run calls it sequentially).
 func (f *Forwarder) Collect(ctx context.Context) (err error) {
+	f.learnServer(ctx)
 	start := time.Now()
 	defer func() {
 		f.m.cycleDuration.Observe(time.Since(start).Seconds())

@@ -20,8 +20,12 @@ import (
 //     never shrink.
 type arrivalStamper interface {
 	StoresAtArrival() bool
-	// WaitForWindow first learns what the server is, if nothing has told
-	// yet (at a start: the authorizer's first answer), so that
+	// LearnServer asks what the server is if nothing has told yet (at a
+	// start: the authorizer's first answer), so that StoresAtArrival is
+	// known; it returns when ctx ends or the answer (or a failure to get
+	// one) is in.
+	LearnServer(ctx context.Context)
+	// WaitForWindow first learns the server (LearnServer), so that
 	// StoresAtArrival is known before a record is chosen; then, for a
 	// server that stores at arrival, it waits until the server takes the
 	// next upload (its per-cluster rate limit). It returns an error only
@@ -35,6 +39,22 @@ type arrivalStamper interface {
 func (f *Forwarder) snapshots() bool {
 	s, ok := f.sender.(arrivalStamper)
 	return ok && s.StoresAtArrival()
+}
+
+// learnServer learns, at most learnServerTimeout, what the server is if
+// nothing has told yet (arrivalStamper), so that a cycle collected before
+// the authorizer's first answer is queued as the server wants it: split
+// into remote-write requests, or one upload for a stock telemeter-server,
+// which would take the parts one per window, the later ones by then
+// superseded. A server that does not answer in time gets the cycle split.
+func (f *Forwarder) learnServer(ctx context.Context) {
+	s, ok := f.sender.(arrivalStamper)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.opts.learnServerTimeout)
+	defer cancel()
+	s.LearnServer(ctx)
 }
 
 // waitForWindow waits until a server that stores uploads at their arrival

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"sync"
 	"testing"
@@ -209,20 +210,16 @@ func (s *stampingSender) Send(_ context.Context, req *prompb.WriteRequest) error
 
 func (*stampingSender) StoresAtArrival() bool { return true }
 
+func (*stampingSender) LearnServer(context.Context) {}
+
 func (*stampingSender) WaitForWindow(context.Context) error { return nil }
 
 // For such a server a cycle is queued as one record, so it goes as one
 // upload (as telemeter-client's does), whatever max_samples_per_request
 // says: the server takes one upload per window.
 func TestStockTelemeterServerCycleIsOneUpload(t *testing.T) {
-	prom := fakePrometheus(t, readFixture(t, "federate-sample.prom"), true)
-	pol := fixturePolicy(t)
-	q, err := OpenQueue(t.TempDir(), discardLogger(), nil, QueueOptions{})
-	require.NoError(t, err)
-	defer q.Close()
-	src := NewFederator(mustURL(t, prom.URL), http.DefaultClient, FederateOptions{Matches: pol.Allow.Selectors()})
 	s := &stampingSender{}
-	f := New(discardLogger(), nil, src, pol, q, s, Options{MaxSamplesPerRequest: 50})
+	f, q := fixtureForwarder(t, s, Options{})
 
 	require.NoError(t, f.Collect(context.Background()))
 	n, _ := q.Len()
@@ -303,6 +300,59 @@ func TestStockTelemeterServerGetsTheLatestCycleBeforeTheFirstAnswer(t *testing.T
 	require.Equal(t, 4.0, testutil.ToFloat64(f.m.dropped.WithLabelValues(ReasonSuperseded)))
 }
 
+// fixtureForwarder collects the federate fixture with
+// max_samples_per_request 50 (224 samples: five requests when split) and
+// delivers to sender.
+func fixtureForwarder(t *testing.T, sender Sender, opts Options) (*Forwarder, *Queue) {
+	t.Helper()
+	prom := fakePrometheus(t, readFixture(t, "federate-sample.prom"), true)
+	pol := fixturePolicy(t)
+	q, err := OpenQueue(t.TempDir(), discardLogger(), nil, QueueOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	src := NewFederator(mustURL(t, prom.URL), http.DefaultClient, FederateOptions{Matches: pol.Allow.Selectors()})
+	opts.MaxSamplesPerRequest = 50
+	return New(discardLogger(), nil, src, pol, q, sender, opts), q
+}
+
+// The first cycle after a start is collected while the authorizer's first
+// answer may still be on its way: the collection asks first, so a stock
+// telemeter-server gets that cycle as one upload too, not in parts over
+// several windows with the later ones superseded.
+func TestStockTelemeterServerFirstCycleIsOneUpload(t *testing.T) {
+	srv := telemetertest.NewServer("fleet")
+	defer srv.Close()
+	_, s := newTelemeterPair(t, srv, nil)
+	require.False(t, s.StoresAtArrival(), "no answer yet")
+	f, q := fixtureForwarder(t, s, Options{})
+
+	require.NoError(t, f.Collect(context.Background()))
+	n, _ := q.Len()
+	require.Equal(t, 1, n, "the server was learnt before the cycle was queued")
+}
+
+// A fleet endpoint that does not answer /authorize within the bound does
+// not hold the collection up: the cycle is queued split, as remote-write
+// wants it.
+func TestCollectDoesNotWaitForAnAuthorizerThatHangs(t *testing.T) {
+	release := make(chan struct{})
+	hung := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-release }))
+	defer hung.Close()
+	defer close(release)
+	base := mustURL(t, hung.URL)
+	authURL, err := TelemeterAuthorizeURL(base, "", telemeterHashedID)
+	require.NoError(t, err)
+	a := NewAuthorizer(discardLogger(), nil, base, hung.Client(), AuthorizerOptions{
+		Mode: AuthorizeAlways, Token: "fleet", ClusterID: telemeterHashedID, URL: authURL,
+	})
+	s := NewTelemeterSender(hung.URL+"/upload", hung.Client(), a, TelemeterSenderOptions{})
+	f, q := fixtureForwarder(t, s, Options{learnServerTimeout: 50 * time.Millisecond})
+
+	require.NoError(t, f.Collect(context.Background()))
+	n, _ := q.Len()
+	require.Equal(t, 5, n, "224 samples in requests of at most 50")
+}
+
 // The wait for the server's upload window comes before the send, not in
 // its duration (phonehome_forward_send_duration_seconds, as its help and
 // the README say).
@@ -343,4 +393,12 @@ func TestSupersededThresholds(t *testing.T) {
 	newest := clock.now()
 	require.False(t, f.superseded(newest.Add(-30*time.Second+time.Millisecond)), "under half an interval before the newest")
 	require.True(t, f.superseded(newest.Add(-30*time.Second)), "half an interval before the newest")
+}
+
+// docs/migrating-from-telemeter.md: a collection waits up to 10s for the
+// server's first answer.
+func TestLearnServerTimeoutDefault(t *testing.T) {
+	var o Options
+	o.defaults()
+	require.Equal(t, 10*time.Second, o.learnServerTimeout)
 }

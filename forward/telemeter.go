@@ -213,17 +213,22 @@ func (s *TelemeterSender) Send(ctx context.Context, req *prompb.WriteRequest) er
 // our receiver keeps the samples' own timestamps (HeaderTimestamps).
 func (s *TelemeterSender) StoresAtArrival() bool { return s.auth.telemeterServer() }
 
-// WaitForWindow implements arrivalStamper: before the first answer to
+// LearnServer implements arrivalStamper: before the first answer to
 // /authorize it obtains a credential, as Send would (an error is left to
-// Send, which keeps the batch queued), so that the server is known; then,
+// Send, which keeps the batch queued), so that the server is known.
+func (s *TelemeterSender) LearnServer(ctx context.Context) {
+	if !s.auth.known() {
+		_, _ = s.auth.Token(ctx)
+	}
+}
+
+// WaitForWindow implements arrivalStamper: it learns the server; then,
 // towards a stock telemeter-server, it waits, as Send would, until the
 // server's upload window lets the next upload through, or ctx ends.
 func (s *TelemeterSender) WaitForWindow(ctx context.Context) error {
-	if !s.auth.known() {
-		_, _ = s.auth.Token(ctx)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
+	s.LearnServer(ctx)
+	if ctx.Err() != nil {
+		return ctx.Err()
 	}
 	if !s.StoresAtArrival() {
 		return nil
@@ -429,6 +434,13 @@ func (s *ProtocolSender) mayUpload() bool {
 // stock telemeter-server with the telemeter upload.
 func (s *ProtocolSender) StoresAtArrival() bool {
 	return s.mayUpload() && s.opts.Telemeter.StoresAtArrival()
+}
+
+// LearnServer implements arrivalStamper.
+func (s *ProtocolSender) LearnServer(ctx context.Context) {
+	if s.mayUpload() {
+		s.opts.Telemeter.LearnServer(ctx)
+	}
 }
 
 // WaitForWindow implements arrivalStamper.
