@@ -366,8 +366,15 @@ func (e *Eraser) admitUnfinished(tenant, clusterID string) (int, error) {
 		}
 	}
 	e.mu.Unlock()
-	for _, j := range admitted {
+	for i, j := range admitted {
 		if err := e.save(j); err != nil {
+			// The unsaved jobs deny again in memory, as on disk: a retried
+			// re-admission finds and saves them.
+			e.mu.Lock()
+			for _, u := range admitted[i:] {
+				u.req.Deny = new(true)
+			}
+			e.mu.Unlock()
 			return 0, err
 		}
 	}

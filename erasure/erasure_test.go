@@ -336,3 +336,34 @@ func TestReadmitWhileTheJobWaitsIsKept(t *testing.T) {
 	require.Empty(t, local.denied, "re-admitted before the job ran")
 	require.Len(t, local.erased, 1)
 }
+
+// A re-admission whose job state cannot be saved fails, and leaves the job
+// as its state file says (deny on): memory and disk agree, so the retried
+// re-admission saves it, rather than finding nothing to change in memory
+// while the file would deny the cluster again after a restart.
+func TestReadmitSaveFailureIsRetried(t *testing.T) {
+	dir := t.TempDir()
+	local := &fakeLocal{}
+	e, err := New(slog.New(slog.DiscardHandler), nil, local, &fakeBucket{}, dir, Options{})
+	require.NoError(t, err)
+	st, err := e.Submit(Request{Tenant: "acme", ClusterID: secretID})
+	require.NoError(t, err)
+	path := e.stateFile(st.ID)
+	saved, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(path))
+	require.NoError(t, os.MkdirAll(filepath.Join(path, "x"), 0o700)) // a rename onto it fails, also for root
+	_, err = e.Readmit("acme", secretID, "ticket-2", "test")
+	require.Error(t, err)
+
+	require.NoError(t, os.RemoveAll(path))
+	require.NoError(t, os.WriteFile(path, saved, 0o600)) // the disk as before: deny on
+	readmitted, err := e.Readmit("acme", secretID, "ticket-2", "test")
+	require.NoError(t, err)
+	require.True(t, readmitted)
+
+	e, err = New(slog.New(slog.DiscardHandler), nil, local, &fakeBucket{}, dir, Options{}) // restarted before the job ran
+	require.NoError(t, err)
+	require.NoError(t, e.Do(context.Background(), <-e.queue))
+	require.Empty(t, local.denied, "the retried re-admission was saved")
+}
