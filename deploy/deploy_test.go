@@ -3,6 +3,7 @@
 package deploy
 
 import (
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,31 +27,17 @@ func TestPromtoolRules(t *testing.T) {
 	out, err := exec.Command(promtool, append([]string{"check", "rules"}, ruleFiles...)...).CombinedOutput()
 	require.NoError(t, err, "promtool check rules:\n%s", out)
 
-	covered := map[string]bool{}
 	tested := map[string]map[string]bool{} // rule file -> alerts with a scenario
 	for _, tf := range testFiles {
-		var spec struct {
-			RuleFiles []string `yaml:"rule_files"`
-			Tests     []struct {
-				AlertRuleTest []struct {
-					Alertname string `yaml:"alertname"`
-				} `yaml:"alert_rule_test"`
-			} `yaml:"tests"`
-		}
 		b, err := os.ReadFile(tf)
 		require.NoError(t, err)
-		require.NoError(t, yaml.Unmarshal(b, &spec), tf)
+		spec := parsePromtoolTests(t, tf, b)
 		for _, rf := range spec.RuleFiles {
 			rf = filepath.Clean(filepath.Join(filepath.Dir(tf), rf))
-			covered[rf] = true
 			if tested[rf] == nil {
 				tested[rf] = map[string]bool{}
 			}
-			for _, tc := range spec.Tests {
-				for _, a := range tc.AlertRuleTest {
-					tested[rf][a.Alertname] = true
-				}
-			}
+			maps.Copy(tested[rf], spec.alerts())
 		}
 		t.Run(tf, func(t *testing.T) {
 			out, err := exec.Command(promtool, "test", "rules", tf).CombinedOutput()
@@ -59,11 +46,54 @@ func TestPromtoolRules(t *testing.T) {
 		})
 	}
 	for _, rf := range ruleFiles {
-		require.True(t, covered[filepath.Clean(rf)], "%s has no promtool unit test", rf)
+		scenarios, covered := tested[filepath.Clean(rf)]
+		require.True(t, covered, "%s has no promtool unit test", rf)
+		var alerts []string
 		for _, r := range ruleFileAlerts(t, rf) {
-			require.True(t, tested[filepath.Clean(rf)][r.Alert], "%s: alert %s has no promtool scenario", rf, r.Alert)
+			alerts = append(alerts, r.Alert)
+		}
+		require.Empty(t, withoutScenario(alerts, scenarios), "%s: alerts without a promtool scenario", rf)
+	}
+}
+
+// promtoolTests is the part of a promtool unit-test file the tests read.
+type promtoolTests struct {
+	RuleFiles []string `yaml:"rule_files"`
+	Tests     []struct {
+		AlertRuleTest []struct {
+			Alertname string `yaml:"alertname"`
+		} `yaml:"alert_rule_test"`
+	} `yaml:"tests"`
+}
+
+func parsePromtoolTests(t *testing.T, name string, b []byte) promtoolTests {
+	t.Helper()
+	var spec promtoolTests
+	require.NoError(t, yaml.Unmarshal(b, &spec), name)
+	return spec
+}
+
+// alerts returns the alerts that a scenario (an alert_rule_test) evaluates.
+func (p promtoolTests) alerts() map[string]bool {
+	tested := map[string]bool{}
+	for _, tc := range p.Tests {
+		for _, a := range tc.AlertRuleTest {
+			tested[a.Alertname] = true
 		}
 	}
+	return tested
+}
+
+// withoutScenario returns the alerts that tested lacks: a new alert must
+// come with a scenario that fires it.
+func withoutScenario(alerts []string, tested map[string]bool) []string {
+	var missing []string
+	for _, a := range alerts {
+		if !tested[a] {
+			missing = append(missing, a)
+		}
+	}
+	return missing
 }
 
 // alertRule is an alerting rule of a rule file.
