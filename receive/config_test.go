@@ -88,3 +88,19 @@ func TestLoadConfigNamesEveryProblem(t *testing.T) {
 	_, err = LoadConfig(filepath.Join(t.TempDir(), "missing.yaml"))
 	require.ErrorContains(t, err, "read config")
 }
+
+// TestLoadConfigExpandsExternalLabels: storage.external_labels values take
+// ${NAME} from the environment ($$ is a literal $) before validation; an
+// unset or empty variable is a config error naming the key and the variable.
+func TestLoadConfigExpandsExternalLabels(t *testing.T) {
+	t.Setenv("PHONEHOME_TEST_POD", "phonehome-receiver-1")
+	t.Setenv("PHONEHOME_TEST_EMPTY", "")
+	cfg, err := LoadConfig(writeConfig(t, "storage:\n  external_labels:\n    replica: ${PHONEHOME_TEST_POD}\n    cost: $$5\n"))
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"replica": "phonehome-receiver-1", "cost": "$5"}, cfg.Storage.ExternalLabels)
+
+	_, err = LoadConfig(writeConfig(t, "storage:\n  external_labels:\n    replica: ${PHONEHOME_TEST_UNSET}\n    zone: x${PHONEHOME_TEST_EMPTY}\n    tenant_id: t\n"))
+	require.ErrorContains(t, err, "storage.external_labels.replica: ${PHONEHOME_TEST_UNSET}: environment variable PHONEHOME_TEST_UNSET is not set")
+	require.ErrorContains(t, err, "storage.external_labels.zone: ${PHONEHOME_TEST_EMPTY}: environment variable PHONEHOME_TEST_EMPTY is empty")
+	require.ErrorContains(t, err, "storage.external_labels.tenant_id: reserved", "with every other problem")
+}
