@@ -214,6 +214,7 @@ func LoadConfig(path string) (*Config, error) {
 	}
 	// Before validation, which sees the values the receiver uses.
 	expandErr := cfg.Storage.ExpandExternalLabels(os.LookupEnv)
+	cfg.Rules.SetReplica(cfg.Storage.ExternalLabels["replica"])
 	cfg.BucketStore.SetDefaults()
 	cfg.Compactor.SetDefaults()
 	cfg.Upstream.SetDefaults()

@@ -104,3 +104,23 @@ func TestLoadConfigExpandsExternalLabels(t *testing.T) {
 	require.ErrorContains(t, err, "storage.external_labels.zone: ${PHONEHOME_TEST_EMPTY}: environment variable PHONEHOME_TEST_EMPTY is empty")
 	require.ErrorContains(t, err, "storage.external_labels.tenant_id: reserved", "with every other problem")
 }
+
+// TestLoadConfigChoosesTheEvaluator: replicas that share one configuration
+// (replica: ${POD_NAME}, rules.evaluator_replica) evaluate the rules on the
+// named replica only; evaluator_replica beside rules.evaluate, or without a
+// replica label, is refused.
+func TestLoadConfigChoosesTheEvaluator(t *testing.T) {
+	shared := writeConfig(t, "storage:\n  external_labels: {replica: '${PHONEHOME_TEST_POD}'}\nrules:\n  files: [rules/*.yaml]\n  evaluator_replica: phonehome-receiver-0\n")
+	for pod, evaluates := range map[string]bool{"phonehome-receiver-0": true, "phonehome-receiver-1": false} {
+		t.Setenv("PHONEHOME_TEST_POD", pod)
+		cfg, err := LoadConfig(shared)
+		require.NoError(t, err)
+		require.Equal(t, pod, cfg.Storage.ExternalLabels["replica"])
+		require.Equal(t, evaluates, cfg.Rules.Evaluates(), pod)
+	}
+
+	_, err := LoadConfig(writeConfig(t, "storage:\n  external_labels: {replica: r0}\nrules:\n  files: [rules/*.yaml]\n  evaluate: true\n  evaluator_replica: r0\n"))
+	require.ErrorContains(t, err, "rules.evaluator_replica: set together with rules.evaluate")
+	_, err = LoadConfig(writeConfig(t, "storage:\n  external_labels: {zone: z}\nrules:\n  files: [rules/*.yaml]\n  evaluator_replica: r0\n"))
+	require.ErrorContains(t, err, "storage.external_labels.replica is not set")
+}
