@@ -227,7 +227,8 @@ func keysOf(t *testing.T, ex docExample) string {
 // keys file (keys, with a generated key for each PEM it names) and every
 // other file the fragment names created: a gathering definition for
 // gathering's files, a rule file for each rules.files glob, 32 bytes for the
-// rest. Absolute paths are moved under dir.
+// rest. Absolute paths are moved under dir. POD_NAME is set, as in the
+// StatefulSet.
 func checkReceiver(t *testing.T, bin, dir, cfg, tokens, keys, definition string) {
 	t.Helper()
 	var doc yaml.Node
@@ -314,7 +315,9 @@ func checkReceiver(t *testing.T, bin, dir, cfg, tokens, keys, definition string)
 	require.NoError(t, err)
 	p := filepath.Join(dir, "receiver.yaml")
 	require.NoError(t, os.WriteFile(p, b, 0o600))
-	out, err := exec.Command(filepath.Join(bin, "receiver"), "--config.file="+p, "--storage.path="+filepath.Join(dir, "data"), "--check-config").CombinedOutput()
+	cmd := exec.Command(filepath.Join(bin, "receiver"), "--config.file="+p, "--storage.path="+filepath.Join(dir, "data"), "--check-config")
+	cmd.Env = append(os.Environ(), "POD_NAME=phonehome-receiver-0") // as the StatefulSet sets it: examples use ${POD_NAME}
+	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "receiver --check-config:\n%s\n%s", out, b)
 	require.Contains(t, string(out), "ok")
 }

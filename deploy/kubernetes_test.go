@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -577,7 +578,7 @@ func TestSecurityContexts(t *testing.T) {
 					seccomp = ps.SecurityContext.SeccompProfile
 				}
 				require.True(t, seccomp != nil && seccomp.Type == corev1.SeccompProfileTypeRuntimeDefault, "%s: seccomp RuntimeDefault", where)
-				if strings.HasPrefix(c.Image, "ghcr.io/phonehome/") || c.Name == "render-config" {
+				if strings.HasPrefix(c.Image, "ghcr.io/phonehome/") {
 					for _, res := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
 						require.Contains(t, c.Resources.Requests, res, "%s: requests", where)
 						require.Contains(t, c.Resources.Limits, res, "%s: limits", where)
@@ -608,10 +609,10 @@ func pinned(ref string) bool {
 }
 
 func TestImagesPinned(t *testing.T) {
-	for _, ref := range []string{"busybox", "busybox:latest", "quay.io/prometheus/prometheus:v3", "docker.io/library/busybox:1.37", "ghcr.io/phonehome/phonehome"} {
+	for _, ref := range []string{"prometheus", "prometheus:latest", "quay.io/prometheus/prometheus:v3", "quay.io/prometheus/prometheus:v3.5", "ghcr.io/phonehome/phonehome"} {
 		require.False(t, pinned(ref), ref)
 	}
-	for _, ref := range []string{"ghcr.io/phonehome/phonehome:v0.1.0", "docker.io/library/busybox:1.37.0@sha256:" + strings.Repeat("a", 64)} {
+	for _, ref := range []string{"ghcr.io/phonehome/phonehome:v0.1.0", "quay.io/prometheus/prometheus:v3.5.0@sha256:" + strings.Repeat("a", 64)} {
 		require.True(t, pinned(ref), ref)
 	}
 
@@ -798,11 +799,11 @@ func binaries(t *testing.T) string {
 
 // TestConfigsPassCheckConfig lays out, for every receiver and forwarder
 // container of every built kustomization, the files its pod would see
-// (ConfigMaps and Secrets at their mount paths, the ServiceAccount token,
-// the receiver's init container's output) under a temporary root, expands the
-// $(VAR) references of its args from its env, and runs the real binary with
-// --check-config. Secrets that a kustomization does not ship (production's
-// are created out of band) come from kubernetes/example-secrets.
+// (ConfigMaps and Secrets at their mount paths, the ServiceAccount token)
+// under a temporary root, expands the $(VAR) references of its args from its
+// env, and runs the real binary with --check-config and the container's env
+// only. Secrets that a kustomization does not ship (production's are created
+// out of band) come from kubernetes/example-secrets.
 func TestConfigsPassCheckConfig(t *testing.T) {
 	bin := binaries(t)
 	examples := build(t, filepath.Join(kubeDir, "example-secrets"))
@@ -810,8 +811,9 @@ func TestConfigsPassCheckConfig(t *testing.T) {
 	for _, oc := range ourContainers(t) {
 		t.Run(oc.dir+"/"+oc.workload+"/"+oc.c.Name, func(t *testing.T) {
 			root := t.TempDir()
-			args := podFiles(t, root, oc.r, examples, oc.workload, oc.pt, oc.c)
+			args, env := podFiles(t, root, oc.r, examples, firstPod(oc.workload), oc.pt, oc.c)
 			cmd := exec.Command(filepath.Join(bin, oc.binary), append(args, "--check-config")...)
+			cmd.Env = env // the container's only: the test's own could hide a missing variable
 			out, err := cmd.CombinedOutput()
 			require.NoError(t, err, "%s --check-config %s:\n%s", oc.binary, strings.Join(args, " "), out)
 			require.Contains(t, string(out), "ok")
@@ -833,11 +835,16 @@ func TestConfigsPassCheckConfig(t *testing.T) {
 
 const saTokenDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 
-// podFiles writes the files container c of pod template pt would see under
-// root and returns its args with $(VAR)s expanded and paths moved under root.
-func podFiles(t *testing.T, root string, r, examples *rendered, workload string, pt *corev1.PodTemplateSpec, c corev1.Container) []string {
+// firstPod is the name of a workload's first pod ("StatefulSet/x": x-0).
+func firstPod(workload string) string {
+	return strings.ToLower(strings.SplitN(workload, "/", 2)[1]) + "-0"
+}
+
+// podFiles writes the files container c of pod template pt, in pod podName,
+// would see under root and returns its args, with $(VAR)s expanded and
+// paths moved under root, and its environment (NAME=value).
+func podFiles(t *testing.T, root string, r, examples *rendered, podName string, pt *corev1.PodTemplateSpec, c corev1.Container) (args, environ []string) {
 	t.Helper()
-	podName := strings.ToLower(strings.SplitN(workload, "/", 2)[1]) + "-0"
 	volumes := map[string]corev1.Volume{}
 	for _, v := range pt.Spec.Volumes {
 		volumes[v.Name] = v
@@ -910,6 +917,7 @@ func podFiles(t *testing.T, root string, r, examples *rendered, workload string,
 		case e.ValueFrom == nil:
 			env[e.Name] = e.Value
 		case e.ValueFrom.FieldRef != nil:
+			require.Equal(t, "metadata.name", e.ValueFrom.FieldRef.FieldPath, "env %s: only the pod's name is emulated", e.Name)
 			env[e.Name] = podName
 		case e.ValueFrom.ConfigMapKeyRef != nil:
 			cm, ok := r.configMaps[e.ValueFrom.ConfigMapKeyRef.Name]
@@ -920,18 +928,8 @@ func podFiles(t *testing.T, root string, r, examples *rendered, workload string,
 		}
 	}
 
-	// Init containers run before: the receiver's render-config is the only
-	// one we ship; run its script.
-	for _, ic := range pt.Spec.InitContainers {
-		require.Equal(t, "render-config", ic.Name, "unknown init container")
-		for _, m := range ic.VolumeMounts {
-			mountVolume(m)
-		}
-		tmpl, err := os.ReadFile(filepath.Join(root, renderTemplate))
-		require.NoError(t, err)
-		require.Contains(t, string(tmpl), "${POD_NAME}", "the replica label must come from the pod name")
-		runRenderConfig(t, ic, root, podName)
-	}
+	// We ship no init container: what one would write is not emulated.
+	require.Empty(t, pt.Spec.InitContainers, "init containers are not emulated")
 
 	// Move absolute paths under root, longest prefix first, in the args and
 	// in every file the pod sees (configs name other files by absolute path).
@@ -952,7 +950,7 @@ func podFiles(t *testing.T, root string, r, examples *rendered, workload string,
 		return os.WriteFile(path, []byte(rewrite.Replace(string(b))), 0o600)
 	}))
 	varRef := regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
-	args := make([]string, 0, len(c.Args))
+	args = make([]string, 0, len(c.Args))
 	for _, a := range c.Args {
 		a = varRef.ReplaceAllStringFunc(a, func(ref string) string {
 			name := varRef.FindStringSubmatch(ref)[1]
@@ -962,7 +960,10 @@ func podFiles(t *testing.T, root string, r, examples *rendered, workload string,
 		})
 		args = append(args, rewrite.Replace(a))
 	}
-	return args
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		environ = append(environ, k+"="+env[k])
+	}
+	return args, environ
 }
 
 // TestGrafanaProvisioning: every dashboard of deploy/grafana is in the

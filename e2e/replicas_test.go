@@ -35,7 +35,7 @@ import (
 // down to the replicas, r2 has peers.pushdown: false and reads the peers'
 // series. A fleet recording rule and a
 // fleet alert (which fires only on the whole fleet's data) are evaluated by
-// the one replica with rules.evaluate, give the single receiver's answer,
+// the one replica rules.evaluator_replica names, give the single receiver's answer,
 // and the alert reaches a real Alertmanager from that replica only. A real
 // Prometheus reads the fleet through remote_read from one replica. With one
 // replica killed, the others answer with a warning and the rest of the data.
@@ -108,7 +108,14 @@ func TestReplicasAnswerLikeOneReceiver(t *testing.T) {
 	}
 	tokensFile := write("tokens.yaml", tokensYAML)
 
-	receiverConfig := func(name string, evaluate bool, peers []string) string {
+	// As in the shipped StatefulSet, the replica label is a variable the
+	// receiver expands (POD_NAME there), set as each receiver starts, and
+	// the replicas name their evaluator by it.
+	receiverConfig := func(name string, peers []string) string {
+		evaluator := names[0]
+		if peers == nil {
+			evaluator = name // the single receiver evaluates its own rules
+		}
 		rdir := filepath.Join(dir, name)
 		require.NoError(t, os.MkdirAll(rdir, 0o755))
 		bucket := "    type: filesystem\n"
@@ -119,7 +126,8 @@ func TestReplicasAnswerLikeOneReceiver(t *testing.T) {
 		cfg := fmt.Sprintf(`auth:
   tokens_file: %s
 storage:
-  external_labels: {replica: %s}
+  external_labels:
+    replica: ${PHONEHOME_E2E_REPLICA}
   block_duration: 10m
   ship_interval: 1s
   bucket:
@@ -130,8 +138,8 @@ rules:
   files: [%q]
   evaluation_interval: 1s
   reload_interval: 1s
-  evaluate: %t
-`, tokensFile, name, bucket, rulesFile, evaluate)
+  evaluator_replica: %s
+`, tokensFile, bucket, rulesFile, evaluator)
 		if peers != nil {
 			cfg += fmt.Sprintf("  alertmanagers:\n  - url: %s\npeers:\n  endpoints: [%s]\n  replica_token_file: %s\n  timeout: 5s\n",
 				am.URL(), strings.Join(peers, ", "), replicaToken)
@@ -149,9 +157,11 @@ rules:
 	addrs := []string{freeAddr(t), freeAddr(t), freeAddr(t)}
 	replicas := make([]*Process, 3)
 	for i, name := range names {
-		replicas[i] = startReceiver(t, receiverConfig(name, i == 0, addrs), filepath.Join(dir, name, "data"), "--web.listen-address="+addrs[i])
+		t.Setenv("PHONEHOME_E2E_REPLICA", name) // the receiver inherits it at its start
+		replicas[i] = startReceiver(t, receiverConfig(name, addrs), filepath.Join(dir, name, "data"), "--web.listen-address="+addrs[i])
 	}
-	single := startReceiver(t, receiverConfig("single", true, nil), filepath.Join(dir, "single", "data"))
+	t.Setenv("PHONEHOME_E2E_REPLICA", "single")
+	single := startReceiver(t, receiverConfig("single", nil), filepath.Join(dir, "single", "data"))
 
 	proxy := newHashProxy(t, replicas, names)
 

@@ -190,9 +190,10 @@ func (a *AuthConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-// LoadConfig reads path strictly, applies defaults and validates. An empty
-// path yields the defaults. Relative file paths inside the config are
-// resolved against the config file's directory.
+// LoadConfig reads path strictly, expands the environment variables of
+// storage.external_labels, applies defaults and validates. An empty path
+// yields the defaults. Relative file paths inside the config are resolved
+// against the config file's directory.
 func LoadConfig(path string) (*Config, error) {
 	cfg := &Config{}
 	if path != "" {
@@ -211,6 +212,9 @@ func LoadConfig(path string) (*Config, error) {
 		cfg.Gathering.ResolvePaths(filepath.Dir(path))
 		cfg.Peers.ResolvePaths(filepath.Dir(path))
 	}
+	// Before validation, which sees the values the receiver uses.
+	expandErr := cfg.Storage.ExpandExternalLabels(os.LookupEnv)
+	cfg.Rules.SetReplica(cfg.Storage.ExternalLabels["replica"])
 	cfg.BucketStore.SetDefaults()
 	cfg.Compactor.SetDefaults()
 	cfg.Upstream.SetDefaults()
@@ -223,7 +227,7 @@ func LoadConfig(path string) (*Config, error) {
 	cfg.Telemeter.SetDefaults()
 	cfg.Gathering.SetDefaults()
 	cfg.Peers.SetDefaults()
-	if err := errors.Join(cfg.Gathering.Validate(), cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate(), cfg.Push.Validate(), cfg.Rules.Validate(), cfg.BucketStore.Validate(), cfg.Compactor.Validate(), cfg.Upstream.Validate(), cfg.RemoteWrite.Validate(), cfg.Telemeter.Validate(), cfg.Peers.Validate(), cfg.validatePolicy()); err != nil {
+	if err := errors.Join(expandErr, cfg.Gathering.Validate(), cfg.Auth.Validate(), cfg.Limits.Validate(), cfg.Storage.Validate(), cfg.Push.Validate(), cfg.Rules.Validate(), cfg.BucketStore.Validate(), cfg.Compactor.Validate(), cfg.Upstream.Validate(), cfg.RemoteWrite.Validate(), cfg.Telemeter.Validate(), cfg.Peers.Validate(), cfg.validatePolicy()); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return cfg, nil

@@ -88,3 +88,39 @@ func TestLoadConfigNamesEveryProblem(t *testing.T) {
 	_, err = LoadConfig(filepath.Join(t.TempDir(), "missing.yaml"))
 	require.ErrorContains(t, err, "read config")
 }
+
+// TestLoadConfigExpandsExternalLabels: storage.external_labels values take
+// ${NAME} from the environment ($$ is a literal $) before validation; an
+// unset or empty variable is a config error naming the key and the variable.
+func TestLoadConfigExpandsExternalLabels(t *testing.T) {
+	t.Setenv("PHONEHOME_TEST_POD", "phonehome-receiver-1")
+	t.Setenv("PHONEHOME_TEST_EMPTY", "")
+	cfg, err := LoadConfig(writeConfig(t, "storage:\n  external_labels:\n    replica: ${PHONEHOME_TEST_POD}\n    cost: $$5\n"))
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"replica": "phonehome-receiver-1", "cost": "$5"}, cfg.Storage.ExternalLabels)
+
+	_, err = LoadConfig(writeConfig(t, "storage:\n  external_labels:\n    replica: ${PHONEHOME_TEST_UNSET}\n    zone: x${PHONEHOME_TEST_EMPTY}\n    tenant_id: t\n"))
+	require.ErrorContains(t, err, "storage.external_labels.replica: ${PHONEHOME_TEST_UNSET}: environment variable PHONEHOME_TEST_UNSET is not set")
+	require.ErrorContains(t, err, "storage.external_labels.zone: ${PHONEHOME_TEST_EMPTY}: environment variable PHONEHOME_TEST_EMPTY is empty")
+	require.ErrorContains(t, err, "storage.external_labels.tenant_id: reserved", "with every other problem")
+}
+
+// TestLoadConfigChoosesTheEvaluator: replicas that share one configuration
+// (replica: ${POD_NAME}, rules.evaluator_replica) evaluate the rules on the
+// named replica only; evaluator_replica beside rules.evaluate, or without a
+// replica label, is refused.
+func TestLoadConfigChoosesTheEvaluator(t *testing.T) {
+	shared := writeConfig(t, "storage:\n  external_labels: {replica: '${PHONEHOME_TEST_POD}'}\nrules:\n  files: [rules/*.yaml]\n  evaluator_replica: phonehome-receiver-0\n")
+	for pod, evaluates := range map[string]bool{"phonehome-receiver-0": true, "phonehome-receiver-1": false} {
+		t.Setenv("PHONEHOME_TEST_POD", pod)
+		cfg, err := LoadConfig(shared)
+		require.NoError(t, err)
+		require.Equal(t, pod, cfg.Storage.ExternalLabels["replica"])
+		require.Equal(t, evaluates, cfg.Rules.Evaluates(), pod)
+	}
+
+	_, err := LoadConfig(writeConfig(t, "storage:\n  external_labels: {replica: r0}\nrules:\n  files: [rules/*.yaml]\n  evaluate: true\n  evaluator_replica: r0\n"))
+	require.ErrorContains(t, err, "rules.evaluator_replica: set together with rules.evaluate")
+	_, err = LoadConfig(writeConfig(t, "storage:\n  external_labels: {zone: z}\nrules:\n  files: [rules/*.yaml]\n  evaluator_replica: r0\n"))
+	require.ErrorContains(t, err, "storage.external_labels.replica is not set")
+}

@@ -31,8 +31,18 @@ type Config struct {
 	// evaluate the rules. With several replicas exactly one evaluates
 	// (true there, false on the others): it reads the fleet through its
 	// peers and the bucket, writes the results once and sends each alert
-	// once. See docs/rules.md for what happens while it is down.
+	// once. See docs/rules.md for what happens while it is down. Replicas
+	// that share one configuration file use EvaluatorReplica instead.
 	Evaluate *bool `yaml:"evaluate"`
+	// EvaluatorReplica, instead of Evaluate, names the replica that
+	// evaluates: this receiver evaluates iff its
+	// storage.external_labels.replica equals it. Every replica can then
+	// share one configuration file (a StatefulSet's ConfigMap with
+	// `replica: ${POD_NAME}` and `evaluator_replica: phonehome-receiver-0`).
+	EvaluatorReplica string `yaml:"evaluator_replica"`
+
+	// replica is this receiver's storage.external_labels.replica (SetReplica).
+	replica string
 }
 
 // AlertmanagerConfig is one Alertmanager, by its base URL.
@@ -54,7 +64,7 @@ func (c *Config) SetDefaults() {
 	if c.ReloadInterval == 0 {
 		c.ReloadInterval = model.Duration(30 * time.Second)
 	}
-	if c.Evaluate == nil {
+	if c.Evaluate == nil && c.EvaluatorReplica == "" {
 		t := true
 		c.Evaluate = &t
 	}
@@ -64,6 +74,11 @@ func (c *Config) SetDefaults() {
 		}
 	}
 }
+
+// SetReplica tells the configuration this receiver's
+// storage.external_labels.replica (after expansion), which EvaluatorReplica
+// is compared with. Call it before Validate.
+func (c *Config) SetReplica(replica string) { c.replica = replica }
 
 // ResolvePaths makes relative file names and globs relative to dir (the
 // configuration file's directory).
@@ -109,6 +124,15 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("rules.alertmanagers[%d].timeout: must be positive", i))
 		}
 	}
+	if c.EvaluatorReplica != "" {
+		// SetDefaults leaves Evaluate unset beside EvaluatorReplica: set, the file sets both.
+		if c.Evaluate != nil {
+			errs = append(errs, errors.New("rules.evaluator_replica: set together with rules.evaluate: set one (evaluator_replica when the replicas share one configuration)"))
+		}
+		if c.replica == "" {
+			errs = append(errs, fmt.Errorf("rules.evaluator_replica: %q, but storage.external_labels.replica is not set: it is what evaluator_replica is compared with", c.EvaluatorReplica))
+		}
+	}
 	if len(c.Alertmanagers) > 0 && len(c.Files) == 0 {
 		errs = append(errs, errors.New("rules.alertmanagers: set, but rules.files is empty: nothing would ever be sent"))
 	}
@@ -118,7 +142,18 @@ func (c *Config) Validate() error {
 // enabled reports whether any rule files are configured.
 func (c *Config) enabled() bool { return len(c.Files) > 0 }
 
-// evaluates reports whether this receiver evaluates the configured rules.
-func (c *Config) evaluates() bool { return c.enabled() && (c.Evaluate == nil || *c.Evaluate) }
+// Evaluates reports whether this receiver evaluates the configured rules:
+// some are configured, and rules.evaluate is true or unset, or
+// rules.evaluator_replica names this replica.
+func (c *Config) Evaluates() bool {
+	switch {
+	case !c.enabled():
+		return false
+	case c.EvaluatorReplica != "":
+		return c.replica == c.EvaluatorReplica
+	default:
+		return c.Evaluate == nil || *c.Evaluate
+	}
+}
 
 func trimSlash(s string) string { return strings.TrimRight(s, "/") }

@@ -189,9 +189,9 @@ func New(logger *slog.Logger, reg prometheus.Registerer, engine promql.QueryEngi
 	if m.reader == nil {
 		m.reader = store
 	}
-	if !cfg.evaluates() {
+	if !cfg.Evaluates() {
 		if cfg.enabled() {
-			logger.Info("rules.evaluate is false: another replica evaluates the fleet rules")
+			logger.Info("this replica does not evaluate the fleet rules (rules.evaluate false, or rules.evaluator_replica names another replica)", "evaluator_replica", cfg.EvaluatorReplica)
 		}
 		return m, nil
 	}
@@ -269,7 +269,7 @@ func (s *snapshot) equal(o *snapshot) bool {
 // picking up new tenants every reload interval. It returns nil once every
 // evaluation has stopped and pending alerts have been handed to the notifier.
 func (m *Manager) Run(ctx context.Context) error {
-	if !m.cfg.evaluates() {
+	if !m.cfg.Evaluates() {
 		<-ctx.Done()
 		return nil
 	}
@@ -308,7 +308,7 @@ func (m *Manager) Run(ctx context.Context) error {
 // switches to them; if any is invalid, the error is logged and counted and
 // the previous rules stay in force. It returns the load error, if any.
 func (m *Manager) Reload() error {
-	if !m.cfg.evaluates() {
+	if !m.cfg.Evaluates() {
 		return nil
 	}
 	snap, err := m.readFiles()

@@ -15,7 +15,7 @@ import (
 const MaxTerminationGracePeriod = 2 * time.Minute
 
 // startAllowance is a restarted evaluator's start until its rules run: the
-// pod's scheduling and init container, and the WAL replay (under 30 s at
+// pod's scheduling and container start, and the WAL replay (under 30 s at
 // 1M series in bench/results; a replica is sized for 250k).
 const startAllowance = time.Minute
 

@@ -1,0 +1,84 @@
+package deploy
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/phonehome/phonehome/receive"
+)
+
+// TestReceiverReplicasShareOneConfig: the pods of every built receiver
+// StatefulSet read one ConfigMap, with no init container to tell them apart.
+// Loaded by the receiver's own loader with the env each pod gets, the
+// configuration gives each replica its pod's name as
+// storage.external_labels.replica, and with its commented rules section
+// enabled, phonehome-receiver-0 alone evaluates the fleet rules.
+func TestReceiverReplicasShareOneConfig(t *testing.T) {
+	examples := build(t, filepath.Join(kubeDir, "example-secrets"))
+	checked := 0
+	for _, oc := range ourContainers(t) {
+		if oc.binary != "receiver" {
+			continue
+		}
+		for _, tc := range []struct {
+			pod       string
+			evaluates bool
+		}{{"phonehome-receiver-0", true}, {"phonehome-receiver-1", false}} {
+			root := t.TempDir()
+			args, env := podFiles(t, root, oc.r, examples, tc.pod, oc.pt, oc.c)
+			var cfgPath string
+			for _, a := range args {
+				if p, ok := strings.CutPrefix(a, "--config.file="); ok {
+					cfgPath = p
+				}
+			}
+			require.NotEmpty(t, cfgPath, "%s: no --config.file", oc)
+			require.Contains(t, env, "POD_NAME="+tc.pod, "%s", oc)
+			for _, e := range env {
+				k, v, _ := strings.Cut(e, "=")
+				t.Setenv(k, v)
+			}
+			where := fmt.Sprintf("%s, pod %s", oc, tc.pod)
+
+			cfg, err := receive.LoadConfig(cfgPath)
+			require.NoError(t, err, where)
+			require.Equal(t, tc.pod, cfg.Storage.ExternalLabels["replica"], where)
+			require.False(t, cfg.Rules.Evaluates(), "%s: the shipped configuration has no rules", where)
+
+			enableCommentedRules(t, cfgPath)
+			cfg, err = receive.LoadConfig(cfgPath)
+			require.NoError(t, err, where)
+			require.Equal(t, tc.pod, cfg.Storage.ExternalLabels["replica"], where)
+			require.Equal(t, tc.evaluates, cfg.Rules.Evaluates(), where)
+		}
+		checked++
+	}
+	require.GreaterOrEqual(t, checked, 2, "dev and production")
+}
+
+// enableCommentedRules appends to the configuration at path its commented
+// example of the rules section ("#   rules:" and the lines under it).
+func enableCommentedRules(t *testing.T, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var section []string
+	for _, l := range strings.Split(string(b), "\n") {
+		switch {
+		case l == "#   rules:":
+			section = append(section, "rules:")
+		case section != nil && strings.HasPrefix(l, "#     "):
+			section = append(section, strings.TrimPrefix(l, "#   "))
+		case section != nil:
+			require.Greater(t, len(section), 1, "%s: an empty commented rules section", path)
+			require.NoError(t, os.WriteFile(path, []byte(string(b)+strings.Join(section, "\n")+"\n"), 0o600))
+			return
+		}
+	}
+	t.Fatalf("%s: no commented rules section (\"#   rules:\")", path)
+}
