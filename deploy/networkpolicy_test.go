@@ -325,18 +325,12 @@ func TestNetworkPolicyFlows(t *testing.T) {
 // and it reaches what its configuration names.
 func receiverFlows(t *testing.T, self endpoint, c corev1.Container, args []string) []flow {
 	t.Helper()
-	var flows []flow
-	for _, cp := range c.Ports {
-		at := func(src endpoint) connection {
-			return connection{src, self, cp.ContainerPort, protocolOrTCP(&cp.Protocol)}
-		}
-		flows = append(flows,
-			flow{"a cluster, through the load balancer, to port " + cp.Name, at(outsideAddr), true},
-			flow{"Grafana to port " + cp.Name, at(grafanaPod), true},
-			flow{"the monitoring Prometheus to port " + cp.Name, at(prometheusPod), true},
-			flow{"a peer (another replica) to port " + cp.Name, at(self), true},
-		)
-	}
+	flows := inboundFlows(self, c,
+		inbound{"a cluster, through the load balancer,", outsideAddr, true},
+		inbound{"Grafana", grafanaPod, true},
+		inbound{"the monitoring Prometheus", prometheusPod, true},
+		inbound{"a peer (another replica)", self, true},
+	)
 	var cfgFile string
 	for _, a := range args {
 		if v, ok := strings.CutPrefix(a, "--config.file="); ok {
@@ -428,15 +422,28 @@ func forwarderFlows(t *testing.T, self endpoint, ownPod bool, c corev1.Container
 	if !ownPod {
 		return flows
 	}
+	return append(flows, inboundFlows(self, c,
+		inbound{"the cluster's Prometheus", prometheusPod, true},
+		inbound{"another pod", strangerPod, false},
+		inbound{"outside the cluster", outsideAddr, false},
+	)...)
+}
+
+// inbound is a source of connections to a container's ports.
+type inbound struct {
+	what    string
+	from    endpoint
+	allowed bool
+}
+
+// inboundFlows returns a flow from each source to each port of c.
+func inboundFlows(self endpoint, c corev1.Container, sources ...inbound) []flow {
+	var flows []flow
 	for _, cp := range c.Ports {
-		at := func(src endpoint) connection {
-			return connection{src, self, cp.ContainerPort, protocolOrTCP(&cp.Protocol)}
+		for _, src := range sources {
+			conn := connection{src.from, self, cp.ContainerPort, protocolOrTCP(&cp.Protocol)}
+			flows = append(flows, flow{src.what + " to port " + cp.Name, conn, src.allowed})
 		}
-		flows = append(flows,
-			flow{"the cluster's Prometheus to port " + cp.Name, at(prometheusPod), true},
-			flow{"another pod to port " + cp.Name, at(strangerPod), false},
-			flow{"outside the cluster to port " + cp.Name, at(outsideAddr), false},
-		)
 	}
 	return flows
 }
