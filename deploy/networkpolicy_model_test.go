@@ -215,10 +215,14 @@ spec:
       ports: [{port: http}]
     - from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}}]
       ports: [{port: 9000, endPort: 9010}]
+    - from: [{namespaceSelector: {}, podSelector: {matchLabels: {role: prom}}}]
+      ports: [{port: 7000}]
   egress:
     - to: [{ipBlock: {cidr: 198.51.100.0/24, except: [198.51.100.128/25]}}]
       ports: [{port: 443}]
     - ports: [{port: 53, protocol: UDP}]
+    - to: [{podSelector: {matchLabels: {role: db}}}]
+      ports: [{port: sql}]
 `))
 	require.NoError(t, err)
 	pols := []*networkingv1.NetworkPolicy{obj.(*networkingv1.NetworkPolicy)}
@@ -226,6 +230,8 @@ spec:
 	lb := endpoint{namespace: "app", labels: map[string]string{"role": "lb"}}
 	lbElsewhere := endpoint{namespace: "other", labels: map[string]string{"role": "lb"}}
 	monitoring := endpoint{namespace: "monitoring", labels: map[string]string{"any": "pod"}}
+	prom := endpoint{namespace: "other", labels: map[string]string{"role": "prom"}}
+	db := endpoint{namespace: "app", labels: map[string]string{"role": "db"}, ports: []corev1.ContainerPort{{Name: "sql", ContainerPort: 5432}}}
 	addr := func(s string) endpoint { return endpoint{addr: netip.MustParseAddr(s)} }
 	for _, tc := range []struct {
 		what string
@@ -239,6 +245,10 @@ spec:
 		{"namespace selector, port range", connection{monitoring, web, 9005, corev1.ProtocolTCP}, true},
 		{"namespace selector, outside the range", connection{monitoring, web, 9011, corev1.ProtocolTCP}, false},
 		{"from outside the cluster", connection{addr("198.51.100.1"), web, 8080, corev1.ProtocolTCP}, false},
+		{"namespace and pod selectors in one peer: both match", connection{prom, web, 7000, corev1.ProtocolTCP}, true},
+		{"namespace and pod selectors in one peer: the pod's labels differ", connection{monitoring, web, 7000, corev1.ProtocolTCP}, false},
+		{"egress named port: the destination's", connection{web, db, 5432, corev1.ProtocolTCP}, true},
+		{"egress named port: another number", connection{web, db, 8080, corev1.ProtocolTCP}, false},
 		{"ipBlock", connection{web, addr("198.51.100.1"), 443, corev1.ProtocolTCP}, true},
 		{"ipBlock except", connection{web, addr("198.51.100.200"), 443, corev1.ProtocolTCP}, false},
 		{"ipBlock: not a pod", connection{web, lb, 443, corev1.ProtocolTCP}, false},
