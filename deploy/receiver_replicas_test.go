@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/phonehome/phonehome/receive"
 )
@@ -17,7 +19,9 @@ import (
 // Loaded by the receiver's own loader with the env each pod gets, the
 // configuration gives each replica its pod's name as
 // storage.external_labels.replica, and with its commented rules section
-// enabled, phonehome-receiver-0 alone evaluates the fleet rules.
+// enabled, phonehome-receiver-0 alone evaluates the fleet rules. The file is
+// the ConfigMap's, mounted whole: an edit of the ConfigMap in place reaches
+// the running pods (a subPath mount is never updated; docs/operations.md).
 func TestReceiverReplicasShareOneConfig(t *testing.T) {
 	examples := build(t, filepath.Join(kubeDir, "example-secrets"))
 	checked := 0
@@ -25,6 +29,7 @@ func TestReceiverReplicasShareOneConfig(t *testing.T) {
 		if oc.binary != "receiver" {
 			continue
 		}
+		requireConfigMountedWhole(t, oc)
 		for _, tc := range []struct {
 			pod       string
 			evaluates bool
@@ -81,4 +86,25 @@ func enableCommentedRules(t *testing.T, path string) {
 		}
 	}
 	t.Fatalf("%s: no commented rules section (\"#   rules:\")", path)
+}
+
+// requireConfigMountedWhole: the --config.file of oc is in a ConfigMap volume
+// mounted without subPath.
+func requireConfigMountedWhole(t *testing.T, oc ourContainer) {
+	t.Helper()
+	var cfgPath string
+	for _, a := range oc.c.Args {
+		if p, ok := strings.CutPrefix(a, "--config.file="); ok {
+			cfgPath = p
+		}
+	}
+	i := slices.IndexFunc(oc.c.VolumeMounts, func(m corev1.VolumeMount) bool {
+		return m.MountPath == cfgPath || strings.HasPrefix(cfgPath, strings.TrimSuffix(m.MountPath, "/")+"/")
+	})
+	require.GreaterOrEqual(t, i, 0, "%s: %q is on no volume", oc, cfgPath)
+	m := oc.c.VolumeMounts[i]
+	require.Empty(t, m.SubPath, "%s: volume %s mounted with a subPath: an edit of the ConfigMap would not reach the pod", oc, m.Name)
+	v := slices.IndexFunc(oc.pt.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name })
+	require.GreaterOrEqual(t, v, 0, "%s: no volume %s", oc, m.Name)
+	require.NotNil(t, oc.pt.Spec.Volumes[v].ConfigMap, "%s: %q is not read from a ConfigMap", oc, cfgPath)
 }
