@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -14,12 +13,13 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"go.yaml.in/yaml/v3"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/phonehome/phonehome/receive"
 )
 
 // netBuild is one built kustomization's NetworkPolicies and pods.
@@ -293,10 +293,11 @@ func TestNetworkPolicyFlows(t *testing.T) {
 			b := newNetBuild(oc.dir, oc.r, ours)
 			pod := b.pod(t, oc.workload)
 			// The args as the pod runs them, and the files they name.
-			args, _ := podFiles(t, t.TempDir(), oc.r, examples, oc.workload, oc.pt, oc.c)
+			args, env := podFiles(t, t.TempDir(), oc.r, examples, firstPod(oc.workload), oc.pt, oc.c)
 			var flows []flow
 			switch oc.binary {
 			case "receiver":
+				setEnv(t, env)
 				flows = receiverFlows(t, pod.endpoint, oc.c, args)
 			case "forwarder":
 				flows = forwarderFlows(t, pod.endpoint, b.own[oc.workload], oc.c, args)
@@ -322,7 +323,8 @@ func TestNetworkPolicyFlows(t *testing.T) {
 
 // receiverFlows: everyone reaches the receiver's ports (clusters come through
 // the load balancer, from outside), the replicas reach each other (peers),
-// and it reaches what its configuration names.
+// and it reaches what its configuration, loaded by the receiver's loader,
+// names.
 func receiverFlows(t *testing.T, self endpoint, c corev1.Container, args []string) []flow {
 	t.Helper()
 	flows := inboundFlows(self, c,
@@ -338,10 +340,8 @@ func receiverFlows(t *testing.T, self endpoint, c corev1.Container, args []strin
 		}
 	}
 	require.NotEmpty(t, cfgFile, "no --config.file in %v", args)
-	b, err := os.ReadFile(cfgFile)
+	cfg, err := receive.LoadConfig(cfgFile) // as the pod loads it: its env is set
 	require.NoError(t, err)
-	var cfg receiverEndpoints
-	require.NoError(t, yaml.Unmarshal(b, &cfg))
 	out := func(what string, dst endpoint, port int32) flow {
 		return flow{what, connection{self, dst, port, corev1.ProtocolTCP}, true}
 	}
@@ -365,33 +365,6 @@ func receiverFlows(t *testing.T, self endpoint, c corev1.Container, args []strin
 		flows = append(flows, out("Alertmanager "+am.URL, alertmanagerPod, urlPort(t, am.URL)))
 	}
 	return flows
-}
-
-// receiverEndpoints is what a receiver configuration connects to besides its
-// peers (deploy/receiver.yaml; the tests' --check-config runs validate it).
-type receiverEndpoints struct {
-	Auth struct {
-		AuthorizeWebhook *struct {
-			URL string `yaml:"url"`
-		} `yaml:"authorize_webhook"`
-	} `yaml:"auth"`
-	Storage struct {
-		Bucket struct {
-			Type string `yaml:"type"`
-			S3   struct {
-				Endpoint string `yaml:"endpoint"`
-				Insecure bool   `yaml:"insecure"`
-			} `yaml:"s3"`
-		} `yaml:"bucket"`
-	} `yaml:"storage"`
-	Rules struct {
-		Alertmanagers []struct {
-			URL string `yaml:"url"`
-		} `yaml:"alertmanagers"`
-	} `yaml:"rules"`
-	Upstream struct {
-		URL string `yaml:"url"`
-	} `yaml:"upstream"`
 }
 
 // forwarderFlows: the forwarder reaches the cluster's Prometheus (--from,

@@ -44,10 +44,7 @@ func TestReceiverReplicasShareOneConfig(t *testing.T) {
 			}
 			require.NotEmpty(t, cfgPath, "%s: no --config.file", oc)
 			require.Contains(t, env, "POD_NAME="+tc.pod, "%s", oc)
-			for _, e := range env {
-				k, v, _ := strings.Cut(e, "=")
-				t.Setenv(k, v)
-			}
+			setEnv(t, env)
 			where := fmt.Sprintf("%s, pod %s", oc, tc.pod)
 
 			cfg, err := receive.LoadConfig(cfgPath)
@@ -107,4 +104,14 @@ func requireConfigMountedWhole(t *testing.T, oc ourContainer) {
 	v := slices.IndexFunc(oc.pt.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name })
 	require.GreaterOrEqual(t, v, 0, "%s: no volume %s", oc, m.Name)
 	require.NotNil(t, oc.pt.Spec.Volumes[v].ConfigMap, "%s: %q is not read from a ConfigMap", oc, cfgPath)
+}
+
+// setEnv sets a pod's environment (NAME=value, podFiles') in the test's, for
+// the receiver's loader; the test's end restores it.
+func setEnv(t *testing.T, environ []string) {
+	t.Helper()
+	for _, e := range environ {
+		k, v, _ := strings.Cut(e, "=")
+		t.Setenv(k, v)
+	}
 }
