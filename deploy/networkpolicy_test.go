@@ -333,12 +333,7 @@ func receiverFlows(t *testing.T, self endpoint, c corev1.Container, args []strin
 		inbound{"the monitoring Prometheus", prometheusPod, true},
 		inbound{"a peer (another replica)", self, true},
 	)
-	var cfgFile string
-	for _, a := range args {
-		if v, ok := strings.CutPrefix(a, "--config.file="); ok {
-			cfgFile = v
-		}
-	}
+	cfgFile := configFileArg(args)
 	require.NotEmpty(t, cfgFile, "no --config.file in %v", args)
 	cfg, err := receive.LoadConfig(cfgFile) // as the pod loads it: its env is set
 	require.NoError(t, err)

@@ -36,12 +36,7 @@ func TestReceiverReplicasShareOneConfig(t *testing.T) {
 		}{{"phonehome-receiver-0", true}, {"phonehome-receiver-1", false}} {
 			root := t.TempDir()
 			args, env := podFiles(t, root, oc.r, examples, tc.pod, oc.pt, oc.c)
-			var cfgPath string
-			for _, a := range args {
-				if p, ok := strings.CutPrefix(a, "--config.file="); ok {
-					cfgPath = p
-				}
-			}
+			cfgPath := configFileArg(args)
 			require.NotEmpty(t, cfgPath, "%s: no --config.file", oc)
 			require.Contains(t, env, "POD_NAME="+tc.pod, "%s", oc)
 			setEnv(t, env)
@@ -89,12 +84,7 @@ func enableCommentedRules(t *testing.T, path string) {
 // mounted without subPath.
 func requireConfigMountedWhole(t *testing.T, oc ourContainer) {
 	t.Helper()
-	var cfgPath string
-	for _, a := range oc.c.Args {
-		if p, ok := strings.CutPrefix(a, "--config.file="); ok {
-			cfgPath = p
-		}
-	}
+	cfgPath := configFileArg(oc.c.Args)
 	i := slices.IndexFunc(oc.c.VolumeMounts, func(m corev1.VolumeMount) bool {
 		return m.MountPath == cfgPath || strings.HasPrefix(cfgPath, strings.TrimSuffix(m.MountPath, "/")+"/")
 	})
