@@ -165,6 +165,12 @@ type Authorizer struct {
 	// notBefore is when the receiver's last Retry-After on /authorize ends:
 	// until then no exchange is attempted, by Run or by the write path.
 	notBefore time.Time
+	// retryAt is when Run retries its last failed exchange (lastErr):
+	// until then Token answers with that error instead of exchanging on
+	// its own, so a fleet's write paths do not add attempts to Run's
+	// backoff while the receiver is down.
+	retryAt time.Time
+	lastErr error
 
 	kick chan struct{} // wakes Run after Rejected
 
@@ -211,6 +217,9 @@ func (a *Authorizer) Token(ctx context.Context) (string, error) {
 	if tok, ok, err := a.current(); ok || err != nil {
 		return tok, err
 	}
+	if wait, err := a.backingOff(); wait > 0 {
+		return "", RetryableError{Err: err, RetryAfter: wait}
+	}
 	if err := a.refresh(ctx, false); err != nil {
 		var ra *retryAfterError
 		if errors.As(err, &ra) && ra.after > 0 { // the write path waits as long
@@ -238,6 +247,21 @@ func (a *Authorizer) current() (string, bool, error) {
 		return c.token, true, nil
 	}
 	return "", false, nil
+}
+
+// backingOff is how long Run still waits before it retries its last
+// failed exchange, and that exchange's error.
+func (a *Authorizer) backingOff() (time.Duration, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.retryAt.Sub(a.now()), a.lastErr
+}
+
+// setRetry records Run's next attempt after err (none: zero wait).
+func (a *Authorizer) setRetry(wait time.Duration, err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.retryAt, a.lastErr = a.now().Add(wait), err
 }
 
 // holdOff is how long the receiver's last Retry-After still runs.
@@ -268,6 +292,7 @@ func (a *Authorizer) Rejected(token string) bool {
 func (a *Authorizer) reprobe() {
 	a.mu.Lock()
 	a.direct = false
+	a.retryAt = time.Time{} // Run asks again now
 	a.mu.Unlock()
 	select {
 	case a.kick <- struct{}{}:
@@ -456,6 +481,7 @@ func (a *Authorizer) Run(ctx context.Context) error {
 		if err == nil {
 			attempt = 0
 			wait = 0
+			a.setRetry(0, nil)
 			continue
 		}
 		if ctx.Err() != nil {
@@ -469,6 +495,7 @@ func (a *Authorizer) Run(ctx context.Context) error {
 				wait = stretch(wait, DefaultJitter)
 			}
 		}
+		a.setRetry(wait, err)
 		if attempt == 0 {
 			a.logger.Warn("authorize failed, retrying", "err", err, "retry_in", wait.String())
 		} else {

@@ -264,6 +264,38 @@ func TestAuthorizerRunRetriesFailedExchange(t *testing.T) {
 	require.Len(t, ids, 3)
 }
 
+// While Run waits out its backoff after a failed exchange, the write
+// path does not exchange on its own: it is told to retry when Run does, so
+// a fleet's /authorize load while the receiver is down is Run's backoff
+// alone. A rejected credential (reprobe) lets it ask at once again.
+func TestAuthorizerTokenWaitsForRunsRetry(t *testing.T) {
+	ar := newAuthReceiver(t)
+	ar.authStatus = []int{http.StatusBadGateway, http.StatusBadGateway}
+	a := newTestAuthorizer(t, ar, nil, AuthorizerOptions{})
+	a.opts.MinBackoff, a.opts.MaxBackoff = time.Hour, time.Hour
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+	eventually(t, func() bool { wait, _ := a.backingOff(); return wait > 0 }, "Run's first exchange failed")
+
+	for range 3 {
+		_, err := a.Token(context.Background())
+		var re RetryableError
+		require.ErrorAs(t, err, &re)
+		require.Greater(t, re.RetryAfter, 29*time.Minute, "retry when Run does (half of 1h at least)")
+		require.ErrorContains(t, err, "502")
+	}
+	_, _, ids := ar.snapshot()
+	require.Len(t, ids, 1, "Run's exchange only")
+
+	a.reprobe()
+	_, err := a.Token(context.Background())
+	require.Error(t, err, "the second 502")
+	_, _, ids = ar.snapshot()
+	require.Len(t, ids, 2, "asked again after a reprobe")
+}
+
 func TestAuthorizerAutoFallsBackWithoutEndpoint(t *testing.T) {
 	ar := newAuthReceiver(t)
 	ar.noAuthz = true
