@@ -21,6 +21,16 @@ if [ -z "$PROMETHEUS" ]; then
   exit 1
 fi
 
+# Before anything is removed or started: a demo still running (or any
+# other server) on one of the addresses would answer the readiness checks
+# below for a process that could not listen.
+for addr in "$RECEIVER_ADDR" "$PROM_ADDR" "$FIXTURE_ADDR" "$FORWARDER_ADDR"; do
+  if (exec 3<>"/dev/tcp/${addr%:*}/${addr##*:}") 2>/dev/null; then
+    echo "demo: something already listens on $addr (a demo still running?); stop it, or set RECEIVER_ADDR, PROM_ADDR, FIXTURE_ADDR or FORWARDER_ADDR" >&2
+    exit 1
+  fi
+done
+
 rm -rf "$DIR" && mkdir -p "$DIR"
 rand() { head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
 WRITE_TOKEN=$(rand)
@@ -60,8 +70,14 @@ stop() {
 }
 trap stop INT TERM EXIT
 
-wait_ready() { # url, name
+wait_ready() { # url, name, log: the last process started
+  local pid=${pids[-1]}
   for _ in $(seq 1 120); do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "demo: $2 exited at start; the end of $3:" >&2
+      tail -n 5 "$3" >&2
+      exit 1
+    fi
     curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
     sleep 0.5
   done
@@ -71,19 +87,19 @@ wait_ready() { # url, name
 
 "$BIN/receiver" --config.file="$DIR/receiver.yaml" --storage.path="$DIR/receiver" \
   --web.listen-address="$RECEIVER_ADDR" --log.format=logfmt 2>"$DIR/receiver.log" & pids+=($!)
-wait_ready "http://$RECEIVER_ADDR/-/ready" receiver
+wait_ready "http://$RECEIVER_ADDR/-/ready" receiver "$DIR/receiver.log"
 
 # Built, not `go run`: stop() signals the server itself (go run would leave it behind on SIGTERM).
 go build -o "$BIN/fixtureserver" ./bench/cmd/fixtureserver
 "$BIN/fixtureserver" --listen="$FIXTURE_ADDR" 2>"$DIR/fixture.log" & pids+=($!)
 "$PROMETHEUS" --config.file="$DIR/prometheus.yml" --storage.tsdb.path="$DIR/prometheus" \
   --web.listen-address="$PROM_ADDR" 2>"$DIR/prometheus.log" & pids+=($!)
-wait_ready "http://$PROM_ADDR/-/ready" prometheus
+wait_ready "http://$PROM_ADDR/-/ready" prometheus "$DIR/prometheus.log"
 
 "$BIN/forwarder" --from="http://$PROM_ADDR" --to="http://$RECEIVER_ADDR" --to-token-file="$DIR/write-token" \
   --id=demo-cluster-5f6c2a9e --anonymize-salt-file="$DIR/salt" --match-file=bench/testdata/telemetry-allowlist.txt \
   --interval="$INTERVAL" --listen="$FORWARDER_ADDR" --queue.dir="$DIR/queue" --log.format=logfmt 2>"$DIR/forwarder.log" & pids+=($!)
-wait_ready "http://$FORWARDER_ADDR/readyz" forwarder
+wait_ready "http://$FORWARDER_ADDR/readyz" forwarder "$DIR/forwarder.log"
 
 cat <<TXT
 
@@ -97,6 +113,6 @@ The first forward cycle lands within ~$INTERVAL. Then query the fleet:
   curl -s -H 'Authorization: Bearer $READ_TOKEN' 'http://$RECEIVER_ADDR/api/v1/label/_id/values'
 Fleet status page: http://$RECEIVER_ADDR/ (sign in with the read token).
 Grafana: a Prometheus data source at http://$RECEIVER_ADDR with header Authorization: Bearer $READ_TOKEN.
-Ctrl-C stops everything cleanly.
+Ctrl-C stops everything cleanly (make then reports the interrupt).
 TXT
 wait "${pids[0]}"
