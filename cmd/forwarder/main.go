@@ -37,29 +37,21 @@ import (
 	"github.com/phonehome/phonehome/allowlist"
 	"github.com/phonehome/phonehome/forward"
 	"github.com/phonehome/phonehome/gathering"
+	"github.com/phonehome/phonehome/internal/buildversion"
 	"github.com/phonehome/phonehome/relabel"
 	"github.com/phonehome/phonehome/shutdown"
 	"github.com/phonehome/phonehome/webtls"
 )
 
-// forwarderVersion is this build's version, which the image's VERSION build
-// argument sets (prometheus/common's version.Version, as for the receiver):
-// sent in the User-Agent (the status page lists the fleet's versions) and
-// checked against a gathering definition's min_forwarder_version. A build
-// without one (go build, VERSION=dev) is baseVersion.
-var forwarderVersion = buildVersion(version.Version)
-
-// baseVersion is the version of a build that names none.
-const baseVersion = "0.1.0"
+// forwarderVersion is this build's version (internal/buildversion, as the
+// receiver's): sent in the User-Agent (the status page lists the fleet's
+// versions) and checked against a gathering definition's
+// min_forwarder_version.
+var forwarderVersion = buildversion.Of(version.Version)
 
 var userAgent = "phonehome-forwarder/" + forwarderVersion
 
-func buildVersion(v string) string {
-	if v == "" || v == "dev" {
-		return baseVersion
-	}
-	return strings.TrimPrefix(v, "v")
-}
+func init() { buildversion.Set() } // --version
 
 func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
 

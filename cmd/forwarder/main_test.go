@@ -18,11 +18,13 @@ import (
 	"time"
 
 	"github.com/golang/snappy"
+	"github.com/prometheus/common/version"
 	"github.com/prometheus/prometheus/prompb"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/phonehome/phonehome/forward"
+	"github.com/phonehome/phonehome/internal/buildversion"
 )
 
 // TestMain doubles as the forwarder binary when re-executed by startSelf.
@@ -305,14 +307,11 @@ func TestSecondForwarderOnAQueueDirExits1(t *testing.T) {
 	require.Contains(t, stderr.String(), "queue directory is in use by another forwarder")
 }
 
-// The image's VERSION build argument (prometheus/common's version.Version)
-// is the forwarder's version, as the receiver's: in its User-Agent and
-// against min_forwarder_version. A build that names none is baseVersion.
-func TestBuildVersion(t *testing.T) {
-	for in, want := range map[string]string{"": baseVersion, "dev": baseVersion, "v1.4.2": "1.4.2", "1.5.0-rc.1": "1.5.0-rc.1"} {
-		require.Equal(t, want, buildVersion(in), in)
-	}
+// The forwarder reports its version (internal/buildversion; 0.1.0 for a
+// build that names none) in --version, as in its User-Agent.
+func TestVersion(t *testing.T) {
+	require.Equal(t, "phonehome-forwarder/"+version.Version, userAgent)
 	var stderr bytes.Buffer
 	require.Equal(t, 0, run([]string{"--version"}, &stderr))
-	require.Contains(t, stderr.String(), "forwarder, version")
+	require.Contains(t, stderr.String(), "forwarder, version "+buildversion.Base)
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/phonehome/phonehome/erasure"
 	"github.com/phonehome/phonehome/gathering"
 	"github.com/phonehome/phonehome/gcburst"
+	"github.com/phonehome/phonehome/internal/buildversion"
 	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/peers"
 	"github.com/phonehome/phonehome/push"
@@ -53,6 +54,8 @@ import (
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
+
+func init() { buildversion.Set() } // --version, build_info and the buildinfo API
 
 // bucketListGrace bounds how long readiness waits for the first listing of
 // the bucket: an unreachable bucket must not keep ingest away for longer.
