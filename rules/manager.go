@@ -161,6 +161,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Reads of an alerting rule's `for` state (ALERTS_FOR_STATE) at start that got partial data, by result: retried (read again), failed (still partial: not restored, its alerts wait their full `for`).",
 		}, []string{"result"}),
 	}
+	// A replica without rule files, or one that does not evaluate them,
+	// loads nothing and has nothing failing: 1, as Prometheus' config
+	// reload gauge, so that an alert on it does not fire there.
+	m.lastSuccess.Set(1)
 	m.partialRestores.WithLabelValues("retried")
 	m.partialRestores.WithLabelValues("failed")
 	m.reloads.WithLabelValues("success")
@@ -191,7 +195,7 @@ func New(logger *slog.Logger, reg prometheus.Registerer, engine promql.QueryEngi
 	}
 	if !cfg.Evaluates() {
 		if cfg.enabled() {
-			logger.Info("this replica does not evaluate the fleet rules (rules.evaluate false, or rules.evaluator_replica names another replica)", "evaluator_replica", cfg.EvaluatorReplica)
+			logger.Info("this replica does not evaluate the fleet rules (rules.evaluate false, or rules.evaluator_replica names another replica)", "evaluator_replica", cfg.EvaluatorReplica, "replica", cfg.replica)
 		}
 		return m, nil
 	}

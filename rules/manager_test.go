@@ -199,3 +199,19 @@ type readerFunc func(tenant string, mint, maxt int64) (promstorage.Querier, erro
 func (f readerFunc) Querier(tenant string, mint, maxt int64) (promstorage.Querier, error) {
 	return f(tenant, mint, maxt)
 }
+
+// A receiver with no rule files, and a replica that does not evaluate
+// them, load nothing: phonehome_rules_last_reload_successful is 1 there,
+// as Prometheus' reload gauge is, so an alert on it stays quiet.
+func TestLastReloadSuccessfulWithoutRules(t *testing.T) {
+	off := false
+	for name, cfg := range map[string]Config{
+		"no rule files":  {},
+		"not evaluating": {Files: []string{"/nonexistent/*.yaml"}, Evaluate: &off},
+	} {
+		cfg.SetDefaults()
+		m, err := New(slog.New(slog.DiscardHandler), nil, nil, &fakeStore{}, cfg, Options{})
+		require.NoError(t, err, name)
+		require.Equal(t, 1.0, testutil.ToFloat64(m.metrics.lastSuccess), name)
+	}
+}
