@@ -193,6 +193,18 @@ func New(logger *slog.Logger, reg prometheus.Registerer, engine promql.QueryEngi
 	if m.reader == nil {
 		m.reader = store
 	}
+	if cfg.enabled() {
+		// Only where rule files are configured: the max over the replicas
+		// is 0 when none evaluates (PhonehomeFleetRulesNotEvaluated), e.g.
+		// an evaluator_replica that names no replica.
+		evaluating := promauto.With(reg).NewGauge(prometheus.GaugeOpts{
+			Name: "phonehome_rules_evaluating",
+			Help: "1 if this replica evaluates the fleet rules, 0 if its rule files are left to another replica (rules.evaluate, rules.evaluator_replica). Absent without rule files.",
+		})
+		if cfg.Evaluates() {
+			evaluating.Set(1)
+		}
+	}
 	if !cfg.Evaluates() {
 		if cfg.enabled() {
 			logger.Info("this replica does not evaluate the fleet rules (rules.evaluate false, or rules.evaluator_replica names another replica)", "evaluator_replica", cfg.EvaluatorReplica, "replica", cfg.replica)

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -213,5 +214,34 @@ func TestLastReloadSuccessfulWithoutRules(t *testing.T) {
 		m, err := New(slog.New(slog.DiscardHandler), nil, nil, &fakeStore{}, cfg, Options{})
 		require.NoError(t, err, name)
 		require.Equal(t, 1.0, testutil.ToFloat64(m.metrics.lastSuccess), name)
+	}
+}
+
+// phonehome_rules_evaluating says which replica evaluates: 1 there, 0 on a
+// replica that leaves its rule files to another, absent without rule
+// files (so PhonehomeFleetRulesNotEvaluated sees only replicas with rules).
+func TestEvaluatingGauge(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "r.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("groups:\n- name: g\n  rules:\n  - record: answer\n    expr: vector(1)\n"), 0o600))
+	off := false
+	for name, tc := range map[string]struct {
+		cfg  Config
+		want string
+	}{
+		"no rule files": {Config{}, ""},
+		"another's":     {Config{Files: []string{file}, Evaluate: &off}, "phonehome_rules_evaluating 0\n"},
+		"the evaluator": {Config{Files: []string{file}}, "phonehome_rules_evaluating 1\n"},
+		"named replica": {Config{Files: []string{file}, EvaluatorReplica: "r-1", replica: "r-1"}, "phonehome_rules_evaluating 1\n"},
+		"another named": {Config{Files: []string{file}, EvaluatorReplica: "r-0", replica: "r-1"}, "phonehome_rules_evaluating 0\n"},
+	} {
+		tc.cfg.SetDefaults()
+		reg := prometheus.NewRegistry()
+		_, err := New(slog.New(slog.DiscardHandler), reg, nil, &fakeStore{}, tc.cfg, Options{})
+		require.NoError(t, err, name)
+		want := ""
+		if tc.want != "" {
+			want = "# HELP phonehome_rules_evaluating 1 if this replica evaluates the fleet rules, 0 if its rule files are left to another replica (rules.evaluate, rules.evaluator_replica). Absent without rule files.\n# TYPE phonehome_rules_evaluating gauge\n" + tc.want
+		}
+		require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want), "phonehome_rules_evaluating"), name)
 	}
 }
