@@ -138,7 +138,7 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	fs.StringVar(&f.salt, "anonymize-salt", "", "telemeter-client: the salt inline (accepted with a warning; prefer --anonymize-salt-file). Overrides --anonymize-salt-file.")
 	fs.Var(&f.labels, "label", "Extra label key=value for every series (comma-separated, repeatable).")
 	fs.Var(&f.renames, "rename", "Metric rename old=new (comma-separated, repeatable; default ALERTS=alerts).")
-	fs.StringVar(&f.listen, "listen", ":9002", "Address for /metrics, /healthz and /readyz.")
+	fs.StringVar(&f.listen, "listen", ":9002", "Address for /metrics, /healthz, /readyz, POST /-/reload (--web.enable-lifecycle) and /federate (the last cycle as sent: the cluster's anonymized telemetry). Every interface by default, for the cluster's Prometheus to scrape: bind localhost:9002, or protect it with --web.config.file.")
 	fs.StringVar(&f.listen, "web.listen-address", ":9002", "Alias of --listen.")
 	fs.BoolVar(&f.webEnableLifecycle, "web.enable-lifecycle", true, "Serve configuration reload over HTTP (POST or PUT /-/reload on --listen), as telemeter-client does for cluster-monitoring-operator's reload sidecar; false answers 403, as Prometheus does without the flag. SIGHUP reloads regardless.")
 	fs.StringVar(&f.webConfig, "web.config.file", "", "Prometheus exporter-toolkit web config for --listen: TLS, client certificates (mTLS), TLS versions and cipher suites, basic auth; certificates are re-read on change. Empty: plain HTTP.")
