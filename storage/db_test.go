@@ -221,3 +221,18 @@ func TestReadsOfUnknownTenantsLetCloseFinish(t *testing.T) {
 		t.Fatal("Close did not return: a read left the DB open")
 	}
 }
+
+// A second process on a --storage.path in use (a receiver still running,
+// a receiver erase) is told so, not only "resource temporarily
+// unavailable" from the TSDB's lock.
+func TestOpenNamesAStoragePathInUse(t *testing.T) {
+	dir := t.TempDir()
+	db, err := storage.Open(discard, nil, dir, storage.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	_, err = db.Write(context.Background(), "t", []prompb.TimeSeries{tseries("a", time.Now().UnixMilli(), 1)})
+	require.NoError(t, err)
+
+	_, err = storage.Open(discard, nil, dir, storage.Config{}) // opens the tenants on disk
+	require.ErrorContains(t, err, "in use by another process")
+}

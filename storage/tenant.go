@@ -1,12 +1,14 @@
 package storage
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
 	"regexp"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -140,6 +142,9 @@ func openTenant(logger *slog.Logger, reg prometheus.Registerer, dir, name string
 		r = replacingRegisterer{prometheus.WrapRegistererWith(prometheus.Labels{"tenant": name}, reg)}
 	}
 	db, err := tsdb.Open(t.dir, logger.With("tenant", name), r, opts, nil)
+	if errors.Is(err, syscall.EWOULDBLOCK) { // its lock file is held
+		return nil, fmt.Errorf("open tsdb %s: in use by another process (a receiver still running on this --storage.path, or a receiver erase): %w", t.dir, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open tsdb %s: %w", t.dir, err)
 	}

@@ -45,7 +45,7 @@ func runErase(args []string, stderr io.Writer) int {
 		requestedBy = fs.String("requested-by", "", "Who asked, for the audit event (a ticket, a person).")
 	)
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseExit(err)
 	}
 	logger, err := newLogger(stderr, *logLevel, *logFormat)
 	if err != nil {

@@ -104,7 +104,7 @@ func run(args []string, stderr io.Writer) int {
 		releaseFree      = fs.Duration("runtime.release-free-heap-interval", 10*time.Second, "How often to check whether a burst (series creation, head compaction) left free heap that the Go runtime keeps mapped, and return it to the OS when it exceeds 5% of the live heap (at least 8MiB) and less than 5% of the heap was allocated since the last check (docs/operations.md); 0 leaves it to the runtime.")
 	)
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseExit(err)
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "receiver: unexpected arguments: %v\n", fs.Args())
@@ -194,7 +194,9 @@ func run(args []string, stderr io.Writer) int {
 		// Close flushes the head to a block and uploads it (as configured).
 		if err := db.Close(); err != nil {
 			logger.Error("close storage", "err", err)
+			return
 		}
+		logger.Info("receiver stopped: storage closed") // the last line of a clean stop
 	}()
 
 	bstore, err := bucketstore.Open(logger.With("component", "bucketstore"), reg, *storagePath, cfg.Storage.Bucket, cfg.BucketStore)
@@ -526,6 +528,15 @@ func run(args []string, stderr io.Writer) int {
 	}
 	logger.Info("receiver stopping: flushing and uploading the head")
 	return 0
+}
+
+// parseExit is the exit code after a failed flag parse: 0 for --help, as
+// the forwarder's, 2 for a bad flag.
+func parseExit(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	return 2
 }
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {

@@ -12,7 +12,7 @@ import (
 // --help names the erase subcommand beside the flags.
 func TestHelpNamesTheEraseSubcommand(t *testing.T) {
 	var stderr bytes.Buffer
-	run([]string{"--help"}, &stderr)
+	require.Equal(t, 0, run([]string{"--help"}, &stderr), "help is not an error")
 	require.Contains(t, stderr.String(), "receiver erase [flags]")
 	require.Contains(t, stderr.String(), "-config.file")
 }
