@@ -157,7 +157,8 @@ remote_write:
 	require.Equal(t, "gzip", gzResp.Header.Get("Content-Encoding"))
 	var build map[string]any
 	apiData(t, rcv.URL(), tokenAcme, "/api/v1/status/buildinfo", nil, &build)
-	require.Contains(t, build, "version")
+	require.Equal(t, "0.1.0", build["version"], "a build that names no version (internal/buildversion)")
+	require.NotEmpty(t, build["revision"])
 
 	// Another tenant sees nothing of acme's; no or a wrong token sees nothing at all.
 	var empty queryResult

@@ -35,8 +35,8 @@ type Options struct {
 	MaxSamples int
 	// Ready reports whether queries may be served; nil means always.
 	Ready func() bool
-	// Version is reported by /api/v1/status/buildinfo.
-	Version string
+	// Version and Revision are reported by /api/v1/status/buildinfo.
+	Version, Revision string
 	// Rules returns the rules and alerts of the caller's tenant (it reads
 	// auth.FromContext) for /rules and /alerts; nil serves none.
 	Rules func(context.Context) v1.RulesRetriever
@@ -126,7 +126,7 @@ func NewHandler(logger *slog.Logger, engine promql.QueryEngine, r Reader, opts O
 		func() (v1.RuntimeInfo, error) {
 			return v1.RuntimeInfo{StartTime: start, GoroutineCount: runtime.NumGoroutine(), GOMAXPROCS: runtime.GOMAXPROCS(0), CWD: cwd()}, nil
 		},
-		&v1.PrometheusVersion{Version: opts.Version, GoVersion: runtime.Version()},
+		&v1.PrometheusVersion{Version: opts.Version, Revision: opts.Revision, GoVersion: runtime.Version()},
 		nil, nil,
 		prometheus.NewRegistry(), prometheus.NewRegistry(), // the API's own metrics stay private
 		nil, false, nil, false, false, false,

@@ -335,7 +335,7 @@ func run(args []string, stderr io.Writer) int {
 	}
 	localMeta := query.LocalMetadata(db)
 	api := query.NewHandler(logger.With("component", "query"), fleetEngine, reader, query.Options{
-		Ready: isReady, Version: version.Version,
+		Ready: isReady, Version: version.Version, Revision: version.GetRevision(),
 		Rules: ruler.RulesRetriever, Alertmanagers: ruler.AlertmanagerRetriever,
 		Metadata: peerSet.Metadata(localMeta), // this receiver's and its peers'
 	})
