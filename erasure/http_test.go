@@ -1,0 +1,32 @@
+package erasure
+
+import (
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/phonehome/phonehome/auth"
+)
+
+// A body over the limit is 413 naming the limit, not a decode error of
+// the truncated JSON.
+func TestOversizedRequestIs413(t *testing.T) {
+	e, err := New(slog.New(slog.DiscardHandler), nil, &fakeLocal{}, &fakeBucket{}, filepath.Join(t.TempDir(), "jobs"), Options{})
+	require.NoError(t, err)
+	h := auth.Middleware(auth.Insecure{Tenant: "acme"}, 0, nil, e.Handler(nil))
+	body := `{"cluster_id":"x","requested_by":"` + strings.Repeat("a", maxRequestBytes) + `"}`
+	for _, path := range []string{erasePath, readmitPath} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, strings.NewReader(body)))
+		require.Equal(t, http.StatusRequestEntityTooLarge, rec.Code, path)
+		require.Contains(t, rec.Body.String(), "request body exceeds the limit of 65536 bytes", path)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, erasePath, strings.NewReader(`{"cluster_id":"x"}`)))
+	require.Equal(t, http.StatusAccepted, rec.Code, "a small request still passes")
+}
