@@ -51,7 +51,7 @@ func (e *Eraser) Handler(replicas *Repeater) http.Handler {
 			respond(w, http.StatusAccepted, submitted{Status: st, Replicas: results}, warnings...)
 		}
 	})
-	mux.HandleFunc("GET /api/v1/admin/erase", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET "+erasePath, func(w http.ResponseWriter, r *http.Request) {
 		id, _ := auth.FromContext(r.Context())
 		jobs := e.List(id.Tenant)
 		if jobs == nil {
@@ -59,7 +59,7 @@ func (e *Eraser) Handler(replicas *Repeater) http.Handler {
 		}
 		respond(w, http.StatusOK, jobs)
 	})
-	mux.HandleFunc("GET /api/v1/admin/erase/{id}", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET "+erasePath+"/{id}", func(w http.ResponseWriter, r *http.Request) {
 		id, _ := auth.FromContext(r.Context())
 		st, ok := e.Get(r.PathValue("id"))
 		if !ok || st.Tenant != id.Tenant {
@@ -93,6 +93,10 @@ const (
 	erasePath   = "/api/v1/admin/erase"
 	readmitPath = "/api/v1/admin/readmit"
 )
+
+// Patterns are the routes Handler serves, for a mux in front of it: a
+// method it does not serve is answered there, before authentication.
+var Patterns = []string{"POST " + erasePath, "GET " + erasePath, "GET " + erasePath + "/{id}", "POST " + readmitPath}
 
 // maxRequestBytes bounds an admin request's JSON body: a few short fields.
 const maxRequestBytes = 64 << 10

@@ -30,3 +30,21 @@ func TestOversizedRequestIs413(t *testing.T) {
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, erasePath, strings.NewReader(`{"cluster_id":"x"}`)))
 	require.Equal(t, http.StatusAccepted, rec.Code, "a small request still passes")
 }
+
+// Patterns names routes Handler serves; a method it does not name (PUT of
+// the erase path) is not served.
+func TestPatternsAreHandlersRoutes(t *testing.T) {
+	e, err := New(slog.New(slog.DiscardHandler), nil, &fakeLocal{}, &fakeBucket{}, filepath.Join(t.TempDir(), "jobs"), Options{})
+	require.NoError(t, err)
+	h := auth.Middleware(auth.Insecure{Tenant: "acme"}, 0, nil, e.Handler(nil))
+	for _, p := range Patterns {
+		method, path, _ := strings.Cut(p, " ")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(method, strings.Replace(path, "{id}", "unknown", 1), strings.NewReader(`{"cluster_id":"x"}`)))
+		require.NotEqual(t, http.StatusMethodNotAllowed, rec.Code, p)
+		require.NotContains(t, rec.Body.String(), "404 page not found", p)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPut, erasePath, nil))
+	require.Equal(t, http.StatusMethodNotAllowed, rec.Code, "a route not in Patterns")
+}

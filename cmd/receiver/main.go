@@ -348,14 +348,18 @@ func run(args []string, stderr io.Writer) int {
 		},
 	})
 
-	mux := http.NewServeMux()
+	mux := newRouter() // a method a path is not routed for is 405 before authentication
 	mux.Handle("POST /api/v1/write", auth.Middleware(a.authn, auth.PermWrite, writes.CountUnauthenticated, writes))
 	mux.Handle("/api/v1/", auth.Middleware(a.authn, auth.PermRead, nil, api))
 	var repeater *erasure.Repeater // erasures and re-admissions repeated on the peers, retried on those that miss one
 	if peerSet.Enabled() {
 		repeater = erasure.NewRepeater(logger.With("component", "erasure"), reg, peerSet)
 	}
-	mux.Handle("/api/v1/admin/", auth.Middleware(a.authn, auth.PermAdmin, nil, peerSet.Repeatable(eraser.Handler(repeater))))
+	admin := auth.Middleware(a.authn, auth.PermAdmin, nil, peerSet.Repeatable(eraser.Handler(repeater)))
+	for _, p := range erasure.Patterns {
+		mux.Handle(p, admin)
+	}
+	mux.Handle("/api/v1/admin/", admin) // the rest: authenticated, then 404
 	for _, p := range status.Patterns { // fleet status API: read (own tenant) or admin (any), checked by status
 		mux.Handle(p, auth.Middleware(a.authn, 0, nil, fleet.Handler()))
 	}
