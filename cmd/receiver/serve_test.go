@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -76,7 +77,9 @@ func call(t *testing.T, method, url, token string) (int, http.Header, string) {
 }
 
 // The receiver as started: every write-only or admin endpoint asked with a
-// wrong method is 405 with Allow, whatever the credential (none included).
+// wrong method is 405 with Allow, whatever the credential (none included),
+// and POST /-/reload reloads the configuration for an admin: 200, or 500
+// with why the running one was kept.
 func TestServedRoutes(t *testing.T) {
 	write := fileWriter(t, t.TempDir())
 	tokens := write("tokens.yaml", `tokens:
@@ -95,6 +98,7 @@ func TestServedRoutes(t *testing.T) {
 		{"GET", "/api/v1/read", "POST"},
 		{"GET", "/api/v1/admin/readmit", "POST"},
 		{"PUT", "/api/v1/admin/erase", "GET, HEAD, POST"},
+		{"GET", "/-/reload", "POST, PUT"},
 	} {
 		for _, token := range []string{"writer", "reader", "admin", ""} {
 			code, hdr, body := call(t, tc.method, base+tc.path, token)
@@ -106,4 +110,20 @@ func TestServedRoutes(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, code)
 	code, _, _ = call(t, "GET", base+"/api/v1/unknown", "writer")
 	require.Equal(t, http.StatusForbidden, code, "the query API's paths stay behind its authentication")
+
+	// /-/reload: the admin permission.
+	code, _, _ = call(t, "POST", base+"/-/reload", "")
+	require.Equal(t, http.StatusUnauthorized, code)
+	code, _, _ = call(t, "POST", base+"/-/reload", "writer")
+	require.Equal(t, http.StatusForbidden, code)
+	require.NoError(t, os.WriteFile(cfgFile, []byte("auth:\n  tokens_file: "+tokens+"\nallowlist: ['up']\n"), 0o600))
+	code, _, body := call(t, "POST", base+"/-/reload", "admin")
+	require.Equal(t, http.StatusOK, code, body)
+	_, _, metrics := call(t, "GET", base+"/metrics", "")
+	require.Contains(t, metrics, `phonehome_receive_config_reloads_total{result="success"} 1`)
+	require.NoError(t, os.WriteFile(cfgFile, []byte("auth:\n  tokens_file: "+tokens+"\nallowlist: ['up{']\n"), 0o600))
+	code, _, body = call(t, "PUT", base+"/-/reload", "admin")
+	require.Equal(t, http.StatusInternalServerError, code)
+	require.Contains(t, body, "failed to reload config: ")
+	require.Contains(t, body, "allowlist[0]")
 }
