@@ -116,6 +116,11 @@ func (h *AuthorizeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, 4<<10)
+	var tooLarge *http.MaxBytesError
+	if err := r.ParseForm(); errors.As(err, &tooLarge) { // else the cut form reads as a bad id
+		h.fail(w, "invalid", http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds the limit of %d bytes", tooLarge.Limit))
+		return
+	}
 	sent := r.FormValue("id")
 	if !clusterIDRE.MatchString(sent) {
 		h.fail(w, "invalid", http.StatusBadRequest, "parameter id (query or form) must be the cluster's id ("+clusterIDRE.String()+")")

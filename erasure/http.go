@@ -3,7 +3,7 @@ package erasure
 import (
 	"encoding/json"
 	"errors"
-	"io"
+	"fmt"
 	"net/http"
 	"strings"
 
@@ -51,7 +51,7 @@ func (e *Eraser) Handler(replicas *Repeater) http.Handler {
 			respond(w, http.StatusAccepted, submitted{Status: st, Replicas: results}, warnings...)
 		}
 	})
-	mux.HandleFunc("GET /api/v1/admin/erase", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET "+erasePath, func(w http.ResponseWriter, r *http.Request) {
 		id, _ := auth.FromContext(r.Context())
 		jobs := e.List(id.Tenant)
 		if jobs == nil {
@@ -59,7 +59,7 @@ func (e *Eraser) Handler(replicas *Repeater) http.Handler {
 		}
 		respond(w, http.StatusOK, jobs)
 	})
-	mux.HandleFunc("GET /api/v1/admin/erase/{id}", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET "+erasePath+"/{id}", func(w http.ResponseWriter, r *http.Request) {
 		id, _ := auth.FromContext(r.Context())
 		st, ok := e.Get(r.PathValue("id"))
 		if !ok || st.Tenant != id.Tenant {
@@ -94,14 +94,29 @@ const (
 	readmitPath = "/api/v1/admin/readmit"
 )
 
+// Patterns are the routes Handler serves, for a mux in front of it: a
+// method it does not serve is answered there, before authentication.
+var Patterns = []string{"POST " + erasePath, "GET " + erasePath, "GET " + erasePath + "/{id}", "POST " + readmitPath}
+
+// maxRequestBytes bounds an admin request's JSON body: a few short fields.
+const maxRequestBytes = 64 << 10
+
+// decode reads the JSON body into v: 415 if it is not JSON, 413 over
+// maxRequestBytes (a body cut at the limit would read as malformed), 400
+// if it does not decode.
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
 		apiError(w, http.StatusUnsupportedMediaType, "want application/json")
 		return false
 	}
-	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<10))
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxRequestBytes))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			apiError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds the limit of %d bytes", tooLarge.Limit))
+			return false
+		}
 		apiError(w, http.StatusBadRequest, "decode request: "+err.Error())
 		return false
 	}

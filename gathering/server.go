@@ -253,14 +253,17 @@ func (src *source) load() (*Compiled, [sha256.Size]byte, error) {
 }
 
 // Reload re-reads every file whose bytes changed. An invalid version is
-// logged and counted, and that tenant's definition in force stays; the
-// other tenants are not affected. It also deletes the state of the
-// definitions no longer configured whose grace periods have all ended.
-// OnChange is called once if any of this happened.
-func (s *Server) Reload() {
+// logged, counted and returned (every file's, joined), and that tenant's
+// definition in force stays; the other tenants are not affected. It also
+// deletes the state of the definitions no longer configured whose grace
+// periods have all ended. OnChange is called once if any of this happened.
+func (s *Server) Reload() error {
 	changed := false
+	var errs []error
 	for _, src := range s.sources() {
-		changed = s.reload(src) || changed
+		c, err := s.reload(src)
+		changed = c || changed
+		errs = append(errs, err)
 	}
 	for _, src := range s.orphanSources() {
 		changed = s.expire(src) || changed
@@ -268,6 +271,7 @@ func (s *Server) Reload() {
 	if changed && s.onChange != nil {
 		s.onChange()
 	}
+	return errors.Join(errs...)
 }
 
 // sources returns the configured definitions: the default's, then the
@@ -292,23 +296,24 @@ func (s *Server) orphanSources() []*source {
 	return out
 }
 
-// reload reports whether src's definition in force changed.
-func (s *Server) reload(src *source) bool {
+// reload reports whether src's definition in force changed, or why the
+// new version was refused.
+func (s *Server) reload(src *source) (bool, error) {
 	src.reloadMu.Lock()
 	defer src.reloadMu.Unlock()
 	if b, err := os.ReadFile(src.path); err == nil && sha256.Sum256(b) == src.fileHash {
-		return false
+		return false, nil
 	}
 	c, sum, err := src.load()
 	if err != nil {
 		s.reloads.WithLabelValues(src.tenant, "failure").Inc()
 		s.logger.Error("reload gathering definition, keeping the previous one", "tenant", src.tenant, "file", src.path, "err", err)
-		return false
+		return false, err
 	}
 	src.fileHash = sum
 	old := src.state.Load()
 	if c.ETag == old.cur.ETag { // reformatted, same content
-		return false
+		return false, nil
 	}
 	now := s.now()
 	st := &serverState{cur: c, prev: s.history(src, c, append([]replaced{{def: old.cur, at: now}}, old.prev...), now)}
@@ -320,7 +325,7 @@ func (s *Server) reload(src *source) bool {
 	s.lastReload.WithLabelValues(src.tenant).Set(float64(now.UnixNano()) / 1e9)
 	s.logger.Info("gathering definition changed", "tenant", src.tenant, "file", src.path, "version", c.Def.Version,
 		"previous", old.cur.Def.Version, "previous_accepted_until", now.Add(s.grace).UTC().Format(time.RFC3339), "previous_versions", len(st.prev))
-	return true
+	return true, nil
 }
 
 // Run reloads every interval and whenever hup delivers, until ctx ends.
@@ -332,9 +337,9 @@ func (s *Server) Run(ctx context.Context, interval time.Duration, hup <-chan os.
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			s.Reload()
+			_ = s.Reload() // logged and counted
 		case <-hup:
-			s.Reload()
+			_ = s.Reload()
 		}
 	}
 }

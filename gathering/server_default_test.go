@@ -27,7 +27,7 @@ func TestServerRemovedDefaultKeepsItsGrace(t *testing.T) {
 	t0 := h.now
 	h.now = t0.Add(20 * time.Minute)
 	writeDef(t, with.Default, "version: d2\nselectors: [up2]\n")
-	s.Reload()
+	require.NoError(t, s.Reload())
 
 	h.now = t0.Add(30 * time.Minute)
 	removedAt := h.now
@@ -59,11 +59,11 @@ func TestServerRemovedDefaultKeepsItsGrace(t *testing.T) {
 	changes := 0
 	s.onChange = func() { changes++ }
 	h.now = t0.Add(80 * time.Minute)
-	s.Reload()
+	require.NoError(t, s.Reload())
 	require.FileExists(t, stateFile, "up2 is still in its grace period")
 	require.Zero(t, changes)
 	h.now = removedAt.Add(time.Hour)
-	s.Reload()
+	require.NoError(t, s.Reload())
 	require.NoFileExists(t, stateFile)
 	require.Equal(t, 1, changes)
 	def, _ = s.Allowlists()

@@ -51,10 +51,10 @@ func TestServerEveryReplacedVersionKeepsItsGrace(t *testing.T) {
 
 	h.now = t0.Add(time.Minute)
 	writeDef(t, f.Default, "version: B\nselectors: [b_typo]\n")
-	s.Reload()
+	require.NoError(t, s.Reload())
 	h.now = t0.Add(3 * time.Minute)
 	writeDef(t, f.Default, "version: C\nselectors: [a_metric, c_metric]\n")
-	s.Reload()
+	require.NoError(t, s.Reload())
 	require.Equal(t, "C", s.Current("x").Def.Version)
 
 	check := func(s *Server, wantA, wantB time.Time) {
@@ -81,7 +81,7 @@ func TestServerEveryReplacedVersionKeepsItsGrace(t *testing.T) {
 	// is B's earlier replacement no more.
 	h.now = t0.Add(70 * time.Minute)
 	writeDef(t, f.Default, "version: B\nselectors: [b_typo]\n")
-	s.Reload()
+	require.NoError(t, s.Reload())
 	def, _ := s.Allowlists()
 	require.Len(t, def.Prev, 1)
 	require.Equal(t, h.now.Add(time.Hour), acceptedUntil(*def, "c_metric"))
@@ -110,7 +110,7 @@ func TestServerPreviousVersionsCapped(t *testing.T) {
 	for i := 1; i <= n; i++ {
 		h.now = h.now.Add(time.Minute)
 		writeDef(t, f.Default, fmt.Sprintf("version: v%d\nselectors: [m%d]\n", i, i))
-		s.Reload()
+		require.NoError(t, s.Reload())
 	}
 	for _, s := range []*Server{s, h.open(f)} { // and after a restart
 		def, _ := s.Allowlists()
@@ -145,7 +145,7 @@ func TestServerReadsSingleStateFormat(t *testing.T) {
 
 	h.now = h.now.Add(time.Minute)
 	writeDef(t, f.Tenants["acme"], "version: a3\nselectors: [a_third]\n")
-	s.Reload()
+	require.NoError(t, s.Reload())
 	s = h.open(f)
 	a, _ = tenantAllowlists(s, "acme")
 	require.Equal(t, replacedAt.Add(time.Hour), acceptedUntil(a, "a_metric"), "a1, from the old format, until its own end")
@@ -174,7 +174,7 @@ func TestServerRemovedTenantKeepsItsGrace(t *testing.T) {
 	t0 := h.now
 	h.now = t0.Add(20 * time.Minute)
 	writeDef(t, withAcme.Tenants["acme"], "version: a2\nselectors: [a_new]\n")
-	s.Reload()
+	require.NoError(t, s.Reload())
 
 	// acme's file is removed, restart: the default is served at once.
 	h.now = t0.Add(30 * time.Minute)
@@ -199,7 +199,7 @@ func TestServerRemovedTenantKeepsItsGrace(t *testing.T) {
 
 	// The default changes meanwhile: acme follows it, with the default's previous version.
 	writeDef(t, withAcme.Default, "version: d2\nselectors: [up2]\n")
-	s.Reload()
+	require.NoError(t, s.Reload())
 	a, _ = tenantAllowlists(s, "acme")
 	require.True(t, a.Cur.AllowsFunc(func(string) string { return "up2" }))
 	require.Equal(t, h.now.Add(time.Hour), acceptedUntil(a, "up"))
@@ -207,7 +207,7 @@ func TestServerRemovedTenantKeepsItsGrace(t *testing.T) {
 	// Reloads after the grace periods end delete the state file; acme is
 	// then held to the default alone.
 	h.now = removedAt.Add(time.Hour)
-	s.Reload()
+	require.NoError(t, s.Reload())
 	require.NoFileExists(t, stateFile)
 	_, ok = tenantAllowlists(s, "acme")
 	require.False(t, ok)

@@ -106,7 +106,7 @@ func TestServerPerTenantReload(t *testing.T) {
 	// a changes, b's new file is invalid: a moves on, b keeps b1, each counted under its tenant.
 	writeDef(t, f.Tenants["a"], "version: a2\nselectors: [a_new]\n")
 	writeDef(t, f.Tenants["b"], "version: b2\nselectors: ['b_metric{']\n")
-	s.Reload()
+	require.ErrorContains(t, s.Reload(), f.Tenants["b"])
 	require.Equal(t, 1, changes, "one OnChange per Reload")
 	require.Equal(t, "a2", s.Current("a").Def.Version)
 	require.Equal(t, "b1", s.Current("b").Def.Version)
@@ -125,7 +125,7 @@ func TestServerPerTenantReload(t *testing.T) {
 
 	// Fixed later: b moves on.
 	writeDef(t, f.Tenants["b"], "version: b2\nselectors: [b_metric, b_new]\n")
-	s.Reload()
+	require.NoError(t, s.Reload())
 	require.Equal(t, 2, changes)
 	require.Equal(t, "b2", s.Current("b").Def.Version)
 }
@@ -149,7 +149,7 @@ func TestServerGracePeriodSurvivesRestart(t *testing.T) {
 	require.FileExists(t, filepath.Join(stateDir, "default.json"))
 	require.FileExists(t, filepath.Join(stateDir, "tenants", "a.json"))
 	writeDef(t, f.Tenants["a"], "version: a2\nselectors: [a_new]\n")
-	s.Reload()
+	require.NoError(t, s.Reload())
 	changedAt := now
 
 	// Restart 10 minutes later: a1 is still accepted until an hour after the change.

@@ -81,22 +81,22 @@ func TestServerReloadKeepsLastGoodAndGrace(t *testing.T) {
 	etag1 := s.Current("acme").ETag
 
 	// Unchanged file: nothing happens.
-	s.Reload()
+	require.NoError(t, s.Reload())
 	require.Zero(t, *changes)
 
 	// Invalid: logged, counted, the previous one stays.
 	writeDef(t, path, "version: v2\nselectors: ['up{']\n")
-	s.Reload()
+	require.ErrorContains(t, s.Reload(), path)
 	require.Equal(t, etag1, s.Current("acme").ETag)
 	require.Equal(t, 1.0, testutil.ToFloat64(s.reloads.WithLabelValues(DefaultTenant, "failure")))
 	require.Zero(t, *changes)
 	writeDef(t, path, "version: v2\nselectors: [up]\nunknown: 1\n")
-	s.Reload()
+	require.ErrorContains(t, s.Reload(), "unknown")
 	require.Equal(t, 2.0, testutil.ToFloat64(s.reloads.WithLabelValues(DefaultTenant, "failure")))
 
 	// Valid change: served at once, previous selectors accepted for the grace period.
 	writeDef(t, path, "version: v2\nselectors: [up, node_info]\nanonymize_labels: [node]\n")
-	s.Reload()
+	require.NoError(t, s.Reload())
 	require.Equal(t, 1, *changes)
 	require.Equal(t, "v2", s.Current("acme").Def.Version)
 	require.NotEqual(t, etag1, s.Current("acme").ETag)
@@ -109,7 +109,7 @@ func TestServerReloadKeepsLastGoodAndGrace(t *testing.T) {
 
 	// Same content reformatted: no change.
 	writeDef(t, path, "# comment\nversion: v2\nselectors:\n  - up\n  - node_info\nanonymize_labels: [node]\n")
-	s.Reload()
+	require.NoError(t, s.Reload())
 	require.Equal(t, 1, *changes)
 }
 

@@ -20,7 +20,7 @@ func TestServerStartRemovesTemporaryStateFilesOfACrash(t *testing.T) {
 	f := tenantFiles(t, "version: d1\nselectors: [up]\n", map[string]string{"a": "version: a1\nselectors: [a_metric]\n"})
 	s := h.open(f)
 	writeDef(t, f.Tenants["a"], "version: a2\nselectors: [a_new]\n")
-	s.Reload()
+	require.NoError(t, s.Reload())
 	changedAt := h.now
 	for _, path := range []string{statePath(h.stateDir, DefaultTenant), statePath(h.stateDir, "a"), statePath(h.stateDir, "new")} {
 		_, err := atomicfile.Prepare(path, []byte("torn"), 0o640)

@@ -21,7 +21,7 @@ import (
 // whole section included) stay accepted for GracePeriod.
 type GatheringConfig struct {
 	// File is the default definition, for every tenant not in Tenants.
-	// Each file is hot-reloaded every ReloadInterval and on SIGHUP; an
+	// Each file is hot-reloaded every ReloadInterval, on SIGHUP and on POST /-/reload; an
 	// invalid version is logged and counted, and that tenant's previous one
 	// stays. Paths are relative to the configuration file. The set of
 	// tenants is read at start only.

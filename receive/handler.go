@@ -544,11 +544,36 @@ func (h *Handler) write(r *http.Request, id auth.Identity, lim *limits.TenantLim
 		stats.Histograms += dropped.Histograms
 		return stats, nil
 	}
-	err := fmt.Errorf("%d of %d samples rejected, the rest were written: %s: %w",
-		rejected, rejected+stats.Samples+stats.Histograms, strings.Join(problems, "; "), errBadRequest)
-	if werr != nil && len(problems) == 1 {
-		err = fmt.Errorf("%d of %d samples rejected, the rest were written: %w: %w",
-			rejected, rejected+stats.Samples+stats.Histograms, errBadRequest, werr)
+	err := &rejectedError{msg: rejectedMessage(rejected, stats.Samples+stats.Histograms, problems)}
+	if werr != nil && len(problems) == 1 { // storage's refusal alone: its sentinel stays visible to errors.Is
+		err.cause = werr
 	}
 	return stats, err
+}
+
+// rejectedError is a write whose samples were refused in part or whole: a
+// 400 (errBadRequest) whose message is the client's answer, without
+// "bad request" repeated after the reasons.
+type rejectedError struct {
+	msg   string
+	cause error
+}
+
+func (e *rejectedError) Error() string { return e.msg }
+
+func (e *rejectedError) Unwrap() []error {
+	if e.cause == nil {
+		return []error{errBadRequest}
+	}
+	return []error{errBadRequest, e.cause}
+}
+
+// rejectedMessage says how many samples were refused and why, and whether
+// the others were written.
+func rejectedMessage(rejected, written int, problems []string) string {
+	outcome := "the rest were written"
+	if written == 0 {
+		outcome = "nothing was written"
+	}
+	return fmt.Sprintf("%d of %d samples rejected, %s: %s", rejected, rejected+written, outcome, strings.Join(problems, "; "))
 }

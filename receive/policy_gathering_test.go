@@ -135,7 +135,7 @@ func TestHandlerEnforcesTheTenantsGatheringDefinition(t *testing.T) {
 
 	// a's file changes: a_metric stays accepted for the grace period, b is unaffected.
 	write("a.yaml", "version: a2\nselectors: [a_new]\n")
-	defs.Reload()
+	require.NoError(t, defs.Reload())
 	require.Equal(t, http.StatusNoContent, post("a", "a_new"))
 	require.Equal(t, http.StatusNoContent, post("a", "a_metric"), "previous version within the grace period")
 	require.Equal(t, http.StatusBadRequest, post("b", "a_new"))
@@ -176,9 +176,9 @@ func TestHandlerGatheringGraceAcrossChangesAndRemoval(t *testing.T) {
 
 	defs, post := open(withA)
 	write("a.yaml", "version: a2\nselectors: [a_typo]\n")
-	defs.Reload()
+	require.NoError(t, defs.Reload())
 	write("a.yaml", "version: a3\nselectors: [a_third]\n")
-	defs.Reload()
+	require.NoError(t, defs.Reload())
 	require.Equal(t, http.StatusNoContent, post("a", "a_third"))
 	require.Equal(t, http.StatusNoContent, post("a", "a_metric"), "a1, two changes ago, within its grace period")
 	require.Equal(t, http.StatusNoContent, post("a", "a_typo"))

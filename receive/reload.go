@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,7 +23,8 @@ type ConfigReloader struct {
 	logger   *slog.Logger
 	path     string
 	apply    func(*Config)
-	started  *Config // the version the process started with
+	started  *Config    // the version the process started with
+	mu       sync.Mutex // serializes reloads; guards last
 	last     [sha256.Size]byte
 	reloads  *prometheus.CounterVec
 	lastGood prometheus.Gauge
@@ -60,17 +62,22 @@ func NewConfigReloader(logger *slog.Logger, reg prometheus.Registerer, path stri
 	return r
 }
 
-// Reload loads the file if it changed since the version in force.
-func (r *ConfigReloader) Reload() {
+// Reload loads the file if it changed since the version in force, or
+// returns why it kept that version (also logged and counted). Safe for
+// concurrent use (SIGHUP, the interval, POST /-/reload); reloads are
+// serialized.
+func (r *ConfigReloader) Reload() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	b, err := os.ReadFile(r.path)
 	if err == nil && sha256.Sum256(b) == r.last {
-		return
+		return nil
 	}
 	cfg, err := LoadConfig(r.path)
 	if err != nil {
 		r.reloads.WithLabelValues("failure").Inc()
 		r.logger.Error("reload configuration, keeping the previous one", "file", r.path, "err", err)
-		return
+		return err
 	}
 	r.apply(cfg)
 	r.last = sha256.Sum256(b)
@@ -79,10 +86,11 @@ func (r *ConfigReloader) Reload() {
 	if pending := restartSections(r.started, cfg); len(pending) > 0 {
 		r.restart.Set(1)
 		r.logger.Warn("configuration reloaded: limits, allowlist and elide_labels applied; these sections changed and need a restart", "file", r.path, "sections", pending)
-		return
+		return nil
 	}
 	r.restart.Set(0)
 	r.logger.Info("configuration reloaded", "file", r.path)
+	return nil
 }
 
 // restartSections names the top-level sections of cfg, by YAML key, that
@@ -103,9 +111,9 @@ func (r *ConfigReloader) Run(ctx context.Context, interval time.Duration, hup <-
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
-			r.Reload()
+			_ = r.Reload() // logged and counted
 		case <-hup:
-			r.Reload()
+			_ = r.Reload()
 		}
 	}
 }

@@ -21,12 +21,12 @@ func TestConfigReloadNamesWhatNeedsARestart(t *testing.T) {
 	r := NewConfigReloader(discard(), prometheus.NewRegistry(), path, func(*Config) { applied++ })
 
 	write("limits:\n  defaults:\n    max_series_per_cluster: 200\nstorage:\n  retention: 24h\nallowlist: ['up']\n")
-	r.Reload()
+	require.NoError(t, r.Reload())
 	require.Equal(t, 1, applied)
 	require.Zero(t, testutil.ToFloat64(r.restart), "only hot-reloaded sections changed")
 
 	write("limits:\n  defaults:\n    max_series_per_cluster: 200\nstorage:\n  retention: 48h\nallowlist: ['up']\n")
-	r.Reload()
+	require.NoError(t, r.Reload())
 	require.Equal(t, 2, applied, "what can be applied still is")
 	require.Equal(t, 1.0, testutil.ToFloat64(r.restart))
 	running, err := LoadConfig(path)
@@ -59,20 +59,20 @@ func TestConfigReloadExpandsExternalLabels(t *testing.T) {
 	require.Equal(t, "r0", r.started.Storage.ExternalLabels["replica"])
 
 	write("limits:\n  defaults:\n    max_series_per_cluster: 200\nstorage:\n  external_labels: {replica: '${PHONEHOME_TEST_POD}'}\n")
-	r.Reload()
+	require.NoError(t, r.Reload())
 	require.Len(t, applied, 1)
 	require.Equal(t, "r0", applied[0].Storage.ExternalLabels["replica"])
 	require.Zero(t, testutil.ToFloat64(r.restart), "only limits changed")
 
 	t.Setenv("PHONEHOME_TEST_POD", "r1")
 	write("limits:\n  defaults:\n    max_series_per_cluster: 300\nstorage:\n  external_labels: {replica: '${PHONEHOME_TEST_POD}'}\n")
-	r.Reload()
+	require.NoError(t, r.Reload())
 	require.Len(t, applied, 2)
 	require.Equal(t, "r1", applied[1].Storage.ExternalLabels["replica"])
 	require.Equal(t, 1.0, testutil.ToFloat64(r.restart), "the replica label changed: a restart applies it")
 
 	write("limits:\n  defaults:\n    max_series_per_cluster: 400\nstorage:\n  external_labels: {replica: '${PHONEHOME_TEST_UNSET}'}\n")
-	r.Reload()
+	require.ErrorContains(t, r.Reload(), "PHONEHOME_TEST_UNSET")
 	require.Len(t, applied, 2, "an invalid version is not applied")
 	require.Equal(t, 1.0, testutil.ToFloat64(r.reloads.WithLabelValues("failure")))
 }

@@ -353,14 +353,39 @@ func run(args []string, stderr io.Writer) int {
 		},
 	})
 
-	mux := http.NewServeMux()
+	// What SIGHUP reloads, and POST /-/reload.
+	var (
+		reloader *receive.ConfigReloader
+		reloads  []func() error
+	)
+	if *configFile != "" { // limits and the server-side policy
+		reloader = receive.NewConfigReloader(logger.With("component", "config"), reg, *configFile, func(c *receive.Config) {
+			p, err := receive.NewPolicy(c)
+			if err != nil { // LoadConfig validated it; cannot happen
+				logger.Error("compile policy", "err", err)
+				return
+			}
+			limiter.Reload(c.Limits)
+			policies.SetBase(p)
+		})
+		reloads = append(reloads, reloader.Reload)
+	}
+	if defs != nil {
+		reloads = append(reloads, defs.Reload)
+	}
+
+	mux := newRouter() // a method a path is not routed for is 405 before authentication
 	mux.Handle("POST /api/v1/write", auth.Middleware(a.authn, auth.PermWrite, writes.CountUnauthenticated, writes))
 	mux.Handle("/api/v1/", auth.Middleware(a.authn, auth.PermRead, nil, api))
 	var repeater *erasure.Repeater // erasures and re-admissions repeated on the peers, retried on those that miss one
 	if peerSet.Enabled() {
 		repeater = erasure.NewRepeater(logger.With("component", "erasure"), reg, peerSet)
 	}
-	mux.Handle("/api/v1/admin/", auth.Middleware(a.authn, auth.PermAdmin, nil, peerSet.Repeatable(eraser.Handler(repeater))))
+	admin := auth.Middleware(a.authn, auth.PermAdmin, nil, peerSet.Repeatable(eraser.Handler(repeater)))
+	for _, p := range erasure.Patterns {
+		mux.Handle(p, admin)
+	}
+	mux.Handle("/api/v1/admin/", admin) // the rest: authenticated, then 404
 	for _, p := range status.Patterns { // fleet status API: read (own tenant) or admin (any), checked by status
 		mux.Handle(p, auth.Middleware(a.authn, 0, nil, fleet.Handler()))
 	}
@@ -407,6 +432,9 @@ func run(args []string, stderr io.Writer) int {
 		}
 		fmt.Fprintln(w, "ready")
 	}
+	reload := auth.Middleware(a.authn, auth.PermAdmin, nil, reloadHandler(reloads))
+	mux.Handle("POST /-/reload", reload) // as Prometheus' (PUT too), but always authenticated
+	mux.Handle("PUT /-/reload", reload)
 	mux.HandleFunc("GET /-/healthy", healthy)
 	mux.HandleFunc("GET /-/ready", readyz)
 	// telemeter-server's probes, so a route or load balancer set up for it
@@ -462,16 +490,7 @@ func run(args []string, stderr io.Writer) int {
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return limiter.Run(ctx) }, func(error) { cancel() })
 	}
-	if *configFile != "" { // Hot reload of limits and the server-side policy (every 30s and on SIGHUP).
-		reloader := receive.NewConfigReloader(logger.With("component", "config"), reg, *configFile, func(c *receive.Config) {
-			p, err := receive.NewPolicy(c)
-			if err != nil { // LoadConfig validated it; cannot happen
-				logger.Error("compile policy", "err", err)
-				return
-			}
-			limiter.Reload(c.Limits)
-			policies.SetBase(p)
-		})
+	if reloader != nil { // Hot reload of limits and the server-side policy (every 30s, on SIGHUP; POST /-/reload above).
 		hup := make(chan os.Signal, 1)
 		signal.Notify(hup, syscall.SIGHUP)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -480,7 +499,7 @@ func run(args []string, stderr io.Writer) int {
 			cancel()
 		})
 	}
-	if defs != nil { // Gathering definition file reload (every reload_interval and on SIGHUP).
+	if defs != nil { // Gathering definition file reload (every reload_interval, on SIGHUP; POST /-/reload above).
 		hup := make(chan os.Signal, 1)
 		signal.Notify(hup, syscall.SIGHUP)
 		ctx, cancel := context.WithCancel(context.Background())

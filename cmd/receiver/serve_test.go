@@ -1,0 +1,129 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// startReceiver runs the receiver in this process with args, on loopback,
+// and returns its base URL. At cleanup it sends this process SIGTERM, which
+// the receiver's shutdown subscription takes, and requires exit code 0.
+func startReceiver(t *testing.T, args ...string) string {
+	t.Helper()
+	pr, pw := io.Pipe()
+	code := make(chan int, 1)
+	go func() {
+		code <- run(append([]string{"--web.listen-address=127.0.0.1:0"}, args...), pw)
+		pw.Close()
+	}()
+	addr := make(chan string, 1)
+	logged := make(chan struct{})
+	go func() {
+		defer close(logged)
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			var rec struct{ Msg, Addr string }
+			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "listening" {
+				addr <- rec.Addr
+			}
+		}
+	}()
+	select {
+	case a := <-addr:
+		t.Cleanup(func() {
+			require.NoError(t, syscall.Kill(syscall.Getpid(), syscall.SIGTERM))
+			select {
+			case c := <-code:
+				require.Equal(t, 0, c)
+			case <-time.After(30 * time.Second):
+				t.Error("the receiver did not stop")
+			}
+			<-logged
+		})
+		return "http://" + a
+	case c := <-code:
+		t.Fatalf("the receiver exited with %d before listening", c)
+		return ""
+	case <-time.After(30 * time.Second):
+		t.Fatal("the receiver did not log a listen address")
+		return ""
+	}
+}
+
+// call sends method url with token (none if empty) and returns the answer.
+func call(t *testing.T, method, url, token string) (int, http.Header, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(""))
+	require.NoError(t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// The receiver as started: every write-only or admin endpoint asked with a
+// wrong method is 405 with Allow, whatever the credential (none included),
+// and POST /-/reload reloads the configuration for an admin: 200, or 500
+// with why the running one was kept.
+func TestServedRoutes(t *testing.T) {
+	write := fileWriter(t, t.TempDir())
+	tokens := write("tokens.yaml", `tokens:
+  - {token: writer, tenant: acme, allow: [write]}
+  - {token: reader, tenant: acme, allow: [read]}
+  - {token: admin, tenant: acme, allow: [admin]}
+`)
+	cfgFile := write("receiver.yaml", "auth:\n  tokens_file: "+tokens+"\n")
+	base := startReceiver(t, "--config.file="+cfgFile, "--storage.path="+filepath.Join(filepath.Dir(cfgFile), "data"))
+
+	for _, tc := range []struct{ method, path, allow string }{
+		{"GET", "/api/v1/write", "POST"},
+		{"GET", "/upload", "POST"},
+		{"GET", "/metrics/v1/receive", "POST"},
+		{"GET", "/metrics/job/installer", "POST, PUT"},
+		{"GET", "/api/v1/read", "POST"},
+		{"GET", "/api/v1/admin/readmit", "POST"},
+		{"PUT", "/api/v1/admin/erase", "GET, HEAD, POST"},
+		{"GET", "/-/reload", "POST, PUT"},
+	} {
+		for _, token := range []string{"writer", "reader", "admin", ""} {
+			code, hdr, body := call(t, tc.method, base+tc.path, token)
+			require.Equal(t, http.StatusMethodNotAllowed, code, "%s %s as %q: %s", tc.method, tc.path, token, body)
+			require.Equal(t, tc.allow, hdr.Get("Allow"), "%s %s", tc.method, tc.path)
+		}
+	}
+	code, _, _ := call(t, "GET", base+"/unknown", "reader")
+	require.Equal(t, http.StatusNotFound, code)
+	code, _, _ = call(t, "GET", base+"/api/v1/unknown", "writer")
+	require.Equal(t, http.StatusForbidden, code, "the query API's paths stay behind its authentication")
+
+	// /-/reload: the admin permission.
+	code, _, _ = call(t, "POST", base+"/-/reload", "")
+	require.Equal(t, http.StatusUnauthorized, code)
+	code, _, _ = call(t, "POST", base+"/-/reload", "writer")
+	require.Equal(t, http.StatusForbidden, code)
+	require.NoError(t, os.WriteFile(cfgFile, []byte("auth:\n  tokens_file: "+tokens+"\nallowlist: ['up']\n"), 0o600))
+	code, _, body := call(t, "POST", base+"/-/reload", "admin")
+	require.Equal(t, http.StatusOK, code, body)
+	_, _, metrics := call(t, "GET", base+"/metrics", "")
+	require.Contains(t, metrics, `phonehome_receive_config_reloads_total{result="success"} 1`)
+	require.NoError(t, os.WriteFile(cfgFile, []byte("auth:\n  tokens_file: "+tokens+"\nallowlist: ['up{']\n"), 0o600))
+	code, _, body = call(t, "PUT", base+"/-/reload", "admin")
+	require.Equal(t, http.StatusInternalServerError, code)
+	require.Contains(t, body, "failed to reload config: ")
+	require.Contains(t, body, "allowlist[0]")
+}
