@@ -106,7 +106,7 @@ func Middleware(a Authenticator, need Permission, onReject func(r *http.Request,
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, err := a.Authenticate(r)
 		if err == nil && id.Allow&need != need {
-			err = fmt.Errorf("credential of tenant %q lacks the permission for %s: %w", id.Tenant, r.URL.Path, ErrForbidden)
+			err = fmt.Errorf("credential of tenant %q for %s: %w", id.Tenant, r.URL.Path, errLacksPermission)
 		}
 		if err != nil {
 			if onReject != nil {
@@ -114,13 +114,13 @@ func Middleware(a Authenticator, need Permission, onReject func(r *http.Request,
 			}
 			switch RejectStatus(err) {
 			case http.StatusForbidden:
-				http.Error(w, "forbidden: this credential may not "+need.String(), http.StatusForbidden)
+				http.Error(w, forbiddenMessage(need, id.Allow, err), http.StatusForbidden)
 			case http.StatusServiceUnavailable:
 				w.Header().Set("Retry-After", "30")
 				http.Error(w, "the upstream authorizer is unavailable, retry later", http.StatusServiceUnavailable)
 			default:
 				w.Header().Set("WWW-Authenticate", `Bearer realm="phonehome"`)
-				http.Error(w, "unauthorized: a valid bearer token is required", http.StatusUnauthorized)
+				http.Error(w, unauthorizedMessage(err), http.StatusUnauthorized)
 			}
 			return
 		}

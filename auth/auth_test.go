@@ -60,6 +60,7 @@ func TestNewTokensNamesEveryProblem(t *testing.T) {
 		{TokenSHA256: "zz", Tenant: "a"},
 		{Token: "y", Tenant: "../etc"},
 		{Token: "y", Tenant: "b"},
+		{Token: "z", Tenant: "b", Name: "z"},
 	})
 	require.Error(t, err)
 	for _, want := range []string{
@@ -68,6 +69,7 @@ func TestNewTokensNamesEveryProblem(t *testing.T) {
 		"tokens[2].token_sha256: want 64 hex digits",
 		`tokens[3].tenant: "../etc"`,
 		"tokens[4]: same token as tokens[3]",
+		"tokens[5].name: is the token itself",
 	} {
 		require.ErrorContains(t, err, want)
 	}

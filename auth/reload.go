@@ -90,4 +90,7 @@ func (f *FileTokens) AuthorizeFleet(ctx context.Context, token string, cluster C
 }
 
 // UnboundWriters is Tokens.UnboundWriters of the tokens in force.
-func (f *FileTokens) UnboundWriters() int { return f.cur.Load().UnboundWriters() }
+func (f *FileTokens) UnboundWriters() []string { return f.cur.Load().UnboundWriters() }
+
+// ExchangeOnly is Tokens.ExchangeOnly of the tokens in force.
+func (f *FileTokens) ExchangeOnly() []string { return f.cur.Load().ExchangeOnly() }

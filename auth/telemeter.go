@@ -23,30 +23,30 @@ const maxTelemeterBearer = 16 << 10
 // ParseTelemeterBearer decodes the bearer token of Telemeter's remote-write
 // path, as cluster-monitoring-operator renders it for Prometheus:
 // base64(JSON{"authorization_token": ..., "cluster_id": ...}). Padded and
-// unpadded, standard and URL-safe base64 are accepted. Every error wraps
-// ErrUnauthorized and never quotes the token.
+// unpadded, standard and URL-safe base64 are accepted. Every error is a
+// *TelemeterBearerError (so ErrUnauthorized) and never quotes the token.
 func ParseTelemeterBearer(bearer string) (token, clusterID string, err error) {
 	if len(bearer) > maxTelemeterBearer {
-		return "", "", fmt.Errorf("telemeter bearer of %d bytes exceeds %d: %w", len(bearer), maxTelemeterBearer, ErrUnauthorized)
+		return "", "", &TelemeterBearerError{fmt.Sprintf("of %d bytes exceeds %d", len(bearer), maxTelemeterBearer)}
 	}
 	raw, err := decodeBase64(bearer)
 	if err != nil {
-		return "", "", fmt.Errorf("telemeter bearer is not base64: %w", ErrUnauthorized)
+		return "", "", &TelemeterBearerError{"is not base64"}
 	}
 	var v struct {
 		AuthorizationToken string `json:"authorization_token"`
 		ClusterID          string `json:"cluster_id"`
 	}
 	if err := json.Unmarshal(raw, &v); err != nil {
-		return "", "", fmt.Errorf("telemeter bearer is not a JSON object with authorization_token and cluster_id: %w", ErrUnauthorized)
+		return "", "", &TelemeterBearerError{"is not a JSON object with authorization_token and cluster_id"}
 	}
 	switch {
 	case v.AuthorizationToken == "":
-		return "", "", fmt.Errorf("telemeter bearer has no authorization_token: %w", ErrUnauthorized)
+		return "", "", &TelemeterBearerError{"has no authorization_token"}
 	case v.ClusterID == "":
-		return "", "", fmt.Errorf("telemeter bearer has no cluster_id: %w", ErrUnauthorized)
+		return "", "", &TelemeterBearerError{"has no cluster_id"}
 	case !clusterIDRE.MatchString(v.ClusterID):
-		return "", "", fmt.Errorf("telemeter bearer cluster_id must match %s: %w", clusterIDRE, ErrUnauthorized)
+		return "", "", &TelemeterBearerError{"cluster_id must match " + clusterIDRE.String()}
 	}
 	return v.AuthorizationToken, v.ClusterID, nil
 }

@@ -24,6 +24,7 @@ import (
 //	    tenant: acme
 //	    cluster_id: 3kq...         # optional: bind writes to this _id (then it may only write, authorize and push)
 //	    allow: [authorize]         # optional: write, read, authorize, push, admin, fleet_status (default: the first four; bound: write, authorize, push)
+//	    name: fleet                # optional: how warnings name the token (never the token itself)
 type TokensFile struct {
 	Tokens []TokenEntry `yaml:"tokens"`
 }
@@ -35,6 +36,10 @@ type TokenEntry struct {
 	Tenant      string   `yaml:"tenant"`
 	ClusterID   string   `yaml:"cluster_id,omitempty"`
 	Allow       []string `yaml:"allow,omitempty"`
+	// Name is how the receiver's warnings refer to the token, next to
+	// its index. It is not a secret: comments are not used for this, as
+	// they may hold the plaintext of a token_sha256.
+	Name string `yaml:"name,omitempty"`
 }
 
 // tenantRE keeps tenants safe as directory names and label values.
@@ -50,8 +55,9 @@ type Tokens struct {
 }
 
 type tokenDigest struct {
-	sum [sha256.Size]byte
-	id  Identity
+	sum  [sha256.Size]byte
+	id   Identity
+	name string // for warnings: tokens[i], and the entry's name if any
 }
 
 // LoadTokensFile reads and validates a tokens file, naming every problem.
@@ -133,7 +139,14 @@ func NewTokens(entries []TokenEntry) (*Tokens, error) {
 			errs = append(errs, fmt.Errorf("%s: same token as tokens[%d]", path, j))
 		}
 		seen[sum] = i
-		t.entries = append(t.entries, tokenDigest{sum: sum, id: Identity{Tenant: e.Tenant, ClusterID: e.ClusterID, Allow: allow}})
+		name := path
+		switch {
+		case e.Name != "" && sha256.Sum256([]byte(e.Name)) == sum:
+			errs = append(errs, fmt.Errorf("%s.name: is the token itself, and names are logged", path))
+		case e.Name != "":
+			name += fmt.Sprintf(" (%q)", e.Name)
+		}
+		t.entries = append(t.entries, tokenDigest{sum: sum, id: Identity{Tenant: e.Tenant, ClusterID: e.ClusterID, Allow: allow}, name: name})
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -164,17 +177,4 @@ func (t *Tokens) lookup(token string) (Identity, error) {
 		return Identity{}, fmt.Errorf("unknown token: %w", ErrUnauthorized)
 	}
 	return t.entries[found].id, nil
-}
-
-// UnboundWriters counts the tokens that may write (remote-write or push)
-// without being bound to a cluster: whoever holds one can write series for
-// any cluster of its tenant. Clusters should hold authorize-only fleet tokens.
-func (t *Tokens) UnboundWriters() int {
-	n := 0
-	for _, e := range t.entries {
-		if e.id.Allow&(PermWrite|PermPush) != 0 && e.id.ClusterID == "" {
-			n++
-		}
-	}
-	return n
 }

@@ -47,6 +47,7 @@ func TestPushRefusesADeniedCluster(t *testing.T) {
 	code, body, _ := f.push(http.MethodPost, "/metrics/job/installer", "tok-c1", "", counterText)
 	require.Equal(t, http.StatusBadRequest, code, body)
 	require.Contains(t, body, "erased")
+	require.Contains(t, body, "POST /api/v1/admin/readmit", "says how the refusal is lifted")
 	code, body, _ = f.push(http.MethodPost, "/metrics/job/installer", "tok-c2", "", counterText)
 	require.Equal(t, http.StatusOK, code, body)
 	require.Len(t, f.state("acme"), 2)

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/storage"
 )
 
 // Patterns are the http.ServeMux patterns the Gateway serves, the
@@ -84,7 +85,7 @@ func (g *Gateway) handle(r *http.Request) (int, error) {
 		return 0, reject(reasonUnauthenticated, errInvalid, "no identity: the push endpoint must be mounted behind authentication")
 	}
 	if id.ClusterID != "" && g.denied != nil && g.denied(id.Tenant, id.ClusterID) {
-		return 0, reject(reasonErased, errInvalid, "cluster was erased and is denied until re-admitted")
+		return 0, reject(reasonErased, errInvalid, "%s", storage.ClusterErasedRefusal)
 	}
 	key := rateKey(id.Tenant, r.Header.Get("Authorization"))
 	if ok, wait := g.limiter.allow(key, g.now()); !ok {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/phonehome/phonehome/auth"
 	"github.com/phonehome/phonehome/limits"
+	"github.com/phonehome/phonehome/storage"
 )
 
 // admit decides whether one series may be stored: it must be valid, bound to
@@ -44,7 +45,7 @@ type sessions struct {
 }
 
 // errErased refuses a series of an erased cluster (Options.Denied).
-var errErased = &seriesError{reasonErased, "cluster was erased and is denied until re-admitted"}
+var errErased = &seriesError{reasonErased, storage.ClusterErasedRefusal}
 
 // denial returns the test of a request's series against the deny list
 // (Options.Denied), run before admit so that an erased cluster leaves no

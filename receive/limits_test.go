@@ -206,6 +206,7 @@ func TestHandlerRefusesADeniedClusterBeforeTheLimiter(t *testing.T) {
 	h.ServeHTTP(rec, newRequest(encode(t, series("up"), series("up", "job", "x")), &auth.Identity{Tenant: "acme", ClusterID: "erased"}))
 	require.Equal(t, http.StatusBadRequest, rec.Code)
 	require.Contains(t, rec.Body.String(), "cluster was erased")
+	require.Contains(t, rec.Body.String(), "POST /api/v1/admin/readmit", "says how the refusal is lifted")
 	require.InDelta(t, 2, testutil.ToFloat64(h.metrics.rejected.WithLabelValues(reasonErased)), 0)
 	_, shown := lim.Cluster("acme", "erased")
 	require.False(t, shown, "not on the status page")

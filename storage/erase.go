@@ -24,10 +24,15 @@ import (
 	"github.com/phonehome/phonehome/atomicfile"
 )
 
+// ClusterErasedRefusal is why a write of an erased cluster is refused, and
+// how an operator lifts it (docs/lifecycle.md); the receiver's write and
+// push paths answer it too.
+const ClusterErasedRefusal = `cluster was erased: its writes are refused until an admin re-admits it (POST /api/v1/admin/readmit {"cluster_id": ...} with an admin token, or receiver erase --readmit; docs/lifecycle.md)`
+
 // ErrClusterErased is the refusal of a series of an erased cluster that has
 // not been re-admitted (see DB.Deny). It wraps ErrInvalidSample: a client
 // error that retrying does not fix.
-var ErrClusterErased = fmt.Errorf("cluster was erased and is denied until re-admitted: %w", ErrInvalidSample)
+var ErrClusterErased = fmt.Errorf("%s: %w", ClusterErasedRefusal, ErrInvalidSample)
 
 // clusterLabel is the label carrying a series' cluster.
 const clusterLabel = "_id"

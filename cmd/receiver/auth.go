@@ -77,3 +77,24 @@ func setupAuth(logger *slog.Logger, reg prometheus.Registerer, cfg receive.AuthC
 	s.authorize = auth.NewAuthorizeHandler(logger, reg, fleet, issuer, hasher)
 	return s, nil
 }
+
+// warnAuth logs the tokens whose permissions the configuration makes
+// risky or useless, by name (never the token). Warnings, not errors: an
+// unbound writer is a choice, and a token that may only authorize still
+// writes without auth.keys_file on Telemeter's /metrics/v1/receive,
+// which checks its bearer's token for the authorize permission.
+func warnAuth(logger *slog.Logger, a authSetup, cfg receive.AuthConfig) {
+	if a.tokens == nil {
+		return
+	}
+	if names := a.tokens.UnboundWriters(); len(names) > 0 {
+		logger.Warn("tokens may write series for any cluster of their tenant; give clusters authorize-only fleet tokens (allow: [authorize]) or bind tokens with cluster_id", "tokens", names)
+	}
+	if names := a.tokens.ExchangeOnly(); len(names) > 0 && a.authorize == nil {
+		msg := "tokens allow authorize but not write, and POST /authorize is off without auth.keys_file: a forwarder holding one is refused (403) on every write, telemeter-client at /authorize (404); set auth.keys_file"
+		if cfg.AuthorizeWebhook == nil {
+			msg += " (without it they write only as Prometheus' telemetry bearer, on /metrics/v1/receive)"
+		}
+		logger.Warn(msg, "tokens", names)
+	}
+}

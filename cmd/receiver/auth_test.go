@@ -3,11 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
-	"crypto/x509"
 	"encoding/base64"
-	"encoding/pem"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -118,15 +114,7 @@ func TestStaticTokenBoundToRawIDWritesPseudonym(t *testing.T) {
 func TestPseudonymsRefuseIsWired(t *testing.T) {
 	const raw = "0f2c6b3e-6d0e-4e7b-9a51-2d6f1c9b8a77"
 	write := fileWriter(t, t.TempDir())
-	_, key, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write("k1.pem", string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})))
+	write("k1.pem", ed25519PEM(t))
 	cfg := receive.AuthConfig{
 		TokensFile:    write("tokens.yaml", "tokens:\n  - token: fleet\n    tenant: acme\n    allow: [authorize]\n"),
 		KeysFile:      write("keys.yaml", "keys:\n- kid: k1\n  created: 2026-01-01T00:00:00Z\n  private_key_file: k1.pem\n"),

@@ -152,14 +152,10 @@ func run(args []string, stderr io.Writer) int {
 		logger.Error("invalid configuration", "file", *webConfig, "err", err)
 		return 2
 	}
+	warnAuth(logger, a, cfg.Auth) // at --check-config too
 	if *checkOnly {
 		fmt.Fprintln(stderr, "ok")
 		return 0
-	}
-	if a.tokens != nil {
-		if n := a.tokens.UnboundWriters(); n > 0 {
-			logger.Warn("tokens may write series for any cluster of their tenant; give clusters authorize-only fleet tokens (allow: [authorize]) or bind tokens with cluster_id", "tokens", n)
-		}
 	}
 	if *noAuth {
 		logger.Warn("authentication is DISABLED (--insecure.no-auth): anyone who can reach this port can write and read", "tenant", defaultTenant)

@@ -1,0 +1,60 @@
+package auth
+
+import (
+	"errors"
+	"fmt"
+)
+
+// errLacksPermission marks a refusal of Middleware's own permission check,
+// as opposed to one of the Authenticator: only then does the token's allow
+// list decide, and the 403 says which permission to give it.
+var errLacksPermission = fmt.Errorf("credential lacks the permission: %w", ErrForbidden)
+
+// permActions says what the permissions Middleware checks let a credential
+// do, in the words of the paths they open.
+var permActions = map[Permission]string{
+	PermWrite: "write series",
+	PermRead:  "read",
+	PermPush:  "push",
+	PermAdmin: "use the admin API",
+}
+
+// forbiddenMessage is the 403 body for a credential refused need. For a
+// refusal of the permission check (err wraps errLacksPermission) it names
+// the allow list entry the token lacks, and tells a fleet token refused a
+// write what it is for.
+func forbiddenMessage(need, have Permission, err error) string {
+	action, ok := permActions[need]
+	if !ok {
+		action = "do this"
+	}
+	msg := "forbidden: this credential may not " + action
+	if !errors.Is(err, errLacksPermission) {
+		return msg
+	}
+	if ok {
+		msg += " (allow: [" + need.String() + "])"
+	}
+	if need == PermWrite && have&PermAuthorize != 0 {
+		msg += "; it is a fleet token: exchange it at POST /authorize for a cluster credential, which writes (/authorize needs auth.keys_file on the receiver)"
+	}
+	return msg
+}
+
+// TelemeterBearerError is a bearer of Telemeter's remote-write path that
+// is not base64(JSON{"authorization_token", "cluster_id"}). Reason never
+// quotes the bearer. It is ErrUnauthorized.
+type TelemeterBearerError struct{ Reason string }
+
+func (e *TelemeterBearerError) Error() string { return "telemeter bearer " + e.Reason }
+
+// Unwrap makes the error ErrUnauthorized.
+func (e *TelemeterBearerError) Unwrap() error { return ErrUnauthorized }
+
+// unauthorizedMessage is the 401 body: what the bearer must be.
+func unauthorizedMessage(err error) string {
+	if tb := (*TelemeterBearerError)(nil); errors.As(err, &tb) {
+		return `unauthorized: the bearer must be base64 of JSON {"authorization_token": <fleet token>, "cluster_id": <cluster id>}, as telemeter-client and cluster-monitoring-operator send it: ` + tb.Error()
+	}
+	return "unauthorized: a valid bearer token is required"
+}

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestCheckConfigWarnsOfTokensThatCannotDeliver: --check-config (as a
+// start) names the tokens that may only authorize while /authorize is off
+// (no auth.keys_file), and the unbound writers, push-only tokens not among
+// them; by index and name, never by the token.
+func TestCheckConfigWarnsOfTokensThatCannotDeliver(t *testing.T) {
+	dir := t.TempDir()
+	write := fileWriter(t, dir)
+	write("tokens.yaml", `tokens:
+  - {token: s3cret-fleet, tenant: fleet, allow: [authorize], name: fleet}
+  - {token: s3cret-push, tenant: fleet, allow: [push], name: installer}
+  - {token: s3cret-legacy, tenant: fleet, name: legacy}
+`)
+	check := func(cfg string) string {
+		t.Helper()
+		var stderr bytes.Buffer
+		p := write("receiver.yaml", cfg)
+		require.Equal(t, 0, run([]string{"--config.file=" + p, "--storage.path=" + filepath.Join(dir, "data"), "--check-config"}, &stderr), stderr.String())
+		require.Contains(t, stderr.String(), "ok")
+		require.NotContains(t, stderr.String(), "s3cret", "never the token")
+		return stderr.String()
+	}
+
+	out := check("auth:\n  tokens_file: tokens.yaml\n")
+	lines := strings.Split(out, "\n")
+	exchange := lineWith(lines, "POST /authorize is off without auth.keys_file")
+	require.Contains(t, exchange, `"level":"WARN"`)
+	require.Contains(t, exchange, `tokens[0] (\"fleet\")`)
+	require.NotContains(t, exchange, "legacy", "a token that may write delivers without /authorize")
+	unbound := lineWith(lines, "tokens may write series for any cluster")
+	require.Contains(t, unbound, `tokens[2] (\"legacy\")`)
+	require.NotContains(t, unbound, "installer", "a push-only token writes no cluster's series")
+
+	write("keys.yaml", "keys:\n  - {kid: k1, created: 2026-11-01T00:00:00Z, private_key_file: k1.pem}\n")
+	write("k1.pem", ed25519PEM(t))
+	out = check("auth:\n  tokens_file: tokens.yaml\n  keys_file: keys.yaml\n")
+	require.NotContains(t, out, "POST /authorize is off", "with keys_file the fleet token is exchanged")
+}
+
+// TestShippedExampleConfigWarnsNothing: deploy/receiver.yaml with its
+// tokens.example.yaml is a working pair: its fleet token can be exchanged
+// (keys_file set), and no token writes for any cluster.
+func TestShippedExampleConfigWarnsNothing(t *testing.T) {
+	var stderr bytes.Buffer
+	args := []string{"--config.file=../../deploy/receiver.yaml", "--storage.path=" + filepath.Join(t.TempDir(), "data"), "--check-config"}
+	require.Equal(t, 0, run(args, &stderr), stderr.String())
+	require.Equal(t, "ok\n", stderr.String())
+}
+
+// lineWith returns the first line that contains s.
+func lineWith(lines []string, s string) string {
+	for _, l := range lines {
+		if strings.Contains(l, s) {
+			return l
+		}
+	}
+	return ""
+}
+
+// ed25519PEM returns a new Ed25519 private key in PKCS#8 PEM.
+func ed25519PEM(t *testing.T) string {
+	t.Helper()
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	der, err := x509.MarshalPKCS8PrivateKey(priv)
+	require.NoError(t, err)
+	return string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}))
+}
