@@ -18,6 +18,7 @@ type authSetup struct {
 	telemeter auth.Authenticator // Telemeter's remote-write path: base64 JSON bearer
 	tokens    *auth.FileTokens   // nil under --insecure.no-auth
 	authorize http.Handler       // nil without auth.keys_file
+	keys      *auth.KeySet       // nil without auth.keys_file
 }
 
 // setupAuth builds the configured authentication. Running without any
@@ -72,6 +73,7 @@ func setupAuth(logger *slog.Logger, reg prometheus.Registerer, cfg receive.AuthC
 	if err != nil {
 		return authSetup{}, err
 	}
+	s.keys = keys
 	issuer := auth.NewIssuer(keys, time.Duration(cfg.CredentialTTL), nil)
 	s.authn = auth.Chain{Issuer: issuer, Static: static}
 	s.authorize = auth.NewAuthorizeHandler(logger, reg, fleet, issuer, hasher)
@@ -84,6 +86,11 @@ func setupAuth(logger *slog.Logger, reg prometheus.Registerer, cfg receive.AuthC
 // writes without auth.keys_file on Telemeter's /metrics/v1/receive,
 // which checks its bearer's token for the authorize permission.
 func warnAuth(logger *slog.Logger, a authSetup, cfg receive.AuthConfig) {
+	if a.keys != nil {
+		if kids := a.keys.ExampleKeys(); len(kids) > 0 {
+			logger.Warn("auth.keys_file holds the repository's EXAMPLE signing key, whose private half is public: anyone can sign cluster credentials this receiver accepts; for a trial only, generate your own (openssl genpkey -algorithm ed25519, docs/operations.md)", "kids", kids)
+		}
+	}
 	if a.tokens == nil {
 		return
 	}

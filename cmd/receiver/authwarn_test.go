@@ -51,14 +51,21 @@ func TestCheckConfigWarnsOfTokensThatCannotDeliver(t *testing.T) {
 	require.NotContains(t, out, "POST /authorize is off", "with keys_file the fleet token is exchanged")
 }
 
-// TestShippedExampleConfigWarnsNothing: deploy/receiver.yaml with its
+// TestShippedExampleConfig: deploy/receiver.yaml with its
 // tokens.example.yaml is a working pair: its fleet token can be exchanged
-// (keys_file set), and no token writes for any cluster.
-func TestShippedExampleConfigWarnsNothing(t *testing.T) {
+// (keys_file set), and no token writes for any cluster. Its one warning is
+// that its signing key is the repository's example, which anyone can sign
+// credentials with.
+func TestShippedExampleConfig(t *testing.T) {
 	var stderr bytes.Buffer
 	args := []string{"--config.file=../../deploy/receiver.yaml", "--storage.path=" + filepath.Join(t.TempDir(), "data"), "--check-config"}
 	require.Equal(t, 0, run(args, &stderr), stderr.String())
-	require.Equal(t, "ok\n", stderr.String())
+	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+	require.Len(t, lines, 2, stderr.String())
+	require.Contains(t, lines[0], `"level":"WARN"`)
+	require.Contains(t, lines[0], "EXAMPLE signing key")
+	require.Contains(t, lines[0], `"kids":["example-2026-11"]`)
+	require.Equal(t, "ok", lines[1])
 }
 
 // lineWith returns the first line that contains s.
