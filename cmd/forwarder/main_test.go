@@ -54,7 +54,7 @@ func TestInvalidInputExits2WithEveryProblem(t *testing.T) {
 	out := stderr.String()
 	for _, want := range []string{
 		"invalid configuration",
-		"field unknown_key not found",
+		"unknown_key: line 3: unknown key",
 		`--to \"ftp://x\"`,
 		`--from \"not a url\"`,
 		"--id: required",
