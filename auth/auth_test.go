@@ -114,7 +114,7 @@ func TestLoadTokensFileStrict(t *testing.T) {
 	p := filepath.Join(dir, "tokens.yaml")
 	require.NoError(t, os.WriteFile(p, []byte("tokens:\n- token: a\n  tenant: t\n  tennant: x\n"), 0o600))
 	_, err := LoadTokensFile(p)
-	require.ErrorContains(t, err, "field tennant not found")
+	require.ErrorContains(t, err, "tokens[0].tennant: line 4: unknown key")
 
 	require.NoError(t, os.WriteFile(p, []byte("tokens:\n- token: a\n  tenant: t\n"), 0o600))
 	tok, err := LoadTokensFile(p)

@@ -1,7 +1,6 @@
 package auth
 
 import (
-	"bytes"
 	"crypto/ed25519"
 	"crypto/x509"
 	"encoding/pem"
@@ -12,7 +11,7 @@ import (
 	"sort"
 	"time"
 
-	"go.yaml.in/yaml/v3"
+	"github.com/phonehome/phonehome/internal/strictyaml"
 )
 
 // KeysFile is the on-disk format of the signing keys file. Several keys may
@@ -55,9 +54,7 @@ func LoadKeysFile(path string) (*KeySet, error) {
 		return nil, fmt.Errorf("read keys file: %w", err)
 	}
 	var f KeysFile
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil {
+	if err := strictyaml.Decode(b, &f); err != nil {
 		return nil, fmt.Errorf("keys file %s: %w", path, err)
 	}
 	var errs []error

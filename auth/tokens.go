@@ -1,7 +1,6 @@
 package auth
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
@@ -12,7 +11,7 @@ import (
 	"regexp"
 	"strings"
 
-	"go.yaml.in/yaml/v3"
+	"github.com/phonehome/phonehome/internal/strictyaml"
 )
 
 // TokensFile is the on-disk format of the tokens file:
@@ -72,9 +71,7 @@ func LoadTokensFile(path string) (*Tokens, error) {
 // parseTokensFile parses the content b of the tokens file at path.
 func parseTokensFile(path string, b []byte) (*Tokens, error) {
 	var f TokensFile
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil {
+	if err := strictyaml.Decode(b, &f); err != nil {
 		return nil, fmt.Errorf("tokens file %s: %w", path, err)
 	}
 	t, err := NewTokens(f.Tokens)

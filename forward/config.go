@@ -1,7 +1,6 @@
 package forward
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -11,7 +10,8 @@ import (
 	"github.com/alecthomas/units"
 	"github.com/prometheus/common/model"
 	promrelabel "github.com/prometheus/prometheus/model/relabel"
-	"go.yaml.in/yaml/v3"
+
+	"github.com/phonehome/phonehome/internal/strictyaml"
 )
 
 // FileConfig is the forwarder's --config.file. Every field is optional; flags
@@ -151,9 +151,7 @@ func LoadFileConfig(path string) (FileConfig, error) {
 // ParseFileConfig is LoadFileConfig for bytes.
 func ParseFileConfig(b []byte) (FileConfig, error) {
 	c := DefaultFileConfig()
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+	if err := strictyaml.Decode(b, &c); err != nil && !errors.Is(err, io.EOF) {
 		return FileConfig{}, fmt.Errorf("decode config: %w", err)
 	}
 	if err := c.Validate(); err != nil {

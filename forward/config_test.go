@@ -45,7 +45,17 @@ queue:
 
 func TestParseFileConfigErrors(t *testing.T) {
 	_, err := ParseFileConfig([]byte("queue:\n  max_byte: 1\n"))
-	require.ErrorContains(t, err, "field max_byte not found")
+	require.ErrorContains(t, err, "queue.max_byte: line 2: unknown key")
+
+	// Every decoding problem, by YAML path and line, not only the first.
+	_, err = ParseFileConfig([]byte("send:\n  timeout: 30seconds\n  timout: 1s\nqueue:\n  max_bytes: 8Mb\n"))
+	require.EqualError(t, err, "decode config: "+
+		"send.timeout: line 2: unknown unit \"seconds\" in duration \"30seconds\"\n"+
+		"send.timout: line 3: unknown key\n"+
+		"queue.max_bytes: line 5: units: unknown unit Mb in 8Mb")
+
+	_, err = ParseFileConfig([]byte("send: {}\n---\nsend: {timout: 1s}\n"))
+	require.ErrorContains(t, err, "line 2: a second YAML document")
 
 	_, err = ParseFileConfig([]byte("relabel_configs:\n  - action: labeldrop\n    regexp: x\n"))
 	require.ErrorContains(t, err, "regexp", "strictness reaches into relabel configs")

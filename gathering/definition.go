@@ -26,9 +26,9 @@ import (
 	"strings"
 
 	"github.com/prometheus/common/model"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/phonehome/phonehome/allowlist"
+	"github.com/phonehome/phonehome/internal/strictyaml"
 )
 
 // InfoMetric is the series every forwarder sends with the version of the
@@ -102,18 +102,12 @@ func DecodeYAML(b []byte) (*Definition, error) {
 	if len(b) > MaxBytes {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(b), MaxBytes)
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
 	var d Definition
-	if err := dec.Decode(&d); err != nil {
+	if err := strictyaml.Decode(b, &d); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = errors.New("empty document")
 		}
 		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
-	}
-	var extra any
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%w: more than one YAML document", ErrMalformed)
 	}
 	if err := d.Validate(); err != nil {
 		return nil, err

@@ -6,11 +6,12 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/alecthomas/units"
 	"github.com/prometheus/common/model"
+
+	"github.com/phonehome/phonehome/internal/strictyaml"
 )
 
 // Config is the `limits:` section of the receiver configuration.
@@ -29,7 +30,7 @@ import (
 // An explicit 0 is therefore distinguishable from "unset", which is what
 // lets an override say "unlimited" where 0 means unlimited.
 //
-// Decode it strictly (yaml.v3 Decoder.KnownFields(true)), then call
+// Decode it strictly (internal/strictyaml, as receive.LoadConfig does), then call
 // SetDefaults and Validate. A Config that validates never makes the Limiter
 // fail later.
 type Config struct {
@@ -252,7 +253,7 @@ func (c *Config) Validate() error {
 	r := c.resolve()
 	errs = append(errs, validateSpec("limits.defaults", &c.Defaults, r.defaults)...)
 	for _, name := range slices.Sorted(maps.Keys(c.Tenants)) {
-		path := "limits.tenants." + yamlKey(name)
+		path := strictyaml.Join("limits.tenants", name)
 		if name == "" {
 			errs = append(errs, fmt.Errorf("%s: tenant name must not be empty", path))
 		}
@@ -312,20 +313,4 @@ func validateSpec(path string, s *Spec, eff TenantLimits) []error {
 			units.Base2Bytes(eff.MaxDecodedBytes), units.Base2Bytes(eff.MaxBodyBytes)))
 	}
 	return errs
-}
-
-// yamlKey quotes a tenant name in a path when it would be ambiguous.
-func yamlKey(s string) string {
-	plain := s != ""
-	for _, r := range s {
-		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-'
-		if !ok {
-			plain = false
-			break
-		}
-	}
-	if plain {
-		return s
-	}
-	return strconv.Quote(s)
 }

@@ -1,7 +1,6 @@
 package receive
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -11,10 +10,10 @@ import (
 	"time"
 
 	"github.com/prometheus/common/model"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/phonehome/phonehome/allowlist"
 	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/internal/strictyaml"
 	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/peers"
 	"github.com/phonehome/phonehome/push"
@@ -201,9 +200,7 @@ func LoadConfig(path string) (*Config, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read config: %w", err)
 		}
-		dec := yaml.NewDecoder(bytes.NewReader(b))
-		dec.KnownFields(true)
-		if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
+		if err := strictyaml.Decode(b, cfg); err != nil && !errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("parse %s: %w", path, err)
 		}
 		cfg.resolvePaths(filepath.Dir(path))

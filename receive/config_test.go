@@ -52,7 +52,15 @@ func TestLoadConfigDefaults(t *testing.T) {
 
 func TestLoadConfigNamesEveryProblem(t *testing.T) {
 	_, err := LoadConfig(writeConfig(t, "auth:\n  tokenz_file: x\n"))
-	require.ErrorContains(t, err, "field tokenz_file not found")
+	require.ErrorContains(t, err, "auth.tokenz_file: line 2: unknown key")
+
+	// Every decoding problem, by YAML path and line, not only the first.
+	bad := writeConfig(t, "storage:\n  out_of_order_window: 6hours\nlimits:\n  defaults:\n    max_serie_per_cluster: 5\n    max_body_bytes: 8Mb\n")
+	_, err = LoadConfig(bad)
+	require.EqualError(t, err, "parse "+bad+": "+
+		"storage.out_of_order_window: line 2: unknown unit \"hours\" in duration \"6hours\"\n"+
+		"limits.defaults.max_serie_per_cluster: line 5: unknown key\n"+
+		"limits.defaults.max_body_bytes: line 6: units: unknown unit Mb in 8Mb")
 
 	_, err = LoadConfig(writeConfig(t, "limits:\n  defaults:\n    max_body_bytes: 64MiB\n    max_decoded_bytes: 1MiB\n    max_label_name_length: -1\nallowlist: ['up{', 'ok']\nelide_labels: [__name__, 'a-b']\nauth:\n  id_mismatch: ignore\n  telemeter: {token_cache_ttl: 2h, token_cache_negative_ttl: 2h, token_cache_size: -1}\n  cluster_id_hash: {pseudonyms: deny}\ntelemeter: {replica_label: a-b, replica_failover_timeout: 500ms}\n"))
 	for _, want := range []string{

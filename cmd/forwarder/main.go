@@ -459,6 +459,10 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 	s, err := load(f, logger)
+	if err != nil && f.checkConfig { // plain text, one problem a line
+		fmt.Fprintf(stderr, "forwarder: invalid configuration:\n%v\n", err)
+		return 2
+	}
 	if err != nil {
 		logger.Error("invalid configuration", "file", f.configFile, "err", err)
 		return 2

@@ -42,6 +42,18 @@ func writeFile(t *testing.T, name, content string) string {
 	return p
 }
 
+// TestCheckConfigPrintsEveryProblemALine: under --check-config a bad
+// configuration is plain text, one problem a line, not a log line (exit 2).
+func TestCheckConfigPrintsEveryProblemALine(t *testing.T) {
+	cfg := writeFile(t, "forwarder.yaml", "send:\n  timeout: 30seconds\n  timout: 1s\n")
+	salt := writeFile(t, "salt", "0123456789abcdef0123456789abcdef\n")
+	var stderr bytes.Buffer
+	require.Equal(t, 2, run([]string{"--to=http://127.0.0.1:1", "--from=http://127.0.0.1:2", "--id=abc", "--match=up",
+		"--anonymize-salt-file=" + salt, "--config.file=" + cfg, "--check-config"}, &stderr))
+	require.Contains(t, stderr.String(), "forwarder: invalid configuration:\n")
+	require.Contains(t, stderr.String(), "send.timeout: line 2: unknown unit \"seconds\" in duration \"30seconds\"\nsend.timout: line 3: unknown key\n")
+}
+
 func TestInvalidInputExits2WithEveryProblem(t *testing.T) {
 	cfg := writeFile(t, "forwarder.yaml", "queue:\n  max_bytes: 1KiB\nunknown_key: 1\n")
 	salt := writeFile(t, "salt", "short\n")
@@ -56,7 +68,7 @@ func TestInvalidInputExits2WithEveryProblem(t *testing.T) {
 	out := stderr.String()
 	for _, want := range []string{
 		"invalid configuration",
-		"field unknown_key not found",
+		"unknown_key: line 3: unknown key",
 		`--to \"ftp://x\"`,
 		`--from \"not a url\"`,
 		"--id: required",

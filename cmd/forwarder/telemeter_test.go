@@ -212,7 +212,7 @@ func TestTelemeterFlagProblemsExit2(t *testing.T) {
 
 	stderr.Reset()
 	require.Equal(t, 2, run([]string{"--to-protocol=grpc", "--check-config"}, &stderr))
-	require.Contains(t, stderr.String(), `--to-protocol \"grpc\"`)
+	require.Contains(t, stderr.String(), `--to-protocol "grpc"`)
 }
 
 // cmoRun is the forwarder started with the CMO-rendered arguments

@@ -28,3 +28,17 @@ func TestCheckConfigExpandsExternalLabels(t *testing.T) {
 	require.Equal(t, 2, run(args, &stderr), stderr.String())
 	require.Contains(t, stderr.String(), "storage.external_labels.replica: ${PHONEHOME_TEST_POD}: environment variable PHONEHOME_TEST_POD is not set")
 }
+
+// TestCheckConfigPrintsEveryProblemALine: under --check-config a bad
+// configuration is plain text, one problem a line with its YAML path and
+// line, not a log line (exit 2).
+func TestCheckConfigPrintsEveryProblemALine(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "receiver.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte("storage:\n  out_of_order_window: 6hours\nlimits:\n  defaults:\n    max_serie_per_cluster: 5\n"), 0o600))
+	var stderr bytes.Buffer
+	require.Equal(t, 2, run([]string{"--config.file=" + cfg, "--storage.path=" + filepath.Join(dir, "data"), "--insecure.no-auth", "--check-config"}, &stderr))
+	require.Equal(t, "receiver: invalid configuration:\n"+
+		"parse "+cfg+": storage.out_of_order_window: line 2: unknown unit \"hours\" in duration \"6hours\"\n"+
+		"limits.defaults.max_serie_per_cluster: line 5: unknown key\n", stderr.String())
+}

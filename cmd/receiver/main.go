@@ -128,29 +128,34 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "receiver: %v\n", err)
 		return 2
 	}
+	// badConfig reports a bad configuration and returns 2: as a log line,
+	// or under --check-config as plain text, one problem a line.
+	badConfig := func(file string, err error) int {
+		if *checkOnly {
+			fmt.Fprintf(stderr, "receiver: invalid configuration:\n%v\n", err)
+			return 2
+		}
+		logger.Error("invalid configuration", "file", file, "err", err)
+		return 2
+	}
 	cfg, err := receive.LoadConfig(*configFile)
 	if err != nil {
-		logger.Error("invalid configuration", "file", *configFile, "err", err)
-		return 2
+		return badConfig(*configFile, err)
 	}
 	reg := prometheus.NewRegistry()
 	gcburst.RegisterMetrics(reg)
 	a, err := setupAuth(logger.With("component", "auth"), reg, cfg.Auth, *noAuth)
 	if err != nil {
-		logger.Error("invalid configuration", "file", *configFile, "err", err)
-		return 2
+		return badConfig(*configFile, err)
 	}
 	if err := rules.CheckFiles(cfg.Rules); err != nil {
-		logger.Error("invalid configuration", "file", *configFile, "err", err)
-		return 2
+		return badConfig(*configFile, err)
 	}
 	if err := cfg.Gathering.CheckFiles(); err != nil {
-		logger.Error("invalid configuration", "file", *configFile, "err", err)
-		return 2
+		return badConfig(*configFile, err)
 	}
 	if err := webtls.ValidateWebConfig(*webConfig, webtls.ServerOptions{}); err != nil {
-		logger.Error("invalid configuration", "file", *webConfig, "err", err)
-		return 2
+		return badConfig(*webConfig, err)
 	}
 	warnAuth(logger, a, cfg.Auth) // at --check-config too
 	if *checkOnly {
@@ -243,8 +248,7 @@ func run(args []string, stderr io.Writer) int {
 		HTTPClient: &http.Client{Transport: peerTransport}, BucketSynced: bucketSynced,
 	})
 	if err != nil {
-		logger.Error("invalid configuration", "file", *configFile, "err", err)
-		return 2
+		return badConfig(*configFile, err)
 	}
 	reader := peerSet.NewReader(bucketstore.NewReader(db, bstore))
 
@@ -257,8 +261,7 @@ func run(args []string, stderr io.Writer) int {
 	}
 	policy, err := receive.NewPolicy(cfg)
 	if err != nil {
-		logger.Error("invalid configuration", "file", *configFile, "err", err)
-		return 2
+		return badConfig(*configFile, err)
 	}
 	limiter := limits.New(reg, cfg.Limits, nil)
 	limiter.TrackClusters(receive.Reasons()) // per-cluster state for the status page (status/)
@@ -326,8 +329,7 @@ func run(args []string, stderr io.Writer) int {
 		Reader: reader, Tenants: []func() []string{bstore.Tenants, peerSet.Tenants},
 	})
 	if err != nil {
-		logger.Error("invalid configuration", "file", *configFile, "err", err)
-		return 2
+		return badConfig(*configFile, err)
 	}
 	localMeta := query.LocalMetadata(db)
 	api := query.NewHandler(logger.With("component", "query"), fleetEngine, reader, query.Options{
