@@ -61,6 +61,8 @@ func TestNewTokensNamesEveryProblem(t *testing.T) {
 		{Token: "y", Tenant: "../etc"},
 		{Token: "y", Tenant: "b"},
 		{Token: "z", Tenant: "b", Name: "z"},
+		{Token: "v", Tenant: "b", Name: "u"}, // the next entry's token
+		{Token: "u", Tenant: "b"},
 	})
 	require.Error(t, err)
 	for _, want := range []string{
@@ -70,6 +72,7 @@ func TestNewTokensNamesEveryProblem(t *testing.T) {
 		`tokens[3].tenant: "../etc"`,
 		"tokens[4]: same token as tokens[3]",
 		"tokens[5].name: is the token itself",
+		"tokens[6].name: is the token of tokens[7]",
 	} {
 		require.ErrorContains(t, err, want)
 	}

@@ -137,13 +137,20 @@ func NewTokens(entries []TokenEntry) (*Tokens, error) {
 		}
 		seen[sum] = i
 		name := path
-		switch {
-		case e.Name != "" && sha256.Sum256([]byte(e.Name)) == sum:
-			errs = append(errs, fmt.Errorf("%s.name: is the token itself, and names are logged", path))
-		case e.Name != "":
+		if e.Name != "" {
 			name += fmt.Sprintf(" (%q)", e.Name)
 		}
 		t.entries = append(t.entries, tokenDigest{sum: sum, id: Identity{Tenant: e.Tenant, ClusterID: e.ClusterID, Allow: allow}, name: name})
+	}
+	for i, e := range entries { // once every token is known: a name may be another entry's
+		j, ok := seen[sha256.Sum256([]byte(e.Name))]
+		switch {
+		case e.Name == "" || !ok:
+		case j == i:
+			errs = append(errs, fmt.Errorf("tokens[%d].name: is the token itself, and names are logged", i))
+		default:
+			errs = append(errs, fmt.Errorf("tokens[%d].name: is the token of tokens[%d], and names are logged", i, j))
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
