@@ -298,12 +298,11 @@ func run(args []string, stderr io.Writer) int {
 	if gatheringState := filepath.Join(*storagePath, "gathering"); cfg.Gathering.Enabled() || gathering.HasState(gatheringState) {
 		defs, err = gathering.NewServer(logger.With("component", "gathering"), reg, cfg.Gathering.Files(), gathering.ServerOptions{
 			GracePeriod: time.Duration(cfg.Gathering.GracePeriod),
-			OnChange:    func() { policies.GatheringChanged() }, // called by defs.Run only, once policies is set
+			OnChange:    func() { policies.GatheringChanged() }, // called by defs.Reload (its Run, POST /-/reload), once policies is set
 			StateDir:    gatheringState,
 		})
 		if err != nil {
-			logger.Error("invalid configuration", "file", *configFile, "err", fmt.Errorf("gathering: %w", err))
-			return 2
+			return badConfig(*configFile, fmt.Errorf("gathering: %w", err))
 		}
 		policies = receive.NewPolicyUpdater(writes, policy, defs)
 	} else {
