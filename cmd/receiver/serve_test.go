@@ -87,7 +87,10 @@ func TestServedRoutes(t *testing.T) {
   - {token: reader, tenant: acme, allow: [read]}
   - {token: admin, tenant: acme, allow: [admin]}
 `)
-	cfgFile := write("receiver.yaml", "auth:\n  tokens_file: "+tokens+"\n")
+	write("k1.pem", ed25519PEM(t))
+	keys := write("keys.yaml", "keys:\n  - {kid: k1, created: 2026-11-01T00:00:00Z, private_key_file: k1.pem}\n") // /authorize served
+	authCfg := "auth:\n  tokens_file: " + tokens + "\n  keys_file: " + keys + "\n"
+	cfgFile := write("receiver.yaml", authCfg)
 	base := startReceiver(t, "--config.file="+cfgFile, "--storage.path="+filepath.Join(filepath.Dir(cfgFile), "data"))
 
 	for _, tc := range []struct{ method, path, allow string }{
@@ -96,6 +99,7 @@ func TestServedRoutes(t *testing.T) {
 		{"GET", "/metrics/v1/receive", "POST"},
 		{"GET", "/metrics/job/installer", "POST, PUT"},
 		{"GET", "/api/v1/read", "POST"},
+		{"GET", "/authorize", "POST"},
 		{"GET", "/api/v1/admin/readmit", "POST"},
 		{"PUT", "/api/v1/admin/erase", "GET, HEAD, POST"},
 		{"GET", "/-/reload", "POST, PUT"},
@@ -116,12 +120,12 @@ func TestServedRoutes(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, code)
 	code, _, _ = call(t, "POST", base+"/-/reload", "writer")
 	require.Equal(t, http.StatusForbidden, code)
-	require.NoError(t, os.WriteFile(cfgFile, []byte("auth:\n  tokens_file: "+tokens+"\nallowlist: ['up']\n"), 0o600))
+	require.NoError(t, os.WriteFile(cfgFile, []byte(authCfg+"allowlist: ['up']\n"), 0o600))
 	code, _, body := call(t, "POST", base+"/-/reload", "admin")
 	require.Equal(t, http.StatusOK, code, body)
 	_, _, metrics := call(t, "GET", base+"/metrics", "")
 	require.Contains(t, metrics, `phonehome_receive_config_reloads_total{result="success"} 1`)
-	require.NoError(t, os.WriteFile(cfgFile, []byte("auth:\n  tokens_file: "+tokens+"\nallowlist: ['up{']\n"), 0o600))
+	require.NoError(t, os.WriteFile(cfgFile, []byte(authCfg+"allowlist: ['up{']\n"), 0o600))
 	code, _, body = call(t, "PUT", base+"/-/reload", "admin")
 	require.Equal(t, http.StatusInternalServerError, code)
 	require.Contains(t, body, "failed to reload config: ")
