@@ -48,3 +48,29 @@ func TestPatternsAreHandlersRoutes(t *testing.T) {
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPut, erasePath, nil))
 	require.Equal(t, http.StatusMethodNotAllowed, rec.Code, "a route not in Patterns")
 }
+
+// The body is JSON, as docs/lifecycle.md says: another Content-Type is
+// 415, none or application/json with a charset passes, and malformed JSON
+// is 400.
+func TestRequestBodyIsJSON(t *testing.T) {
+	e, err := New(slog.New(slog.DiscardHandler), nil, &fakeLocal{}, &fakeBucket{}, filepath.Join(t.TempDir(), "jobs"), Options{})
+	require.NoError(t, err)
+	h := auth.Middleware(auth.Insecure{Tenant: "acme"}, 0, nil, e.Handler(nil))
+	for _, tc := range []struct {
+		contentType, body string
+		code              int
+	}{
+		{"text/plain", `{"cluster_id":"x"}`, http.StatusUnsupportedMediaType},
+		{"application/x-www-form-urlencoded", `cluster_id=x`, http.StatusUnsupportedMediaType},
+		{"application/json; charset=utf-8", `{"cluster_id":"x"}`, http.StatusAccepted},
+		{"", `{"cluster_id":"x"`, http.StatusBadRequest},
+	} {
+		req := httptest.NewRequest(http.MethodPost, erasePath, strings.NewReader(tc.body))
+		if tc.contentType != "" {
+			req.Header.Set("Content-Type", tc.contentType)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		require.Equal(t, tc.code, rec.Code, "%q %s: %s", tc.contentType, tc.body, rec.Body)
+	}
+}
