@@ -52,7 +52,7 @@ func (t *Tokens) AuthorizeFleet(_ context.Context, token string, cluster Cluster
 		return "", err
 	}
 	if id.Allow&PermAuthorize == 0 {
-		return "", errLacksPermission
+		return "", errMayNotAuthorize
 	}
 	if id.ClusterID != "" && id.ClusterID != cluster.Sent && id.ClusterID != cluster.Stored {
 		return "", fmt.Errorf("token is bound to another cluster: %w", ErrForbidden)
@@ -134,7 +134,7 @@ func (h *AuthorizeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	tenant, err := h.fleet.AuthorizeFleet(r.Context(), token, cluster)
 	switch {
 	case err == nil:
-	case errors.Is(err, errLacksPermission):
+	case errors.Is(err, errMayNotAuthorize):
 		h.fail(w, "forbidden", http.StatusForbidden, "forbidden: this token lacks the authorize permission (allow: [authorize]): only fleet tokens are exchanged here")
 		return
 	case errors.Is(err, ErrForbidden):

@@ -10,6 +10,12 @@ import (
 // list decide, and the 403 says which permission to give it.
 var errLacksPermission = fmt.Errorf("credential lacks the permission: %w", ErrForbidden)
 
+// errMayNotAuthorize is Tokens.AuthorizeFleet's refusal of a token without
+// the authorize permission: /authorize and Telemeter's write path, which
+// take only fleet tokens, say so. It is not errLacksPermission: on
+// Telemeter's path the write permission would not help.
+var errMayNotAuthorize = fmt.Errorf("token lacks the authorize permission: %w", ErrForbidden)
+
 // permActions says what the permissions Middleware checks let a credential
 // do, in the words of the paths they open.
 var permActions = map[Permission]string{
@@ -29,6 +35,9 @@ func forbiddenMessage(need, have Permission, err error) string {
 		action = "do this"
 	}
 	msg := "forbidden: this credential may not " + action
+	if errors.Is(err, errMayNotAuthorize) { // Telemeter's write path
+		return msg + ": its authorization_token lacks the authorize permission (allow: [authorize]): only fleet tokens are taken here"
+	}
 	if !errors.Is(err, errLacksPermission) {
 		return msg
 	}
