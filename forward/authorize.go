@@ -217,9 +217,6 @@ func (a *Authorizer) Token(ctx context.Context) (string, error) {
 	if tok, ok, err := a.current(); ok || err != nil {
 		return tok, err
 	}
-	if wait, err := a.backingOff(); wait > 0 {
-		return "", RetryableError{Err: err, RetryAfter: wait}
-	}
 	if err := a.refresh(ctx, false); err != nil {
 		var ra *retryAfterError
 		if errors.As(err, &ra) && ra.after > 0 { // the write path waits as long
@@ -301,13 +298,22 @@ func (a *Authorizer) reprobe() {
 }
 
 // refresh exchanges the fleet token for a new credential. Unless force is
-// set, it returns at once if another caller obtained one meanwhile.
+// set (Run), it returns at once if another caller obtained one meanwhile,
+// or with Run's last error while Run waits to retry it.
 func (a *Authorizer) refresh(ctx context.Context, force bool) error {
 	a.exchangeMu.Lock()
 	defer a.exchangeMu.Unlock()
+	return a.refreshLocked(ctx, force)
+}
+
+// refreshLocked is refresh under exchangeMu.
+func (a *Authorizer) refreshLocked(ctx context.Context, force bool) error {
 	if !force {
 		if _, ok, _ := a.current(); ok {
 			return nil
+		}
+		if wait, err := a.backingOff(); wait > 0 {
+			return &retryAfterError{err: err, after: wait}
 		}
 	}
 	if hold := a.holdOff(); hold > 0 {
@@ -477,25 +483,25 @@ func (a *Authorizer) Run(ctx context.Context) error {
 			wait = c.renewAt.Sub(a.now())
 			continue
 		}
-		err := a.refresh(ctx, true)
-		if err == nil {
-			attempt = 0
-			wait = 0
+		// The retry is recorded before exchangeMu is released, so that a
+		// Token waiting on it takes Run's failure instead of exchanging.
+		a.exchangeMu.Lock()
+		err := a.refreshLocked(ctx, true)
+		switch {
+		case err == nil:
+			attempt, wait = 0, 0
 			a.setRetry(0, nil)
+		case ctx.Err() == nil:
+			wait = a.retryWait(attempt, err)
+			a.setRetry(wait, err)
+		}
+		a.exchangeMu.Unlock()
+		if err == nil {
 			continue
 		}
 		if ctx.Err() != nil {
 			return nil
 		}
-		wait = Backoff(attempt, a.opts.MinBackoff, a.opts.MaxBackoff)
-		var ra *retryAfterError
-		if errors.As(err, &ra) && ra.after > 0 {
-			wait = ra.after        // capped at maxAuthorizeRetryAfter, not max_backoff: the receiver sheds load
-			if a.opts.Jitter > 0 { // the same Retry-After went to every forwarder refused
-				wait = stretch(wait, DefaultJitter)
-			}
-		}
-		a.setRetry(wait, err)
 		if attempt == 0 {
 			a.logger.Warn("authorize failed, retrying", "err", err, "retry_in", wait.String())
 		} else {
@@ -503,6 +509,20 @@ func (a *Authorizer) Run(ctx context.Context) error {
 		}
 		attempt++
 	}
+}
+
+// retryWait is Run's wait before it retries the failed exchange attempt
+// (0-based) that returned err.
+func (a *Authorizer) retryWait(attempt int, err error) time.Duration {
+	var ra *retryAfterError
+	if errors.As(err, &ra) && ra.after > 0 {
+		wait := ra.after       // capped at maxAuthorizeRetryAfter, not max_backoff: the receiver sheds load
+		if a.opts.Jitter > 0 { // the same Retry-After went to every forwarder refused
+			wait = stretch(wait, DefaultJitter)
+		}
+		return wait
+	}
+	return Backoff(attempt, a.opts.MinBackoff, a.opts.MaxBackoff)
 }
 
 // Backoff is the wait before retry attempt (0-based): capped exponential
