@@ -154,7 +154,9 @@ type Authorizer struct {
 	opts   AuthorizerOptions
 	now    func() time.Time
 
-	exchangeMu sync.Mutex // serializes exchanges
+	// exchanging serializes exchanges: a one-slot semaphore, so that a
+	// caller waiting for another's exchange gives up when its ctx ends.
+	exchanging chan struct{}
 
 	mu     sync.Mutex
 	cur    *credential
@@ -191,7 +193,7 @@ func NewAuthorizer(logger *slog.Logger, reg prometheus.Registerer, base *url.URL
 	f := promauto.With(reg)
 	a := &Authorizer{
 		logger: logger, url: authURL, client: client, opts: opts, now: time.Now,
-		kick: make(chan struct{}, 1),
+		kick: make(chan struct{}, 1), exchanging: make(chan struct{}, 1),
 		requests: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_forward_authorize_requests_total",
 			Help: "Credential exchanges at the receiver's /authorize by result (success, unauthorized, forbidden, unavailable, not_found, error).",
@@ -301,12 +303,27 @@ func (a *Authorizer) reprobe() {
 // set (Run), it returns at once if another caller obtained one meanwhile,
 // or with Run's last error while Run waits to retry it.
 func (a *Authorizer) refresh(ctx context.Context, force bool) error {
-	a.exchangeMu.Lock()
-	defer a.exchangeMu.Unlock()
+	if err := a.lockExchange(ctx); err != nil {
+		return err
+	}
+	defer a.unlockExchange()
 	return a.refreshLocked(ctx, force)
 }
 
-// refreshLocked is refresh under exchangeMu.
+// lockExchange takes the exchange slot, or returns ctx's error once ctx
+// ends first (another caller's exchange may take authorize.timeout).
+func (a *Authorizer) lockExchange(ctx context.Context) error {
+	select {
+	case a.exchanging <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%w: waiting for the exchange in progress: %w", ErrAuthorize, ctx.Err())
+	}
+}
+
+func (a *Authorizer) unlockExchange() { <-a.exchanging }
+
+// refreshLocked is refresh holding the exchange slot (lockExchange).
 func (a *Authorizer) refreshLocked(ctx context.Context, force bool) error {
 	if !force {
 		if _, ok, _ := a.current(); ok {
@@ -483,9 +500,12 @@ func (a *Authorizer) Run(ctx context.Context) error {
 			wait = c.renewAt.Sub(a.now())
 			continue
 		}
-		// The retry is recorded before exchangeMu is released, so that a
-		// Token waiting on it takes Run's failure instead of exchanging.
-		a.exchangeMu.Lock()
+		// The retry is recorded before the exchange slot is released, so
+		// that a Token waiting for it takes Run's failure instead of
+		// exchanging.
+		if a.lockExchange(ctx) != nil {
+			return nil
+		}
 		err := a.refreshLocked(ctx, true)
 		switch {
 		case err == nil:
@@ -495,7 +515,7 @@ func (a *Authorizer) Run(ctx context.Context) error {
 			wait = a.retryWait(attempt, err)
 			a.setRetry(wait, err)
 		}
-		a.exchangeMu.Unlock()
+		a.unlockExchange()
 		if err == nil {
 			continue
 		}
