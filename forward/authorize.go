@@ -154,7 +154,9 @@ type Authorizer struct {
 	opts   AuthorizerOptions
 	now    func() time.Time
 
-	exchangeMu sync.Mutex // serializes exchanges
+	// exchanging serializes exchanges: a one-slot semaphore, so that a
+	// caller waiting for another's exchange gives up when its ctx ends.
+	exchanging chan struct{}
 
 	mu     sync.Mutex
 	cur    *credential
@@ -191,7 +193,7 @@ func NewAuthorizer(logger *slog.Logger, reg prometheus.Registerer, base *url.URL
 	f := promauto.With(reg)
 	a := &Authorizer{
 		logger: logger, url: authURL, client: client, opts: opts, now: time.Now,
-		kick: make(chan struct{}, 1),
+		kick: make(chan struct{}, 1), exchanging: make(chan struct{}, 1),
 		requests: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_forward_authorize_requests_total",
 			Help: "Credential exchanges at the receiver's /authorize by result (success, unauthorized, forbidden, unavailable, not_found, error).",
@@ -216,9 +218,6 @@ func NewAuthorizer(logger *slog.Logger, reg prometheus.Registerer, base *url.URL
 func (a *Authorizer) Token(ctx context.Context) (string, error) {
 	if tok, ok, err := a.current(); ok || err != nil {
 		return tok, err
-	}
-	if wait, err := a.backingOff(); wait > 0 {
-		return "", RetryableError{Err: err, RetryAfter: wait}
 	}
 	if err := a.refresh(ctx, false); err != nil {
 		var ra *retryAfterError
@@ -301,13 +300,37 @@ func (a *Authorizer) reprobe() {
 }
 
 // refresh exchanges the fleet token for a new credential. Unless force is
-// set, it returns at once if another caller obtained one meanwhile.
+// set (Run), it returns at once if another caller obtained one meanwhile,
+// or with Run's last error while Run waits to retry it.
 func (a *Authorizer) refresh(ctx context.Context, force bool) error {
-	a.exchangeMu.Lock()
-	defer a.exchangeMu.Unlock()
+	if err := a.lockExchange(ctx); err != nil {
+		return err
+	}
+	defer a.unlockExchange()
+	return a.refreshLocked(ctx, force)
+}
+
+// lockExchange takes the exchange slot, or returns ctx's error once ctx
+// ends first (another caller's exchange may take authorize.timeout).
+func (a *Authorizer) lockExchange(ctx context.Context) error {
+	select {
+	case a.exchanging <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%w: waiting for the exchange in progress: %w", ErrAuthorize, ctx.Err())
+	}
+}
+
+func (a *Authorizer) unlockExchange() { <-a.exchanging }
+
+// refreshLocked is refresh holding the exchange slot (lockExchange).
+func (a *Authorizer) refreshLocked(ctx context.Context, force bool) error {
 	if !force {
 		if _, ok, _ := a.current(); ok {
 			return nil
+		}
+		if wait, err := a.backingOff(); wait > 0 {
+			return &retryAfterError{err: err, after: wait}
 		}
 	}
 	if hold := a.holdOff(); hold > 0 {
@@ -477,25 +500,28 @@ func (a *Authorizer) Run(ctx context.Context) error {
 			wait = c.renewAt.Sub(a.now())
 			continue
 		}
-		err := a.refresh(ctx, true)
-		if err == nil {
-			attempt = 0
-			wait = 0
+		// The retry is recorded before the exchange slot is released, so
+		// that a Token waiting for it takes Run's failure instead of
+		// exchanging.
+		if a.lockExchange(ctx) != nil {
+			return nil
+		}
+		err := a.refreshLocked(ctx, true)
+		switch {
+		case err == nil:
+			attempt, wait = 0, 0
 			a.setRetry(0, nil)
+		case ctx.Err() == nil:
+			wait = a.retryWait(attempt, err)
+			a.setRetry(wait, err)
+		}
+		a.unlockExchange()
+		if err == nil {
 			continue
 		}
 		if ctx.Err() != nil {
 			return nil
 		}
-		wait = Backoff(attempt, a.opts.MinBackoff, a.opts.MaxBackoff)
-		var ra *retryAfterError
-		if errors.As(err, &ra) && ra.after > 0 {
-			wait = ra.after        // capped at maxAuthorizeRetryAfter, not max_backoff: the receiver sheds load
-			if a.opts.Jitter > 0 { // the same Retry-After went to every forwarder refused
-				wait = stretch(wait, DefaultJitter)
-			}
-		}
-		a.setRetry(wait, err)
 		if attempt == 0 {
 			a.logger.Warn("authorize failed, retrying", "err", err, "retry_in", wait.String())
 		} else {
@@ -503,6 +529,20 @@ func (a *Authorizer) Run(ctx context.Context) error {
 		}
 		attempt++
 	}
+}
+
+// retryWait is Run's wait before it retries the failed exchange attempt
+// (0-based) that returned err.
+func (a *Authorizer) retryWait(attempt int, err error) time.Duration {
+	var ra *retryAfterError
+	if errors.As(err, &ra) && ra.after > 0 {
+		wait := ra.after       // capped at maxAuthorizeRetryAfter, not max_backoff: the receiver sheds load
+		if a.opts.Jitter > 0 { // the same Retry-After went to every forwarder refused
+			wait = stretch(wait, DefaultJitter)
+		}
+		return wait
+	}
+	return Backoff(attempt, a.opts.MinBackoff, a.opts.MaxBackoff)
 }
 
 // Backoff is the wait before retry attempt (0-based): capped exponential

@@ -296,6 +296,41 @@ func TestAuthorizerTokenWaitsForRunsRetry(t *testing.T) {
 	require.Len(t, ids, 2, "asked again after a reprobe")
 }
 
+// A write path that asks for a token while Run's exchange is on its way
+// waits for it, and takes its failure (and its retry) instead of
+// exchanging once more as soon as Run's has failed.
+func TestAuthorizerTokenDuringRunsFailingExchange(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	var requests atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if requests.Add(1) == 1 {
+			close(entered)
+			<-release
+		}
+		http.Error(w, "down", http.StatusBadGateway)
+	}))
+	defer srv.Close()
+	a := NewAuthorizer(discardLogger(), nil, mustURL(t, srv.URL), srv.Client(), AuthorizerOptions{
+		Mode: AuthorizeAlways, Token: "fleet-token", ClusterID: hashedID, MinBackoff: time.Hour, MaxBackoff: time.Hour,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+	<-entered
+	tokErr := make(chan error, 1)
+	go func() { _, err := a.Token(context.Background()); tokErr <- err }()
+	time.Sleep(100 * time.Millisecond) // Token waits on Run's exchange
+	close(release)
+
+	err := <-tokErr
+	var re RetryableError
+	require.ErrorAs(t, err, &re)
+	require.Greater(t, re.RetryAfter, 29*time.Minute, "retry when Run does")
+	require.ErrorContains(t, err, "502")
+	require.Equal(t, int32(1), requests.Load(), "Run's exchange only")
+}
+
 func TestAuthorizerAutoFallsBackWithoutEndpoint(t *testing.T) {
 	ar := newAuthReceiver(t)
 	ar.noAuthz = true

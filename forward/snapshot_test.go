@@ -353,6 +353,38 @@ func TestCollectDoesNotWaitForAnAuthorizerThatHangs(t *testing.T) {
 	require.Equal(t, 5, n, "224 samples in requests of at most 50")
 }
 
+// Nor does one whose answer the authorizer's Run is waiting for: the
+// collection waits for Run's exchange no longer than the bound either.
+func TestCollectDoesNotWaitForRunsHangingExchange(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hung := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		once.Do(func() { close(entered) })
+		<-release
+	}))
+	defer hung.Close()
+	defer close(release)
+	base := mustURL(t, hung.URL)
+	authURL, err := TelemeterAuthorizeURL(base, "", telemeterHashedID)
+	require.NoError(t, err)
+	a := NewAuthorizer(discardLogger(), nil, base, hung.Client(), AuthorizerOptions{
+		Mode: AuthorizeAlways, Token: "fleet", ClusterID: telemeterHashedID, URL: authURL, Timeout: time.Minute,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+	<-entered
+	s := NewTelemeterSender(hung.URL+"/upload", hung.Client(), a, TelemeterSenderOptions{})
+	f, q := fixtureForwarder(t, s, Options{learnServerTimeout: 50 * time.Millisecond})
+
+	start := time.Now()
+	require.NoError(t, f.Collect(context.Background()))
+	require.Less(t, time.Since(start), 10*time.Second, "not Run's exchange timeout (1m)")
+	n, _ := q.Len()
+	require.Equal(t, 5, n, "224 samples in requests of at most 50")
+}
+
 // The wait for the server's upload window comes before the send, not in
 // its duration (phonehome_forward_send_duration_seconds, as its help and
 // the README say).
