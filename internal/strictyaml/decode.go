@@ -40,15 +40,18 @@ func Decode(b []byte, out any) error {
 	if err := dec.Decode(&root{w: w, out: v.Elem()}); err != nil {
 		return err // io.EOF, or a syntax error, which names its line
 	}
-	var next yaml.Node
-	switch err := dec.Decode(&next); {
-	case errors.Is(err, io.EOF):
-	case err != nil:
-		w.errs = append(w.errs, err)
-	default:
-		w.errs = append(w.errs, fmt.Errorf("line %d: a second YAML document: a file holds one", next.Line))
+	for { // further documents: only empty ones (a trailing "---"), which yaml.v3 ignored before
+		var next yaml.Node
+		err := dec.Decode(&next)
+		switch {
+		case errors.Is(err, io.EOF):
+			return errors.Join(w.errs...)
+		case err != nil:
+			return errors.Join(append(w.errs, err)...)
+		case !emptyDocument(&next):
+			return errors.Join(append(w.errs, fmt.Errorf("line %d: a second YAML document: a file holds one", next.Line))...)
+		}
 	}
-	return errors.Join(w.errs...)
 }
 
 // unmarshalFunc decodes one node strictly. yaml.v3 hands it to the
@@ -220,4 +223,9 @@ func (c *capture) fn() unmarshalFunc {
 		return nil
 	}
 	return c.unmarshal
+}
+
+// emptyDocument reports whether n is a document of nothing or of null.
+func emptyDocument(n *yaml.Node) bool {
+	return len(n.Content) == 0 || (len(n.Content) == 1 && isNull(n.Content[0]))
 }

@@ -91,6 +91,10 @@ func TestDecodeNamesEveryProblemByPathAndLine(t *testing.T) {
 		doc:  "name: x\n---\nname: y\n",
 		want: []string{"line 2: a second YAML document: a file holds one"},
 	}, {
+		name: "a document after empty ones",
+		doc:  "name: x\n---\n--- ~\n---\nname: y\n",
+		want: []string{"line 4: a second YAML document: a file holds one"},
+	}, {
 		name: "ignored and unexported fields are unknown keys",
 		doc:  "skipped: 1\nhidden: 2\n",
 		want: []string{"skipped: line 1: unknown key", "hidden: line 2: unknown key"},
@@ -152,6 +156,10 @@ func TestDecodeEmpty(t *testing.T) {
 	c := testConfig{Name: "kept"}
 	require.NoError(t, Decode([]byte("~\n"), &c))
 	require.Equal(t, "kept", c.Name)
+
+	// A trailing "---" (empty documents), which yaml.v3 ignored, still is.
+	require.NoError(t, Decode([]byte("name: x\n---\n--- ~\n"), &c))
+	require.Equal(t, "x", c.Name)
 }
 
 func TestDecodeSyntaxError(t *testing.T) {
@@ -169,11 +177,16 @@ func strictDecode(doc string, out any) error {
 	if err := dec.Decode(out); err != nil {
 		return err
 	}
-	var next yaml.Node
-	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
-		return errors.New("second document")
+	for {
+		var next yaml.Node
+		err := dec.Decode(&next)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil || !emptyDocument(&next) {
+			return errors.New("second document")
+		}
 	}
-	return nil
 }
 
 // FuzzDecode: Decode accepts exactly the documents yaml.v3's strict decoder
