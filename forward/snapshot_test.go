@@ -336,16 +336,8 @@ func TestStockTelemeterServerFirstCycleIsOneUpload(t *testing.T) {
 // wants it.
 func TestCollectDoesNotWaitForAnAuthorizerThatHangs(t *testing.T) {
 	release := make(chan struct{})
-	hung := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-release }))
-	defer hung.Close()
 	defer close(release)
-	base := mustURL(t, hung.URL)
-	authURL, err := TelemeterAuthorizeURL(base, "", telemeterHashedID)
-	require.NoError(t, err)
-	a := NewAuthorizer(discardLogger(), nil, base, hung.Client(), AuthorizerOptions{
-		Mode: AuthorizeAlways, Token: "fleet", ClusterID: telemeterHashedID, URL: authURL,
-	})
-	s := NewTelemeterSender(hung.URL+"/upload", hung.Client(), a, TelemeterSenderOptions{})
+	_, s := telemeterPairAt(t, func(http.ResponseWriter, *http.Request) { <-release }, 0)
 	f, q := fixtureForwarder(t, s, Options{learnServerTimeout: 50 * time.Millisecond})
 
 	require.NoError(t, f.Collect(context.Background()))
@@ -358,24 +350,16 @@ func TestCollectDoesNotWaitForAnAuthorizerThatHangs(t *testing.T) {
 func TestCollectDoesNotWaitForRunsHangingExchange(t *testing.T) {
 	entered, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	hung := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+	defer close(release)
+	a, s := telemeterPairAt(t, func(http.ResponseWriter, *http.Request) {
 		once.Do(func() { close(entered) })
 		<-release
-	}))
-	defer hung.Close()
-	defer close(release)
-	base := mustURL(t, hung.URL)
-	authURL, err := TelemeterAuthorizeURL(base, "", telemeterHashedID)
-	require.NoError(t, err)
-	a := NewAuthorizer(discardLogger(), nil, base, hung.Client(), AuthorizerOptions{
-		Mode: AuthorizeAlways, Token: "fleet", ClusterID: telemeterHashedID, URL: authURL, Timeout: time.Minute,
-	})
+	}, time.Minute)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
 	defer func() { cancel(); require.NoError(t, <-done) }()
 	<-entered
-	s := NewTelemeterSender(hung.URL+"/upload", hung.Client(), a, TelemeterSenderOptions{})
 	f, q := fixtureForwarder(t, s, Options{learnServerTimeout: 50 * time.Millisecond})
 
 	start := time.Now()
@@ -383,6 +367,21 @@ func TestCollectDoesNotWaitForRunsHangingExchange(t *testing.T) {
 	require.Less(t, time.Since(start), 10*time.Second, "not Run's exchange timeout (1m)")
 	n, _ := q.Len()
 	require.Equal(t, 5, n, "224 samples in requests of at most 50")
+}
+
+// telemeterPairAt is an Authorizer (always, exchange timeout as given; 0:
+// the default) and a TelemeterSender towards a fleet endpoint served by h.
+func telemeterPairAt(t *testing.T, h http.HandlerFunc, timeout time.Duration) (*Authorizer, *TelemeterSender) {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	base := mustURL(t, srv.URL)
+	authURL, err := TelemeterAuthorizeURL(base, "", telemeterHashedID)
+	require.NoError(t, err)
+	a := NewAuthorizer(discardLogger(), nil, base, srv.Client(), AuthorizerOptions{
+		Mode: AuthorizeAlways, Token: "fleet", ClusterID: telemeterHashedID, URL: authURL, Timeout: timeout,
+	})
+	return a, NewTelemeterSender(srv.URL+"/upload", srv.Client(), a, TelemeterSenderOptions{})
 }
 
 // The wait for the server's upload window comes before the send, not in
