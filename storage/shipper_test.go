@@ -224,17 +224,20 @@ func TestShipperUploadsThanosBlocks(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error)
 			go func() { done <- db.RunShipper(ctx) }()
+			// Done once each upload is counted, not when its meta.json
+			// appears: the shipper checks the upload after that, and a
+			// cancel during the check counts a failure.
 			eventually(t, func() bool {
-				for _, id := range ids {
-					if ok, err := inner.Exists(ctx, id+"/meta.json"); err != nil || !ok {
-						return false
-					}
-				}
-				return true
+				return counter(t, reg, "phonehome_storage_block_uploads_total", "success") == float64(len(ids))
 			})
 			cancel()
 			require.NoError(t, <-done)
 
+			for _, id := range ids {
+				ok, err := inner.Exists(context.Background(), id+"/meta.json")
+				require.NoError(t, err)
+				require.True(t, ok, id)
+			}
 			requireMetaLast(t, bkt.uploaded())
 			require.Equal(t, want, readBucket(t, inner, cfg.ExternalLabels))
 			require.Zero(t, counter(t, reg, "phonehome_storage_block_uploads_total", "failure"))
