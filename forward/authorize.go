@@ -176,6 +176,8 @@ type Authorizer struct {
 
 	kick chan struct{} // wakes Run after Rejected
 
+	waitingForExchange func() // tests: a caller waits for another's exchange
+
 	requests *prometheus.CounterVec
 	expiry   prometheus.Gauge
 	rejected prometheus.Counter
@@ -313,6 +315,14 @@ func (a *Authorizer) refresh(ctx context.Context, force bool) error {
 // lockExchange takes the exchange slot, or returns ctx's error once ctx
 // ends first (another caller's exchange may take authorize.timeout).
 func (a *Authorizer) lockExchange(ctx context.Context) error {
+	select {
+	case a.exchanging <- struct{}{}:
+		return nil
+	default:
+	}
+	if a.waitingForExchange != nil {
+		a.waitingForExchange()
+	}
 	select {
 	case a.exchanging <- struct{}{}:
 		return nil

@@ -318,9 +318,11 @@ func TestAuthorizerTokenDuringRunsFailingExchange(t *testing.T) {
 	go func() { done <- a.Run(ctx) }()
 	defer func() { cancel(); require.NoError(t, <-done) }()
 	<-entered
+	waiting := make(chan struct{})
+	a.waitingForExchange = func() { close(waiting) }
 	tokErr := make(chan error, 1)
 	go func() { _, err := a.Token(context.Background()); tokErr <- err }()
-	time.Sleep(100 * time.Millisecond) // Token waits on Run's exchange
+	<-waiting // Token waits on Run's exchange
 	close(release)
 
 	err := <-tokErr
