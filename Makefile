@@ -21,11 +21,9 @@ FORWARDER_PKGS = $$($(GO) list -deps ./cmd/forwarder | grep '^github.com/phoneho
 all: fmt lint test build ## Format, lint, test and build.
 
 .PHONY: build
-# -buildvcs=auto (over a GOFLAGS=-buildvcs=false): the git revision of a
-# checkout goes into --version and build_info; a tree without git builds too.
 build: ## Build the receiver and forwarder into ./bin.
-	$(GO) build -trimpath -buildvcs=auto -tags=$(RECEIVER_TAGS) -o $(BIN)/ ./cmd/receiver
-	$(GO) build -trimpath -buildvcs=auto -o $(BIN)/ ./cmd/forwarder
+	$(GO) build -trimpath -tags=$(RECEIVER_TAGS) -o $(BIN)/ ./cmd/receiver
+	$(GO) build -trimpath -o $(BIN)/ ./cmd/forwarder
 
 .PHONY: demo
 demo: build ## Run the system on its embedded default: receiver (filesystem bucket) fed by a forwarder.
