@@ -23,6 +23,10 @@ type FileTokens struct {
 	cur     atomic.Pointer[Tokens]
 	sum     [sha256.Size]byte // of the file content in force
 	reloads *prometheus.CounterVec
+
+	// OnChange, if set before Run, is called after Run's reload put a
+	// changed file in force (the receiver warns about its tokens again).
+	OnChange func()
 }
 
 // NewFileTokens loads path; it fails if the first load fails. reg may be nil.
@@ -72,8 +76,11 @@ func (f *FileTokens) Run(ctx context.Context, interval time.Duration) error {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
+			before := f.cur.Load()
 			if err := f.Reload(); err != nil {
 				f.logger.Error("reload tokens file, keeping the previous tokens", "file", f.path, "err", err)
+			} else if f.cur.Load() != before && f.OnChange != nil {
+				f.OnChange()
 			}
 		}
 	}

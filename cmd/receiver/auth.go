@@ -91,6 +91,12 @@ func warnAuth(logger *slog.Logger, a authSetup, cfg receive.AuthConfig) {
 			logger.Warn("auth.keys_file holds the repository's EXAMPLE signing key, whose private half is public: anyone can sign cluster credentials this receiver accepts; for a trial only, generate your own (openssl genpkey -algorithm ed25519, docs/operations.md)", "kids", kids)
 		}
 	}
+	warnTokens(logger, a, cfg)
+}
+
+// warnTokens is warnAuth's part about the tokens file: run again when a
+// reload changes it (FileTokens.OnChange).
+func warnTokens(logger *slog.Logger, a authSetup, cfg receive.AuthConfig) {
 	if a.tokens == nil {
 		return
 	}

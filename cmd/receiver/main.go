@@ -465,6 +465,7 @@ func run(args []string, stderr io.Writer) int {
 	}
 	if a.tokens != nil { // Tokens file reloader: revocation without restart.
 		ctx, cancel := context.WithCancel(context.Background())
+		a.tokens.OnChange = func() { warnTokens(logger, a, cfg.Auth) } // a token added by a reload is warned about too
 		g.Add(func() error { return a.tokens.Run(ctx, time.Duration(cfg.Auth.ReloadInterval)) }, func(error) { cancel() })
 	}
 	{ // Push aggregation: periodic write of the aggregated state into storage.
