@@ -103,11 +103,11 @@ func warnTokens(logger *slog.Logger, a authSetup, cfg receive.AuthConfig) {
 	if names := a.tokens.UnboundWriters(); len(names) > 0 {
 		logger.Warn("tokens may write series for any cluster of their tenant; give clusters authorize-only fleet tokens (allow: [authorize]) or bind tokens with cluster_id", "tokens", names)
 	}
-	if names := a.tokens.ExchangeOnly(); len(names) > 0 && a.authorize == nil {
-		msg := "tokens allow authorize but not write, and POST /authorize is off without auth.keys_file: a forwarder holding one is refused (403) on every write, telemeter-client at /authorize (404); set auth.keys_file"
-		if cfg.AuthorizeWebhook == nil {
-			msg += " (without it they write only as Prometheus' telemetry bearer, on /metrics/v1/receive)"
-		}
-		logger.Warn(msg, "tokens", names)
+	switch names := a.tokens.ExchangeOnly(); {
+	case len(names) == 0:
+	case cfg.AuthorizeWebhook != nil:
+		logger.Warn("tokens allow authorize but not write, and auth.authorize_webhook decides every /authorize and Telemeter bearer: the tokens file is never asked for them, so they deliver nothing; register them with the webhook, or remove them", "tokens", names)
+	case a.authorize == nil:
+		logger.Warn("tokens allow authorize but not write, and POST /authorize is off without auth.keys_file: a forwarder holding one is refused (403) on every write, telemeter-client at /authorize (404); set auth.keys_file (without it they write only as Prometheus' telemetry bearer, on /metrics/v1/receive)", "tokens", names)
 	}
 }

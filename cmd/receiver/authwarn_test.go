@@ -49,6 +49,12 @@ func TestCheckConfigWarnsOfTokensThatCannotDeliver(t *testing.T) {
 	write("k1.pem", ed25519PEM(t))
 	out = check("auth:\n  tokens_file: tokens.yaml\n  keys_file: keys.yaml\n")
 	require.NotContains(t, out, "POST /authorize is off", "with keys_file the fleet token is exchanged")
+
+	// With a webhook the tokens file is never asked about authorize.
+	out = check("auth:\n  tokens_file: tokens.yaml\n  keys_file: keys.yaml\n  authorize_webhook: {url: 'http://127.0.0.1:1/authorize'}\n")
+	webhook := lineWith(strings.Split(out, "\n"), "auth.authorize_webhook decides every /authorize")
+	require.Contains(t, webhook, `tokens[0] (\"fleet\")`)
+	require.NotContains(t, out, "POST /authorize is off")
 }
 
 // TestShippedExampleConfig: deploy/receiver.yaml with its
