@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"net/http"
-	"slices"
 )
 
 // reloadHandler serves POST and PUT /-/reload as Prometheus does: it runs
@@ -15,12 +14,14 @@ import (
 // does (each reload logs its error).
 func reloadHandler(reloads []func() error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		errs := make([]error, 0, len(reloads))
-		for _, reload := range reloads {
-			errs = append(errs, reload())
+		failed := 0
+		for _, reload := range reloads { // every one, also after one failed
+			if reload() != nil {
+				failed++
+			}
 		}
-		if n := len(slices.DeleteFunc(errs, func(err error) bool { return err == nil })); n > 0 {
-			http.Error(w, fmt.Sprintf("failed to reload: %d of %d reloads kept the running version; the receiver's log says why (level=error)", n, len(reloads)), http.StatusInternalServerError)
+		if failed > 0 {
+			http.Error(w, fmt.Sprintf("failed to reload: %d of %d reloads kept the running version; the receiver's log says why (level=error)", failed, len(reloads)), http.StatusInternalServerError)
 			return
 		}
 		w.WriteHeader(http.StatusOK)
