@@ -69,9 +69,13 @@ type MatchingSource interface {
 // ErrNoPolicy is returned by Collect while no policy is in force.
 var ErrNoPolicy = errors.New("no gathering policy in force yet")
 
+// DefaultInterval is the time between collections when Options.Interval
+// is unset, and the --interval default: telemeter-client's.
+const DefaultInterval = 4*time.Minute + 30*time.Second
+
 // Options tunes a Forwarder. Zero values take the documented defaults.
 type Options struct {
-	Interval time.Duration // between collections (default 4m30s)
+	Interval time.Duration // between collections (default DefaultInterval)
 	// Jitter spreads the work of forwarders that start together: each wait
 	// between collections is Interval ± Jitter×Interval (uniform), the first
 	// collection and the first delivery of a queued backlog start after a
@@ -104,7 +108,7 @@ type Options struct {
 
 func (o *Options) defaults() {
 	if o.Interval <= 0 {
-		o.Interval = 4*time.Minute + 30*time.Second
+		o.Interval = DefaultInterval
 	}
 	if o.Jitter == 0 || o.Jitter >= 1 { // negative: NoJitter, kept
 		o.Jitter = DefaultJitter

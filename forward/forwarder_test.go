@@ -665,3 +665,10 @@ func TestSendLoopSurvivesQueueErrors(t *testing.T) {
 	require.Len(t, h.sleep, 1, "one retry after the queue error")
 	require.Len(t, recv.reqs, 2, "the two readable records are delivered")
 }
+
+// An unset Interval is the --interval default (4m30s), not a busy loop.
+func TestIntervalDefault(t *testing.T) {
+	var o Options
+	o.defaults()
+	require.Equal(t, 4*time.Minute+30*time.Second, o.Interval)
+}

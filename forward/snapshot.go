@@ -88,7 +88,7 @@ func (f *Forwarder) superseded(t time.Time) bool {
 // dropSuperseded acknowledges a superseded record without sending it.
 func (f *Forwarder) dropSuperseded(pos Position, samples int) {
 	f.m.dropped.WithLabelValues(ReasonSuperseded).Add(float64(samples))
-	f.logCapOnce(ReasonSuperseded, "the telemeter-server stores an upload at the time it arrives: delivering the latest cycle, dropping the older ones (a later cycle is queued, or it is over an interval old)")
+	f.logCapOnce(ReasonSuperseded, "the telemeter-server stores an upload at the time it arrives: delivering the latest cycle, dropping the older ones (a later cycle is queued, or it is over one and a half intervals old)")
 	f.ack(pos)
 }
 

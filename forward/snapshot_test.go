@@ -405,9 +405,10 @@ func TestStockTelemeterServerWindowWaitNotInSendDuration(t *testing.T) {
 	require.Less(t, m.GetHistogram().GetSampleSum(), s.opts.RateLimit.Seconds()/2)
 }
 
-// The thresholds of superseded, as docs/migrating-from-telemeter.md states
-// them: a record more than one and a half intervals old is superseded even
-// alone, and one queued half an interval or more before the newest is.
+// The thresholds of superseded: a record more than one and a half intervals
+// old is superseded even alone, as docs/migrating-from-telemeter.md states,
+// and one queued half an interval or more before the newest is (the doc's
+// "a later cycle follows": cycles are at least Interval×(1-Jitter) apart).
 func TestSupersededThresholds(t *testing.T) {
 	srv := telemetertest.NewServer("fleet")
 	defer srv.Close()

@@ -132,7 +132,7 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	fs.Int64Var(&f.limitBytes, "limit-bytes", 0, "telemeter-client: bytes of a federate response kept per cycle (overrides federate.max_bytes; 0 = no cap). Beyond it samples are counted as dropped, the cycle is not failed.")
 	fs.Var(&f.matches, "match", "Series selector to federate and allow (repeatable).")
 	fs.StringVar(&f.matchFile, "match-file", "", "File with one series selector per line ('#' comments).")
-	fs.DurationVar(&f.interval, "interval", 4*time.Minute+30*time.Second, "Time between collections (jittered by ±10%).")
+	fs.DurationVar(&f.interval, "interval", forward.DefaultInterval, "Time between collections (jittered by ±10%).")
 	fs.Var(&f.anonymizeLabels, "anonymize-labels", "Label names whose values are replaced by their keyed hash (comma-separated, repeatable; empty is allowed).")
 	fs.StringVar(&f.saltFile, "anonymize-salt-file", "", "File with the secret per-cluster anonymization salt (>= 16 bytes).")
 	fs.StringVar(&f.salt, "anonymize-salt", "", "telemeter-client: the salt inline (accepted with a warning; prefer --anonymize-salt-file). Overrides --anonymize-salt-file.")

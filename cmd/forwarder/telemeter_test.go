@@ -362,3 +362,11 @@ func recentFixture(t *testing.T, fixture []byte, newest time.Time) ([]byte, map[
 	}
 	return []byte(strings.Join(lines, "\n")), shifted
 }
+
+// The --interval default that README.md and docs/migrating-from-telemeter.md
+// state: telemeter-client's 4m30s.
+func TestIntervalDefault(t *testing.T) {
+	f, err := parseFlags(nil, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, 4*time.Minute+30*time.Second, f.interval)
+}
