@@ -27,30 +27,38 @@ type Claims struct {
 
 // Issuer signs and verifies short-lived cluster credentials.
 type Issuer struct {
-	keys     *KeySet
+	keys     KeySource
 	ttl      time.Duration
 	now      func() time.Time
-	verified expiringCache[Identity] // SHA-256 of credentials that verified, until they expire
+	verified expiringCache[verifiedCredential] // by SHA-256 of credentials that verified, until they expire
+}
+
+// verifiedCredential is what Verify remembers of a credential: the identity
+// it binds, and the keys it verified with (a reload may remove its key).
+type verifiedCredential struct {
+	id   Identity
+	keys *KeySet
 }
 
 // verifiedCacheSize bounds the credentials an Issuer remembers as verified:
 // a few MB, and more than the clusters one receiver replica serves at once.
 const verifiedCacheSize = 16384
 
-// NewIssuer returns an Issuer signing with the newest key of keys.
-// now may be nil (time.Now).
-func NewIssuer(keys *KeySet, ttl time.Duration, now func() time.Time) *Issuer {
+// NewIssuer returns an Issuer signing with the keys keys has in force at
+// each call: the newest whose created has passed (KeysFile). now may be
+// nil (time.Now).
+func NewIssuer(keys KeySource, ttl time.Duration, now func() time.Time) *Issuer {
 	if now == nil {
 		now = time.Now
 	}
-	return &Issuer{keys: keys, ttl: ttl, now: now, verified: expiringCache[Identity]{max: verifiedCacheSize}}
+	return &Issuer{keys: keys, ttl: ttl, now: now, verified: expiringCache[verifiedCredential]{max: verifiedCacheSize}}
 }
 
 // Issue signs a credential binding tenant and clusterID, valid for the TTL.
 func (i *Issuer) Issue(tenant, clusterID string) (string, time.Time, error) {
 	now := i.now()
 	exp := now.Add(i.ttl)
-	k := i.keys.newestKey()
+	k := i.keys.Current().signer(now)
 	tok := jwt.NewWithClaims(jwt.SigningMethodEdDSA, Claims{
 		Tenant: tenant,
 		RegisteredClaims: jwt.RegisteredClaims{
@@ -77,32 +85,35 @@ func (i *Issuer) Issue(tenant, clusterID string) (string, time.Time, error) {
 // for one signature check per credential rather than one per request, and a
 // cluster hammering the receiver is refused by the limits for next to
 // nothing. Only successes are remembered: a token that differs from a
-// verified one in any byte, signature included, is checked in full. The
-// cache never outlives the Issuer, whose keys are immutable; an expired
-// entry is not served (the full check then applies its 30s leeway as
-// before). Credentials cannot be revoked before they expire, with or
+// verified one in any byte, signature included, is checked in full. An
+// entry serves only while the keys it verified with are in force: after a
+// reload of the keys file each credential is checked in full once more, so
+// one signed by a removed key is refused. An expired entry is not served
+// (the full check then applies its 30s leeway as before). Credentials cannot be revoked before they expire, with or
 // without the cache: revoking a fleet token takes effect at the cluster's
 // next /authorize.
 func (i *Issuer) Verify(token string) (Identity, error) {
 	now := i.now()
+	keys := i.keys.Current()
 	sum := sha256.Sum256([]byte(token))
-	if id, _, ok := i.verified.get(sum, now); ok {
-		return id, nil
+	if v, _, ok := i.verified.get(sum, now); ok && v.keys == keys {
+		return v.id, nil
 	}
-	id, exp, err := i.verify(token)
+	id, exp, err := i.verify(token, keys)
 	if err != nil {
 		return Identity{}, err
 	}
-	i.verified.put(sum, id, exp, now)
+	i.verified.put(sum, verifiedCredential{id: id, keys: keys}, exp, now)
 	return id, nil
 }
 
-// verify is Verify without the cache; it also returns the credential's expiry.
-func (i *Issuer) verify(token string) (Identity, time.Time, error) {
+// verify is Verify without the cache, with keys; it also returns the
+// credential's expiry.
+func (i *Issuer) verify(token string, keys *KeySet) (Identity, time.Time, error) {
 	var c Claims
 	_, err := jwt.ParseWithClaims(token, &c, func(t *jwt.Token) (any, error) {
 		kid, _ := t.Header["kid"].(string)
-		pub, ok := i.keys.byID[kid]
+		pub, ok := keys.byID[kid]
 		if !ok {
 			return nil, fmt.Errorf("unknown kid %q", kid)
 		}

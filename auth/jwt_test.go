@@ -137,25 +137,29 @@ func TestIssuerVerifiedCache(t *testing.T) {
 	require.Equal(t, want, id)
 	require.Equal(t, 1, iss.verified.len())
 
-	// Served from the cache: the full check would now fail (no keys).
+	// Served from the cache: the full check would now fail (its kid
+	// unknown to the same keys; another KeySet would be a reload).
 	keys := iss.keys
-	iss.keys = &KeySet{}
+	pub := keys.Current().byID["k"]
+	forgetKey := func() { delete(keys.Current().byID, "k") }
+	restoreKey := func() { keys.Current().byID["k"] = pub }
+	forgetKey()
 	id, err = iss.Verify(tok)
 	require.NoError(t, err, "a verified credential is served from the cache")
 	require.Equal(t, want, id)
 	_, err = iss.Verify(tok + "x")
 	require.ErrorIs(t, err, ErrUnauthorized, "one byte more is not the cached credential")
-	iss.keys = keys
+	restoreKey()
 
 	t.Run("expiry", func(t *testing.T) {
 		now = exp.Add(-time.Second)
 		_, err := iss.Verify(tok)
 		require.NoError(t, err, "just before exp: cached")
 		now = exp
-		iss.keys = &KeySet{}
+		forgetKey()
 		_, err = iss.Verify(tok)
 		require.ErrorIs(t, err, ErrUnauthorized, "at exp the cache no longer answers")
-		iss.keys = keys
+		restoreKey()
 		require.Equal(t, 0, iss.verified.len(), "the expired entry is gone")
 		now = exp.Add(10 * time.Second)
 		_, err = iss.Verify(tok)
@@ -220,7 +224,7 @@ func BenchmarkIssuerVerify(b *testing.B) {
 	require.NoError(b, err)
 	for _, cached := range []bool{false, true} {
 		b.Run(fmt.Sprintf("cached=%v", cached), func(b *testing.B) {
-			iss.verified = expiringCache[Identity]{max: verifiedCacheSize}
+			iss.verified = expiringCache[verifiedCredential]{max: verifiedCacheSize}
 			if !cached {
 				iss.verified.max = 0 // remembers nothing
 			}
@@ -310,7 +314,7 @@ func TestLoadKeysFile(t *testing.T) {
 	require.NoError(t, os.WriteFile(p, []byte("keys:\n- kid: k1\n  created: 2026-01-01T00:00:00Z\n  private_key_file: k1.pem\n"), 0o600))
 	ks, err := LoadKeysFile(p)
 	require.NoError(t, err)
-	require.Equal(t, "k1", ks.newestKey().kid)
+	require.Equal(t, "k1", ks.signer(time.Now()).kid)
 
 	require.NoError(t, os.WriteFile(p, []byte("keys:\n- kid: k1\n  private_key_file: missing.pem\n- created: 2026-01-01T00:00:00Z\n  private_key_file: k1.pem\n"), 0o600))
 	_, err = LoadKeysFile(p)

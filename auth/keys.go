@@ -2,6 +2,7 @@ package auth
 
 import (
 	"crypto/ed25519"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
@@ -15,9 +16,13 @@ import (
 )
 
 // KeysFile is the on-disk format of the signing keys file. Several keys may
-// be listed: the newest (by `created`) signs, any of them verifies, so a key
-// is rotated by adding a new one, waiting one credential lifetime, and then
-// removing the old one. Every receiver replica must read the same file.
+// be listed: any of them verifies, and the newest whose `created` has passed
+// signs, decided at each signing. A key is rotated without a restart: add
+// the new one with a `created` further ahead than it takes every replica to
+// re-read the file (FileKeys), so that all switch to it at that time; remove
+// the old one once a credential lifetime has passed since. If no key's
+// `created` has passed yet, the oldest signs: a clock or a typo never leaves
+// a receiver without a signer. Every receiver replica must read the same file.
 //
 //	keys:
 //	  - kid: 2026-11
@@ -41,21 +46,37 @@ type signingKey struct {
 	private ed25519.PrivateKey
 }
 
-// KeySet holds the loaded keys, newest first. Immutable.
+// KeySet holds the loaded keys, newest `created` first. Immutable.
 type KeySet struct {
 	keys []signingKey
 	byID map[string]ed25519.PublicKey
 }
 
+// KeySource gives the keys in force at each call: a *KeySet (always the
+// same) or a *FileKeys (the last valid version of the keys file).
+type KeySource interface {
+	Current() *KeySet
+}
+
+// Current implements KeySource: a KeySet is its own, fixed, source.
+func (ks *KeySet) Current() *KeySet { return ks }
+
 // LoadKeysFile reads a keys file and every key it names, reporting every problem.
 func LoadKeysFile(path string) (*KeySet, error) {
+	ks, _, err := loadKeysFile(path)
+	return ks, err
+}
+
+// loadKeysFile is LoadKeysFile that also returns a digest of the keys
+// (FileKeys: have they changed?).
+func loadKeysFile(path string) (*KeySet, [sha256.Size]byte, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("read keys file: %w", err)
+		return nil, [sha256.Size]byte{}, fmt.Errorf("read keys file: %w", err)
 	}
 	var f KeysFile
 	if err := strictyaml.Decode(b, &f); err != nil {
-		return nil, fmt.Errorf("keys file %s: %w", path, err)
+		return nil, [sha256.Size]byte{}, fmt.Errorf("keys file %s: %w", path, err)
 	}
 	var errs []error
 	ks := &KeySet{byID: map[string]ed25519.PublicKey{}}
@@ -85,10 +106,22 @@ func LoadKeysFile(path string) (*KeySet, error) {
 		ks.byID[e.KID] = priv.Public().(ed25519.PublicKey)
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("keys file %s: %w", path, err)
+		return nil, [sha256.Size]byte{}, fmt.Errorf("keys file %s: %w", path, err)
 	}
 	sort.SliceStable(ks.keys, func(i, j int) bool { return ks.keys[i].created.After(ks.keys[j].created) })
-	return ks, nil
+	return ks, ks.digest(), nil
+}
+
+// digest identifies what the keys do: which kid verifies with which public
+// key, and from when each signs. Comments and file layout do not count.
+func (ks *KeySet) digest() [sha256.Size]byte {
+	h := sha256.New()
+	for _, k := range ks.keys {
+		fmt.Fprintf(h, "%q %s %x\n", k.kid, k.created.UTC().Format(time.RFC3339Nano), ks.byID[k.kid])
+	}
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum
 }
 
 func readEd25519(path string) (ed25519.PrivateKey, error) {
@@ -114,10 +147,25 @@ func readEd25519(path string) (ed25519.PrivateKey, error) {
 	return priv, nil
 }
 
-// newestKey is the key that signs new credentials.
-func (ks *KeySet) newestKey() signingKey { return ks.keys[0] }
+// signer is the key that signs at now: the newest whose created has
+// passed, or, while none has, the oldest. ks has at least one key.
+func (ks *KeySet) signer(now time.Time) signingKey {
+	for _, k := range ks.keys {
+		if !k.created.After(now) {
+			return k
+		}
+	}
+	return ks.keys[len(ks.keys)-1]
+}
 
-// NewKeySet builds a KeySet from in-memory keys (tests, tools).
+// NoneCreated reports whether no key's created has passed at now, so the
+// oldest signs before its time (KeysFile): worth a warning.
+func (ks *KeySet) NoneCreated(now time.Time) bool {
+	return len(ks.keys) > 0 && ks.keys[len(ks.keys)-1].created.After(now)
+}
+
+// NewKeySet builds a KeySet from in-memory keys (tests, tools): newest
+// signs, whatever the time.
 func NewKeySet(keys map[string]ed25519.PrivateKey, newest string) *KeySet {
 	ks := &KeySet{byID: map[string]ed25519.PublicKey{}}
 	for kid, k := range keys {

@@ -38,3 +38,23 @@ func TestFileTokensRunCallsOnChange(t *testing.T) {
 	}
 	require.Equal(t, []string{"tokens[0]"}, ft.UnboundWriters(), "the new file is in force when OnChange runs")
 }
+
+// Reload, as SIGHUP and POST /-/reload call it, calls OnChange too when it
+// put a changed file in force, and not for an unchanged or invalid one.
+func TestFileTokensReloadCallsOnChange(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "tokens.yaml")
+	require.NoError(t, os.WriteFile(p, []byte("tokens:\n- {token: a, tenant: t}\n"), 0o600))
+	ft, err := NewFileTokens(discardLogger(), nil, p)
+	require.NoError(t, err)
+	changed := 0
+	ft.OnChange = func() { changed++ }
+
+	require.NoError(t, ft.Reload())
+	require.NoError(t, os.WriteFile(p, []byte("tokens: [{tenant: t}]\n"), 0o600))
+	require.Error(t, ft.Reload())
+	require.Zero(t, changed, "unchanged, then invalid: no change")
+	require.NoError(t, os.WriteFile(p, []byte("tokens:\n- {token: b, tenant: t, allow: [write]}\n"), 0o600))
+	require.NoError(t, ft.Reload())
+	require.Equal(t, 1, changed)
+	require.Equal(t, []string{"tokens[0]"}, ft.UnboundWriters(), "the new file is in force when OnChange runs")
+}

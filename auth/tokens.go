@@ -61,11 +61,19 @@ type tokenDigest struct {
 
 // LoadTokensFile reads and validates a tokens file, naming every problem.
 func LoadTokensFile(path string) (*Tokens, error) {
+	t, _, err := loadTokensFile(path)
+	return t, err
+}
+
+// loadTokensFile is LoadTokensFile that also returns the digest of the
+// file's content (FileTokens: has it changed?).
+func loadTokensFile(path string) (*Tokens, [sha256.Size]byte, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("read tokens file: %w", err)
+		return nil, [sha256.Size]byte{}, fmt.Errorf("read tokens file: %w", err)
 	}
-	return parseTokensFile(path, b)
+	t, err := parseTokensFile(path, b)
+	return t, sha256.Sum256(b), err
 }
 
 // parseTokensFile parses the content b of the tokens file at path.
