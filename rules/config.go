@@ -20,7 +20,8 @@ type Config struct {
 	// EvaluationInterval is the default interval of a group that sets none (1m).
 	EvaluationInterval model.Duration `yaml:"evaluation_interval"`
 	// ReloadInterval is how often the files are re-read and new tenants are
-	// picked up (30s). SIGHUP is not needed.
+	// picked up (30s). The receiver's SIGHUP and POST /-/reload re-read
+	// the files at once.
 	ReloadInterval model.Duration `yaml:"reload_interval"`
 	// Alertmanagers receive the alerts of every tenant, with a tenant label.
 	Alertmanagers []AlertmanagerConfig `yaml:"alertmanagers"`

@@ -8,7 +8,8 @@
 // to keep tenants apart without rewriting every query. All tenants evaluate
 // the same rule files; a tenant is picked up once it has data.
 //
-// Rule files are re-read every reload interval. A file set that does not
+// Rule files are re-read every reload interval, and whenever Reload is
+// called (the receiver's SIGHUP and POST /-/reload). A file set that does not
 // parse is logged, counted in phonehome_rules_reloads_total{result="failure"},
 // and the previous rules stay in force (the last good contents are kept in
 // memory, so tenants discovered later get them too).
@@ -96,8 +97,9 @@ type Manager struct {
 	metrics  *metrics
 	groupMet *promrules.Metrics
 
-	snap    atomic.Pointer[snapshot] // last good rule files
-	lastErr string                   // last reload error reported; only Run's goroutine (or one Reload caller) uses it
+	snap     atomic.Pointer[snapshot] // last good rule files
+	reloadMu sync.Mutex               // serializes Reload (Run's interval, SIGHUP, POST /-/reload); guards lastErr
+	lastErr  string                   // last reload error reported
 
 	// resendDelay is how often a firing alert is sent again (Prometheus'
 	// --rules.alert.resend-delay); a field so that tests can shorten it.
@@ -321,12 +323,15 @@ func (m *Manager) Run(ctx context.Context) error {
 }
 
 // Reload re-reads the rule files. If they changed and are valid, every tenant
-// switches to them; if any is invalid, the error is logged and counted and
-// the previous rules stay in force. It returns the load error, if any.
+// switches to them before it returns; if any is invalid, the error is
+// logged and counted and the previous rules stay in force. It returns the
+// load error, if any. Safe for concurrent use; reloads are serialized.
 func (m *Manager) Reload() error {
 	if !m.cfg.Evaluates() {
 		return nil
 	}
+	m.reloadMu.Lock()
+	defer m.reloadMu.Unlock()
 	snap, err := m.readFiles()
 	if err != nil {
 		m.metrics.lastSuccess.Set(0)

@@ -124,6 +124,29 @@ func TestManagerRecordsPerTenantAndKeepsRulesOnInvalidReload(t *testing.T) {
 	})
 }
 
+// Reload is called at once by Run's interval, SIGHUP and POST /-/reload:
+// concurrent reloads are serialized (the race detector would see them
+// share the last error reported and the snapshot's compare-and-store).
+func TestConcurrentReloads(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "r.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("groups:\n- name: g\n  rules:\n  - record: answer\n    expr: vector(1)\n"), 0o600))
+	cfg := Config{Files: []string{filepath.Join(dir, "*.yaml")}}
+	cfg.SetDefaults()
+	m, err := New(slog.New(slog.DiscardHandler), prometheus.NewRegistry(), promql.NewEngine(promql.EngineOpts{}), &fakeStore{}, cfg, Options{})
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 20 {
+				_ = m.Reload()
+			}
+		})
+	}
+	wg.Wait()
+	require.NoError(t, m.Reload())
+}
+
 func TestNewRejectsInvalidRuleFile(t *testing.T) {
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "bad.yaml"), []byte("groups:\n- name: g\n  rules:\n  - alert: X\n    expr: up ==\n"), 0o600))
