@@ -18,7 +18,7 @@ type authSetup struct {
 	telemeter auth.Authenticator // Telemeter's remote-write path: base64 JSON bearer
 	tokens    *auth.FileTokens   // nil under --insecure.no-auth
 	authorize http.Handler       // nil without auth.keys_file
-	keys      *auth.KeySet       // nil without auth.keys_file
+	keys      *auth.FileKeys     // nil without auth.keys_file
 }
 
 // setupAuth builds the configured authentication. Running without any
@@ -69,7 +69,7 @@ func setupAuth(logger *slog.Logger, reg prometheus.Registerer, cfg receive.AuthC
 	if cfg.KeysFile == "" {
 		return s, nil
 	}
-	keys, err := auth.LoadKeysFile(cfg.KeysFile)
+	keys, err := auth.NewFileKeys(logger, reg, cfg.KeysFile)
 	if err != nil {
 		return authSetup{}, err
 	}
@@ -86,12 +86,23 @@ func setupAuth(logger *slog.Logger, reg prometheus.Registerer, cfg receive.AuthC
 // writes without auth.keys_file on Telemeter's /metrics/v1/receive,
 // which checks its bearer's token for the authorize permission.
 func warnAuth(logger *slog.Logger, a authSetup, cfg receive.AuthConfig) {
-	if a.keys != nil {
-		if kids := a.keys.ExampleKeys(); len(kids) > 0 {
-			logger.Warn("auth.keys_file holds the repository's EXAMPLE signing key, whose private half is public: anyone can sign cluster credentials this receiver accepts; for a trial only, generate your own (openssl genpkey -algorithm ed25519, docs/operations.md)", "kids", kids)
-		}
-	}
+	warnKeys(logger, a)
 	warnTokens(logger, a, cfg)
+}
+
+// warnKeys is warnAuth's part about the keys file: run again when a reload
+// changes it (FileKeys.OnChange).
+func warnKeys(logger *slog.Logger, a authSetup) {
+	if a.keys == nil {
+		return
+	}
+	keys := a.keys.Current()
+	if kids := keys.ExampleKeys(); len(kids) > 0 {
+		logger.Warn("auth.keys_file holds the repository's EXAMPLE signing key, whose private half is public: anyone can sign cluster credentials this receiver accepts; for a trial only, generate your own (openssl genpkey -algorithm ed25519, docs/operations.md)", "kids", kids)
+	}
+	if keys.NoneCreated(time.Now()) {
+		logger.Warn("no key of auth.keys_file has reached its created time: the oldest signs until the first one does; a rotation keeps the old key in the file until the new one's created has passed (docs/operations.md)")
+	}
 }
 
 // warnTokens is warnAuth's part about the tokens file: run again when a
@@ -110,4 +121,20 @@ func warnTokens(logger *slog.Logger, a authSetup, cfg receive.AuthConfig) {
 	case a.authorize == nil:
 		logger.Warn("tokens allow authorize but not write, and POST /authorize is off without auth.keys_file: a forwarder holding one is refused (403) on every write, telemeter-client at /authorize (404); set auth.keys_file (without it they write only as Prometheus' telemetry bearer, on /metrics/v1/receive)", "tokens", names)
 	}
+}
+
+// reloadingFiles returns a's files that are re-read while the receiver
+// runs (the tokens file, the keys file), each set to warn again, as at
+// start, when a reload changes it.
+func (a authSetup) reloadingFiles(logger *slog.Logger, cfg receive.AuthConfig) []reloadingFile {
+	var files []reloadingFile
+	if a.tokens != nil {
+		a.tokens.OnChange = func() { warnTokens(logger, a, cfg) } // a token added by a reload is warned about too
+		files = append(files, a.tokens)
+	}
+	if a.keys != nil {
+		a.keys.OnChange = func() { warnKeys(logger, a) } // so is the example key
+		files = append(files, a.keys)
+	}
+	return files
 }

@@ -6,11 +6,15 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/pem"
+	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/phonehome/phonehome/receive"
 )
 
 // TestCheckConfigWarnsOfTokensThatCannotDeliver: --check-config (as a
@@ -92,4 +96,34 @@ func ed25519PEM(t *testing.T) string {
 	der, err := x509.MarshalPKCS8PrivateKey(priv)
 	require.NoError(t, err)
 	return string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}))
+}
+
+// The example-key warning holds for a key added by a reload as for one
+// present at start (FileKeys.OnChange).
+func TestReloadWarnsOfExampleKey(t *testing.T) {
+	dir := t.TempDir()
+	write := fileWriter(t, dir)
+	example, err := os.ReadFile("../../deploy/kubernetes/example-secrets/receiver-keys/ed25519-example.pem")
+	require.NoError(t, err)
+	write("example.pem", string(example))
+	write("own.pem", ed25519PEM(t))
+	own := "keys:\n  - {kid: own, created: 2026-01-01T00:00:00Z, private_key_file: own.pem}\n"
+	cfg := receive.AuthConfig{
+		TokensFile: write("tokens.yaml", "tokens:\n  - {token: fleet, tenant: acme, allow: [authorize]}\n"),
+		KeysFile:   write("keys.yaml", own),
+	}
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewJSONHandler(&logs, nil))
+	a, err := setupAuth(logger, nil, cfg, false)
+	require.NoError(t, err)
+	warnAuth(logger, a, cfg)
+	files := a.reloadingFiles(logger, cfg)
+	require.NotContains(t, logs.String(), "EXAMPLE signing key")
+
+	write("keys.yaml", own+"  - {kid: example, created: 2026-02-01T00:00:00Z, private_key_file: example.pem}\n")
+	for _, f := range files {
+		require.NoError(t, f.Reload())
+	}
+	warning := lineWith(strings.Split(logs.String(), "\n"), "EXAMPLE signing key")
+	require.Contains(t, warning, `"kids":["example"]`)
 }

@@ -14,11 +14,9 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime/debug"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	oklogrun "github.com/oklog/run"
@@ -350,7 +348,8 @@ func run(args []string, stderr io.Writer) int {
 		},
 	})
 
-	// What SIGHUP reloads, and POST /-/reload.
+	// What SIGHUP reloads, and POST /-/reload: every file applied without
+	// a restart. Each is also re-read on its own interval (actors below).
 	var (
 		reloader *receive.ConfigReloader
 		reloads  []func() error
@@ -369,6 +368,13 @@ func run(args []string, stderr io.Writer) int {
 	}
 	if defs != nil {
 		reloads = append(reloads, defs.Reload)
+	}
+	authFiles := a.reloadingFiles(logger, cfg.Auth) // the tokens file, the keys file
+	for _, f := range authFiles {
+		reloads = append(reloads, f.Reload)
+	}
+	if cfg.Rules.Evaluates() {
+		reloads = append(reloads, ruler.Reload)
 	}
 
 	mux := newRouter() // a method a path is not routed for is 405 before authentication
@@ -463,10 +469,12 @@ func run(args []string, stderr io.Writer) int {
 			}
 		})
 	}
-	if a.tokens != nil { // Tokens file reloader: revocation without restart.
+	for _, f := range authFiles { // Tokens and keys file reload: revocation and key rotation without restart.
 		ctx, cancel := context.WithCancel(context.Background())
-		a.tokens.OnChange = func() { warnTokens(logger, a, cfg.Auth) } // a token added by a reload is warned about too
-		g.Add(func() error { return a.tokens.Run(ctx, time.Duration(cfg.Auth.ReloadInterval)) }, func(error) { cancel() })
+		g.Add(func() error { return f.Run(ctx, time.Duration(cfg.Auth.ReloadInterval)) }, func(error) { cancel() })
+	}
+	{ // SIGHUP: every reload POST /-/reload runs.
+		g.Add(reloadOnSIGHUP(reloads))
 	}
 	{ // Push aggregation: periodic write of the aggregated state into storage.
 		ctx, cancel := context.WithCancel(context.Background())
@@ -488,25 +496,15 @@ func run(args []string, stderr io.Writer) int {
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return limiter.Run(ctx) }, func(error) { cancel() })
 	}
-	if reloader != nil { // Hot reload of limits and the server-side policy (every 30s, on SIGHUP; POST /-/reload above).
-		hup := make(chan os.Signal, 1)
-		signal.Notify(hup, syscall.SIGHUP)
+	if reloader != nil { // Hot reload of limits and the server-side policy (every 30s; SIGHUP and POST /-/reload above).
 		ctx, cancel := context.WithCancel(context.Background())
-		g.Add(func() error { return reloader.Run(ctx, 30*time.Second, hup) }, func(error) {
-			signal.Stop(hup)
-			cancel()
-		})
+		g.Add(func() error { return reloader.Run(ctx, 30*time.Second, nil) }, func(error) { cancel() })
 	}
-	if defs != nil { // Gathering definition file reload (every reload_interval, on SIGHUP; POST /-/reload above).
-		hup := make(chan os.Signal, 1)
-		signal.Notify(hup, syscall.SIGHUP)
+	if defs != nil { // Gathering definition file reload (every reload_interval; SIGHUP and POST /-/reload above).
 		ctx, cancel := context.WithCancel(context.Background())
-		g.Add(func() error { return defs.Run(ctx, time.Duration(cfg.Gathering.ReloadInterval), hup) }, func(error) {
-			signal.Stop(hup)
-			cancel()
-		})
+		g.Add(func() error { return defs.Run(ctx, time.Duration(cfg.Gathering.ReloadInterval), nil) }, func(error) { cancel() })
 	}
-	{ // Fleet rules: per-tenant evaluation, rule file reload, alerts to Alertmanager.
+	{ // Fleet rules: per-tenant evaluation, rule file reload (every reload_interval; SIGHUP and POST /-/reload above), alerts to Alertmanager.
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return ruler.Run(ctx) }, func(error) { cancel() })
 	}
