@@ -58,7 +58,9 @@ func TestReloadRereadsTokensKeysAndRules(t *testing.T) {
 	write("k2.pem", ed25519PEM(t))
 	k1 := "keys:\n  - {kid: k1, created: 2026-01-01T00:00:00Z, private_key_file: k1.pem}\n"
 	write("keys.yaml", k1)
-	rule := func(expr string) { write("rules/r.yaml", "groups:\n- name: g\n  rules:\n  - record: answer\n    expr: "+expr+"\n") }
+	rule := func(expr string) {
+		write("rules/r.yaml", "groups:\n- name: g\n  rules:\n  - record: answer\n    expr: "+expr+"\n")
+	}
 	rule("vector(1)")
 	cfg := write("receiver.yaml", `auth:
   tokens_file: tokens.yaml
