@@ -328,8 +328,9 @@ func (s *Server) reload(src *source) (bool, error) {
 	return true, nil
 }
 
-// Run reloads every interval and whenever hup delivers, until ctx ends.
-func (s *Server) Run(ctx context.Context, interval time.Duration, hup <-chan os.Signal) error {
+// Run reloads every interval until ctx ends (SIGHUP and POST /-/reload
+// call Reload: the receiver's reloadOnSIGHUP, reloadHandler).
+func (s *Server) Run(ctx context.Context, interval time.Duration) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -338,8 +339,6 @@ func (s *Server) Run(ctx context.Context, interval time.Duration, hup <-chan os.
 			return nil
 		case <-t.C:
 			_ = s.Reload() // logged and counted
-		case <-hup:
-			_ = s.Reload()
 		}
 	}
 }

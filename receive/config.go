@@ -58,8 +58,9 @@ type Config struct {
 // AuthConfig names where credentials come from. Relative paths are
 // relative to the configuration file.
 type AuthConfig struct {
-	// TokensFile maps bearer tokens to tenants; see auth.TokensFile. It is
-	// re-read every ReloadInterval, so revoking a token needs no restart.
+	// TokensFile maps bearer tokens to tenants; see auth.TokensFile. It and
+	// KeysFile are re-read every ReloadInterval, on SIGHUP and on POST
+	// /-/reload, so revoking a token or rotating a key needs no restart.
 	TokensFile     string         `yaml:"tokens_file"`
 	ReloadInterval model.Duration `yaml:"reload_interval"`
 	// KeysFile holds the Ed25519 keys that sign cluster credentials; it

@@ -102,8 +102,9 @@ func restartSections(running, cfg *Config) []string {
 	return configdiff.Sections(*running, *cfg, hotReloaded)
 }
 
-// Run reloads every interval and whenever hup delivers, until ctx is done.
-func (r *ConfigReloader) Run(ctx context.Context, interval time.Duration, hup <-chan os.Signal) error {
+// Run reloads every interval until ctx is done (SIGHUP and POST /-/reload
+// call Reload: the receiver's reloadOnSIGHUP, reloadHandler).
+func (r *ConfigReloader) Run(ctx context.Context, interval time.Duration) error {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
@@ -112,8 +113,6 @@ func (r *ConfigReloader) Run(ctx context.Context, interval time.Duration, hup <-
 			return nil
 		case <-tick.C:
 			_ = r.Reload() // logged and counted
-		case <-hup:
-			_ = r.Reload()
 		}
 	}
 }

@@ -498,11 +498,11 @@ func run(args []string, stderr io.Writer) int {
 	}
 	if reloader != nil { // Hot reload of limits and the server-side policy (every 30s; SIGHUP and POST /-/reload above).
 		ctx, cancel := context.WithCancel(context.Background())
-		g.Add(func() error { return reloader.Run(ctx, 30*time.Second, nil) }, func(error) { cancel() })
+		g.Add(func() error { return reloader.Run(ctx, 30*time.Second) }, func(error) { cancel() })
 	}
 	if defs != nil { // Gathering definition file reload (every reload_interval; SIGHUP and POST /-/reload above).
 		ctx, cancel := context.WithCancel(context.Background())
-		g.Add(func() error { return defs.Run(ctx, time.Duration(cfg.Gathering.ReloadInterval), nil) }, func(error) { cancel() })
+		g.Add(func() error { return defs.Run(ctx, time.Duration(cfg.Gathering.ReloadInterval)) }, func(error) { cancel() })
 	}
 	{ // Fleet rules: per-tenant evaluation, rule file reload (every reload_interval; SIGHUP and POST /-/reload above), alerts to Alertmanager.
 		ctx, cancel := context.WithCancel(context.Background())
