@@ -195,9 +195,7 @@ func (s *Set) Run(ctx context.Context) error {
 
 // Refresh resolves the endpoints and re-reads the token files once.
 func (s *Set) Refresh(ctx context.Context) {
-	if err := s.loadTokens(); err != nil {
-		s.logger.Warn("re-read peer token files, keeping the previous tokens", "err", err)
-	}
+	_ = s.ReloadTokens() // logged
 	if !s.Enabled() {
 		return
 	}
@@ -311,6 +309,18 @@ func (s *Set) snapshot() []*peer {
 	}
 	slices.SortFunc(out, func(a, b *peer) int { return strings.Compare(a.addr, b.addr) })
 	return out
+}
+
+// ReloadTokens re-reads the token files, as Refresh does every refresh
+// interval and the receiver's SIGHUP and POST /-/reload do on demand. If
+// one cannot be read, the error is logged and returned, and the previous
+// tokens stay.
+func (s *Set) ReloadTokens() error {
+	if err := s.loadTokens(); err != nil {
+		s.logger.Error("re-read peer token files, keeping the previous tokens", "err", err)
+		return err
+	}
+	return nil
 }
 
 func (s *Set) loadTokens() error {

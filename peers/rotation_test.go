@@ -100,3 +100,29 @@ func TestReplicaTokenRotationInPlace(t *testing.T) {
 	require.Len(t, ws, 1)
 	require.Contains(t, ws[0], "unavailable")
 }
+
+// TestReloadTokens: the receiver's SIGHUP and POST /-/reload re-read the
+// token files at once; a file that cannot be read keeps the previous
+// tokens and is reported (the reload answers 500).
+func TestReloadTokens(t *testing.T) {
+	f := newFixture(t)
+	path := filepath.Join(t.TempDir(), "replica")
+	require.NoError(t, os.WriteFile(path, []byte("old-secret\n"), 0o600))
+	cfg := f.config()
+	cfg.ReplicaTokenFile = path
+	s := f.set(t, nil, cfg)
+	sent := func() string {
+		tok, replica := s.credential("acme")
+		require.True(t, replica)
+		return tok
+	}
+	require.Equal(t, "old-secret", sent())
+
+	require.NoError(t, os.WriteFile(path, []byte("new-secret\nold-secret\n"), 0o600))
+	require.NoError(t, s.ReloadTokens())
+	require.Equal(t, "new-secret", sent())
+
+	require.NoError(t, os.Remove(path))
+	require.ErrorContains(t, s.ReloadTokens(), "peers.replica_token_file")
+	require.Equal(t, "new-secret", sent())
+}

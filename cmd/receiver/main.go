@@ -376,6 +376,9 @@ func run(args []string, stderr io.Writer) int {
 	if cfg.Rules.Evaluates() {
 		reloads = append(reloads, ruler.Reload)
 	}
+	if peerSet.Enabled() {
+		reloads = append(reloads, peerSet.ReloadTokens)
+	}
 
 	mux := newRouter() // a method a path is not routed for is 405 before authentication
 	mux.Handle("POST /api/v1/write", auth.Middleware(a.authn, auth.PermWrite, writes.CountUnauthenticated, writes))
