@@ -129,6 +129,36 @@ func TestLoadTokensFileStrict(t *testing.T) {
 	require.Equal(t, "t", id.Tenant)
 }
 
+// A token written in the wrong place or shape of the tokens or keys file is
+// named by its path, line and kind, never quoted: --check-config and the
+// logs print these errors.
+func TestSecretFilesErrorsNeverQuoteAToken(t *testing.T) {
+	const long, short = "tok3n-s3cr3t-0123456789", "hunter2" // yaml.v3 quoted the first 7 bytes of a long value, all of a short one
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name, file, doc, want string
+		load                  func(string) error
+	}{
+		{"a token for an entry", "tokens.yaml", "tokens:\n- " + long + "\n", "tokens[0]: line 2: want a mapping, found a string", loadTokens},
+		{"a token for the list", "tokens.yaml", "tokens: " + long + "\n", "tokens: line 1: want a sequence, found a string", loadTokens},
+		{"a token under allow", "tokens.yaml", "tokens:\n- tenant: acme\n  allow: " + long + "\n", "tokens[0].allow: line 3: want a sequence, found a string", loadTokens},
+		{"a short token under allow", "tokens.yaml", "tokens:\n- tenant: acme\n  allow: " + short + "\n", "tokens[0].allow: line 3: want a sequence, found a string", loadTokens},
+		{"a token under created", "keys.yaml", "keys:\n- kid: k1\n  created: " + long + "\n", "keys[0].created: line 3: want an RFC 3339 timestamp such as 2026-11-01T00:00:00Z, found a string", loadKeys},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(dir, tc.file)
+			require.NoError(t, os.WriteFile(p, []byte(tc.doc), 0o600))
+			err := tc.load(p)
+			require.ErrorContains(t, err, tc.want)
+			require.NotContains(t, err.Error(), long[:7])
+			require.NotContains(t, err.Error(), short)
+		})
+	}
+}
+
+func loadTokens(p string) error { _, err := LoadTokensFile(p); return err }
+func loadKeys(p string) error   { _, err := LoadKeysFile(p); return err }
+
 func TestMiddleware(t *testing.T) {
 	tok, err := NewTokens([]TokenEntry{{Token: "s", Tenant: "acme"}})
 	require.NoError(t, err)

@@ -50,9 +50,9 @@ func TestParseFileConfigErrors(t *testing.T) {
 	// Every decoding problem, by YAML path and line, not only the first.
 	_, err = ParseFileConfig([]byte("send:\n  timeout: 30seconds\n  timout: 1s\nqueue:\n  max_bytes: 8Mb\n"))
 	require.EqualError(t, err, "decode config: "+
-		"send.timeout: line 2: unknown unit \"seconds\" in duration \"30seconds\"\n"+
+		"send.timeout: line 2: want a duration such as 30s, 5m or 1h30m, found a string\n"+
 		"send.timout: line 3: unknown key\n"+
-		"queue.max_bytes: line 5: units: unknown unit Mb in 8Mb")
+		"queue.max_bytes: line 5: want a byte size such as 512KiB or 8MiB, found a string")
 
 	_, err = ParseFileConfig([]byte("send: {}\n---\nsend: {timout: 1s}\n"))
 	require.ErrorContains(t, err, "line 2: a second YAML document")

@@ -87,7 +87,7 @@ func TestDecodeYAMLStrict(t *testing.T) {
 	require.Equal(t, "v2", d.Version)
 	_, err = DecodeYAML([]byte("version: v2\nselectors: [up]\nscript: x\nmax_series: {up: many}\n"))
 	require.ErrorIs(t, err, ErrMalformed)
-	require.ErrorContains(t, err, "script: line 3: unknown key\nmax_series.up: line 4: cannot unmarshal !!str `many` into int")
+	require.ErrorContains(t, err, "script: line 3: unknown key\nmax_series.up: line 4: want an integer, found a string")
 	_, err = DecodeYAML([]byte(""))
 	require.ErrorIs(t, err, ErrMalformed)
 	_, err = DecodeYAML([]byte("version: v2\nselectors: [up]\n---\nversion: v3\n"))

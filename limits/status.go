@@ -20,7 +20,7 @@ import (
 // refused series (Session.Refuse): the per-series admission path only adds
 // an integer to a Session field.
 //
-// Memory: a clusterStat is 48 bytes (40 rounded up to Go's size class)
+// Memory: a clusterStat is 48 bytes (a size class of Go's allocator)
 // plus a pointer in the cluster's interner entry; a cluster with refusals
 // gets a counter array of 8 bytes per reason the first time it is refused.
 // A cluster whose series have all expired stays in the interner (its name,
@@ -36,11 +36,18 @@ import (
 // every cluster that was.
 const ClusterRetention = 25 * time.Hour
 
-// RateWindow is the window of the clusters' samples/s: the samples
-// admitted over the last completed window, divided by its length. It spans
-// two forwarder intervals (4m30s by default), so a cluster reporting on
-// time never shows 0.
+// RateWindow is the window of the clusters' and tenants' samples/s: the
+// samples admitted over the last completed window, divided by its length.
+// It spans two forwarder intervals (4m30s by default), so a cluster
+// reporting on time never shows 0. Until a cluster's or tenant's first
+// window has completed (the receiver started, or the cluster appeared,
+// since the last one closed) its rate is a partial one: over the part of
+// the current window elapsed, at least RateMinSpan, and marked so.
 const RateWindow = 10 * time.Minute
+
+// RateMinSpan is the shortest span a partial rate is averaged over, so
+// that the first request after a start does not read as a burst.
+const RateMinSpan = time.Minute
 
 // recentRefusals is the size of each tenant's ring of recent refusals.
 const recentRefusals = 1024
@@ -63,6 +70,10 @@ type tracker struct {
 	ids   map[string]uint16
 	names []string // id-1 → name; id 0 is "" (unknown)
 
+	// roll is held for writing while rollRates runs, and for reading by
+	// the snapshots, so that no snapshot sees a stat of one window with the
+	// start of another. Taken before a tenant's mu.
+	roll     sync.RWMutex
 	lastRoll atomic.Int64 // unix nanoseconds of the last rate roll
 }
 
@@ -74,6 +85,7 @@ type clusterStat struct {
 	client   atomic.Uint64 // proto id <<32 | agent id <<16 | definition id
 	samples  atomic.Uint64 // admitted samples, total
 	prev     atomic.Uint64 // samples at the last roll
+	rolled   atomic.Bool   // rate holds a completed window
 	refused  atomic.Pointer[[]atomic.Uint64]
 }
 
@@ -81,7 +93,9 @@ type clusterStat struct {
 type tenantStat struct {
 	samples atomic.Uint64
 	refused []atomic.Uint64 // by reason index
-	rate    atomic.Uint64   // float64 bits: sum of its clusters' rates
+	rate    atomic.Uint64   // float64 bits: samples/s over the last RateWindow
+	prev    atomic.Uint64   // samples at the last roll
+	rolled  atomic.Bool     // rate holds a completed window
 
 	mu     sync.Mutex
 	recent [recentRefusals]Refusal
@@ -340,7 +354,8 @@ func (ts *tenantStat) addCount(cluster, reason string, n int) {
 	}
 }
 
-// rollRates updates every cluster's samples/s once per RateWindow.
+// rollRates updates every cluster's and tenant's samples/s once per
+// RateWindow.
 func (l *Limiter) rollRates(now time.Time) {
 	tr := l.track.Load()
 	if tr == nil {
@@ -348,13 +363,17 @@ func (l *Limiter) rollRates(now time.Time) {
 	}
 	last := tr.lastRoll.Load()
 	elapsed := now.UnixNano() - last
-	if elapsed < int64(RateWindow) || !tr.lastRoll.CompareAndSwap(last, now.UnixNano()) {
+	if elapsed < int64(RateWindow) {
+		return
+	}
+	tr.roll.Lock()
+	defer tr.roll.Unlock()
+	if !tr.lastRoll.CompareAndSwap(last, now.UnixNano()) {
 		return
 	}
 	secs := float64(elapsed) / 1e9
 	l.tenants.Range(func(_, v any) bool {
 		t := v.(*tenant)
-		var sum float64
 		t.mu.RLock()
 		for _, c := range t.clusters.byID {
 			if c == nil {
@@ -365,15 +384,42 @@ func (l *Limiter) rollRates(now time.Time) {
 				r := float64(cur-st.prev.Load()) / secs
 				st.prev.Store(cur)
 				st.rate.Store(math.Float32bits(float32(r)))
-				sum += r
+				st.rolled.Store(true)
 			}
 		}
 		t.mu.RUnlock()
 		if ts := t.tstat.Load(); ts != nil {
-			ts.rate.Store(math.Float64bits(sum))
+			cur := ts.samples.Load()
+			ts.rate.Store(math.Float64bits(float64(cur-ts.prev.Load()) / secs))
+			ts.prev.Store(cur)
+			ts.rolled.Store(true)
 		}
 		return true
 	})
+}
+
+// Rate is a samples/s figure and the span it is averaged over.
+type Rate struct {
+	Value float64 // samples/s
+	// Span is RateWindow for a completed window (divided by the time
+	// between two rolls, RateWindow to a minute more). Partial is true before
+	// the first window of the cluster or tenant has completed: the rate is
+	// then over the part of the current window elapsed, at least
+	// RateMinSpan, and Span says how long that is.
+	Span    time.Duration
+	Partial bool
+}
+
+// rate returns a counter's Rate: the completed window's rate when rolled,
+// else the samples it counted since the current window began (all of them:
+// a counter that was never rolled started after the last roll) over the
+// time elapsed since. Call it with tr.roll held for reading.
+func (tr *tracker) rate(rolled bool, completed float64, samples uint64, now time.Time) Rate {
+	if rolled {
+		return Rate{Value: completed, Span: RateWindow}
+	}
+	span := max(now.Sub(time.Unix(0, tr.lastRoll.Load())), RateMinSpan)
+	return Rate{Value: float64(samples) / span.Seconds(), Span: span, Partial: true}
 }
 
 // ClusterStatus is a snapshot of one cluster's tracking.
@@ -384,10 +430,11 @@ type ClusterStatus struct {
 	// seen before tracking started.
 	LastSeen time.Time
 	// Samples is the number admitted since the receiver started, and
-	// SamplesPerSecond their rate over the last completed RateWindow.
-	Samples          uint64
-	SamplesPerSecond float64
-	Refused          uint64 // samples refused since the receiver started, all reasons
+	// Rate their samples/s over the last completed RateWindow, or
+	// a partial rate before one has (see Rate).
+	Samples uint64
+	Rate    Rate
+	Refused uint64 // samples refused since the receiver started, all reasons
 
 	st *clusterStat
 	tr *tracker
@@ -419,10 +466,12 @@ func (c *ClusterStatus) Client() (proto, client, definition string) {
 	return c.tr.name(uint16(v >> 32)), c.tr.name(uint16(v >> 16)), c.tr.name(uint16(v))
 }
 
-func (l *Limiter) clusterStatus(tr *tracker, c *counted) ClusterStatus {
+// clusterStatus snapshots c; call it with tr.roll held for reading.
+func (l *Limiter) clusterStatus(tr *tracker, c *counted, now time.Time) ClusterStatus {
 	cs := ClusterStatus{ID: c.name, Series: c.n.Load(), tr: tr}
 	st := c.stat.Load()
 	if st == nil {
+		cs.Rate = tr.rate(false, 0, 0, now)
 		return cs
 	}
 	cs.st = st
@@ -430,7 +479,7 @@ func (l *Limiter) clusterStatus(tr *tracker, c *counted) ClusterStatus {
 		cs.LastSeen = l.epoch.Add(time.Duration(seen-1) * time.Second)
 	}
 	cs.Samples = st.samples.Load()
-	cs.SamplesPerSecond = float64(math.Float32frombits(st.rate.Load()))
+	cs.Rate = tr.rate(st.rolled.Load(), float64(math.Float32frombits(st.rate.Load())), cs.Samples, now)
 	if r := st.refused.Load(); r != nil {
 		for i := range *r {
 			cs.Refused += (*r)[i].Load()
@@ -443,7 +492,7 @@ func (l *Limiter) clusterStatus(tr *tracker, c *counted) ClusterStatus {
 // nil without tracking or for an unknown tenant. It holds the tenant's name
 // lock for reading while it copies (about 10 ms per 100k clusters), which
 // delays only the admission of series of clusters or metric names new to
-// the tenant.
+// the tenant, and a roll of the rates.
 func (l *Limiter) Clusters(tenantName string) []ClusterStatus {
 	tr := l.track.Load()
 	v, ok := l.tenants.Load(tenantName)
@@ -451,6 +500,9 @@ func (l *Limiter) Clusters(tenantName string) []ClusterStatus {
 		return nil
 	}
 	t := v.(*tenant)
+	now := l.now()
+	tr.roll.RLock()
+	defer tr.roll.RUnlock()
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	out := make([]ClusterStatus, 0, len(t.clusters.ids))
@@ -458,7 +510,7 @@ func (l *Limiter) Clusters(tenantName string) []ClusterStatus {
 		if c == nil || c.name == "" {
 			continue
 		}
-		out = append(out, l.clusterStatus(tr, c))
+		out = append(out, l.clusterStatus(tr, c, now))
 	}
 	return out
 }
@@ -471,23 +523,26 @@ func (l *Limiter) Cluster(tenantName, id string) (ClusterStatus, bool) {
 		return ClusterStatus{}, false
 	}
 	t := v.(*tenant)
+	now := l.now()
+	tr.roll.RLock()
+	defer tr.roll.RUnlock()
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	_, c, ok := t.clusters.get(id)
 	if !ok {
 		return ClusterStatus{}, false
 	}
-	return l.clusterStatus(tr, c), true
+	return l.clusterStatus(tr, c, now), true
 }
 
 // TenantStatus is a snapshot of one tenant's tracking.
 type TenantStatus struct {
-	Name             string
-	Series           int64
-	Samples          uint64
-	SamplesPerSecond float64 // sum of its clusters' rates
-	Refused          map[string]uint64
-	Limits           TenantLimits
+	Name    string
+	Series  int64
+	Samples uint64
+	Rate    Rate // of Samples, as a cluster's
+	Refused map[string]uint64
+	Limits  TenantLimits
 }
 
 // Tenants returns the tenants the limiter has seen, sorted.
@@ -511,13 +566,21 @@ func (l *Limiter) Tenant(name string) (ts TenantStatus, ok bool) {
 	}
 	t := v.(*tenant)
 	ts.Series = t.series.Load()
-	st := t.tstat.Load()
 	tr := l.track.Load()
-	if st == nil || tr == nil {
+	if tr == nil {
+		return ts, true
+	}
+	now := l.now()
+	tr.roll.RLock()
+	st := t.tstat.Load()
+	if st == nil {
+		ts.Rate = tr.rate(false, 0, 0, now)
+		tr.roll.RUnlock()
 		return ts, true
 	}
 	ts.Samples = st.samples.Load()
-	ts.SamplesPerSecond = math.Float64frombits(st.rate.Load())
+	ts.Rate = tr.rate(st.rolled.Load(), math.Float64frombits(st.rate.Load()), ts.Samples, now)
+	tr.roll.RUnlock()
 	for i := range st.refused {
 		if n := st.refused[i].Load(); n > 0 {
 			ts.Refused[tr.reasons[i]] = n

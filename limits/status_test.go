@@ -113,22 +113,76 @@ func TestTrackClusters(t *testing.T) {
 	require.Equal(t, []string{"acme"}, l.Tenants())
 
 	// Rates: the samples since the last roll (tracking started 90s before
-	// c2's request), rolled once at least RateWindow has passed.
+	// c2's request), rolled once at least RateWindow has passed; partial
+	// until then (TestPartialRate).
 	clock.Advance(RateWindow - 91*time.Second)
 	l.Expire()
 	c2, _ = l.Cluster("acme", "c2")
-	require.Zero(t, c2.SamplesPerSecond, "no window completed yet")
+	require.Equal(t, Rate{Value: 8 / 599.0, Span: 599 * time.Second, Partial: true}, c2.Rate, "no window completed yet")
 	clock.Advance(time.Second)
 	l.Expire()
 	window := RateWindow.Seconds()
 	c2, _ = l.Cluster("acme", "c2")
-	require.InDelta(t, 8/window, c2.SamplesPerSecond, 1e-6)
+	require.InDelta(t, 8/window, c2.Rate.Value, 1e-6)
+	require.False(t, c2.Rate.Partial)
 	ts, _ = l.Tenant("acme")
-	require.InDelta(t, 14/window, ts.SamplesPerSecond, 1e-6)
+	require.InDelta(t, 14/window, ts.Rate.Value, 1e-6)
 	clock.Advance(RateWindow)
 	l.Expire()
 	c2, _ = l.Cluster("acme", "c2")
-	require.Zero(t, c2.SamplesPerSecond)
+	require.Equal(t, Rate{Span: RateWindow}, c2.Rate)
+}
+
+// Until the first window of a cluster or tenant completes, after a start
+// or for one that appeared since the last roll, its rate is over the part
+// of the window elapsed (at least RateMinSpan), marked partial; never a 0
+// that reads as "nothing arrives".
+func TestPartialRate(t *testing.T) {
+	l, clock := trackedLimiter(t, unlimitedSeries())
+	partial := func(samples float64, span time.Duration) Rate {
+		return Rate{Value: samples / span.Seconds(), Span: span, Partial: true}
+	}
+	completed := Rate{Value: 6 / RateWindow.Seconds(), Span: RateWindow}
+	// Clusters' completed rates are float32.
+	rounded := func(r Rate) Rate { r.Value = float64(float32(r.Value)); return r }
+	cluster := func(tenant, id string) Rate {
+		t.Helper()
+		c, ok := l.Cluster(tenant, id)
+		require.True(t, ok)
+		return rounded(c.Rate)
+	}
+	tenant := func(name string) Rate {
+		t.Helper()
+		ts, _ := l.Tenant(name)
+		return ts.Rate
+	}
+
+	request(t, l, "acme", "c1", hashes(0, 6), 1)
+	require.Equal(t, rounded(partial(6, RateMinSpan)), cluster("acme", "c1"), "one request is spread over RateMinSpan")
+	require.Equal(t, partial(6, RateMinSpan), tenant("acme"))
+
+	clock.Advance(3 * time.Minute)
+	l.Expire()
+	require.Equal(t, rounded(partial(6, 3*time.Minute)), cluster("acme", "c1"))
+	require.Equal(t, partial(6, 3*time.Minute), tenant("acme"))
+
+	clock.Advance(RateWindow - 3*time.Minute)
+	l.Expire() // the first window closes
+	require.Equal(t, rounded(completed), cluster("acme", "c1"))
+	require.Equal(t, completed, tenant("acme"))
+
+	// A cluster and a tenant new since that roll.
+	clock.Advance(2 * time.Minute)
+	request(t, l, "acme", "c2", hashes(100, 12), 1)
+	request(t, l, "late", "c3", hashes(200, 3), 1)
+	require.Equal(t, rounded(partial(12, 2*time.Minute)), cluster("acme", "c2"))
+	require.Equal(t, rounded(partial(3, 2*time.Minute)), cluster("late", "c3"))
+	require.Equal(t, partial(3, 2*time.Minute), tenant("late"))
+	require.Equal(t, completed, tenant("acme"), "the last completed window")
+	require.Len(t, l.Clusters("acme"), 2)
+	for _, c := range l.Clusters("acme") {
+		require.Equal(t, c.ID == "c2", c.Rate.Partial, c.ID)
+	}
 }
 
 // A cluster whose series expired is listed as silent until

@@ -58,9 +58,9 @@ func TestLoadConfigNamesEveryProblem(t *testing.T) {
 	bad := writeConfig(t, "storage:\n  out_of_order_window: 6hours\nlimits:\n  defaults:\n    max_serie_per_cluster: 5\n    max_body_bytes: 8Mb\n")
 	_, err = LoadConfig(bad)
 	require.EqualError(t, err, "parse "+bad+": "+
-		"storage.out_of_order_window: line 2: unknown unit \"hours\" in duration \"6hours\"\n"+
+		"storage.out_of_order_window: line 2: want a duration such as 30s, 5m or 1h30m, found a string\n"+
 		"limits.defaults.max_serie_per_cluster: line 5: unknown key\n"+
-		"limits.defaults.max_body_bytes: line 6: units: unknown unit Mb in 8Mb")
+		"limits.defaults.max_body_bytes: line 6: want a byte size such as 512KiB or 8MiB, found a string")
 
 	_, err = LoadConfig(writeConfig(t, "limits:\n  defaults:\n    max_body_bytes: 64MiB\n    max_decoded_bytes: 1MiB\n    max_label_name_length: -1\nallowlist: ['up{', 'ok']\nelide_labels: [__name__, 'a-b']\nauth:\n  id_mismatch: ignore\n  telemeter: {token_cache_ttl: 2h, token_cache_negative_ttl: 2h, token_cache_size: -1}\n  cluster_id_hash: {pseudonyms: deny}\ntelemeter: {replica_label: a-b, replica_failover_timeout: 500ms}\n"))
 	for _, want := range []string{

@@ -115,6 +115,16 @@ type figure struct {
 	Value  float64 `json:"value"`
 	Limit  float64 `json:"limit,omitempty"` // 0: none
 	Source source  `json:"source"`
+	// For a rate: the seconds it is averaged over, and whether that is
+	// only the elapsed part of the first window (limits.Rate).
+	WindowSeconds float64 `json:"window_seconds,omitempty"`
+	Partial       bool    `json:"partial,omitempty"`
+}
+
+// rateQuery is the PromQL of a samples/s figure of the series sel over span.
+func rateQuery(sel string, span time.Duration) string {
+	span = max(span.Round(time.Second), time.Second)
+	return fmt.Sprintf("sum(count_over_time(%s[%s])) / %g", sel, promDuration(span), span.Seconds())
 }
 
 func (s *Status) overview(r *http.Request, tenant string) (any, error) {
@@ -147,8 +157,9 @@ func (s *Status) overview(r *http.Request, tenant string) (any, error) {
 		},
 		"series":                   figure{Value: float64(ts.Series), Limit: float64(lim.MaxSeriesPerTenant), Source: source{PromQL: `count({__name__=~".+"})`, Metric: "phonehome_limits_tracked_series"}},
 		"series_limit_per_cluster": lim.MaxSeriesPerCluster,
-		"samples_per_second": figure{Value: finite(ts.SamplesPerSecond), Limit: finite(lim.SamplesPerSecondPerTenant),
-			Source: source{PromQL: fmt.Sprintf(`sum(count_over_time({__name__=~".+"}[%s])) / %g`, promDuration(limits.RateWindow), limits.RateWindow.Seconds())}},
+		"samples_per_second": figure{Value: finite(ts.Rate.Value), Limit: finite(lim.SamplesPerSecondPerTenant),
+			WindowSeconds: ts.Rate.Span.Seconds(), Partial: ts.Rate.Partial,
+			Source: source{PromQL: rateQuery(`{__name__=~".+"}`, ts.Rate.Span)}},
 		"samples_per_second_limit_per_cluster": finite(lim.SamplesPerSecondPerCluster),
 		"refused_last_hour":                    s.refusedSince(tenant, now.Add(-time.Hour), ts.Refused),
 		"refused_total":                        ts.Refused,
@@ -260,6 +271,8 @@ type clusterJSON struct {
 	Series           int64             `json:"series"`
 	SeriesLimit      int               `json:"series_limit"`
 	SamplesPerSecond float64           `json:"samples_per_second"`
+	RateWindow       float64           `json:"samples_per_second_window_seconds"` // what it is averaged over
+	RatePartial      bool              `json:"samples_per_second_partial"`        // first window not complete (limits.Rate)
 	Samples          uint64            `json:"samples"`
 	RefusedTotal     uint64            `json:"refused_total"`
 	Refused          map[string]uint64 `json:"refused"`
@@ -272,7 +285,8 @@ type clusterJSON struct {
 func (s *Status) row(c *limits.ClusterStatus, seriesLimit int, now time.Time) clusterJSON {
 	proto, client, def := c.Client()
 	row := clusterJSON{
-		ID: c.ID, Series: c.Series, SeriesLimit: seriesLimit, SamplesPerSecond: finite(c.SamplesPerSecond),
+		ID: c.ID, Series: c.Series, SeriesLimit: seriesLimit, SamplesPerSecond: finite(c.Rate.Value),
+		RateWindow: c.Rate.Span.Seconds(), RatePartial: c.Rate.Partial,
 		Samples: c.Samples, RefusedTotal: c.Refused, Refused: c.Refusals(),
 		Protocol: protocolName(proto), Client: client, ForwarderVersion: forwarderVersion(client), Definition: def,
 	}
@@ -323,7 +337,7 @@ var sortKeys = map[string]func(a, b *limits.ClusterStatus) int{
 	"id":                 func(a, b *limits.ClusterStatus) int { return strings.Compare(a.ID, b.ID) },
 	"last_seen":          func(a, b *limits.ClusterStatus) int { return a.LastSeen.Compare(b.LastSeen) },
 	"series":             func(a, b *limits.ClusterStatus) int { return cmp.Compare(a.Series, b.Series) },
-	"samples_per_second": func(a, b *limits.ClusterStatus) int { return cmp.Compare(a.SamplesPerSecond, b.SamplesPerSecond) },
+	"samples_per_second": func(a, b *limits.ClusterStatus) int { return cmp.Compare(a.Rate.Value, b.Rate.Value) },
 	"refused":            func(a, b *limits.ClusterStatus) int { return cmp.Compare(a.Refused, b.Refused) },
 }
 
@@ -475,7 +489,7 @@ func (s *Status) cluster(r *http.Request, tenant string) (any, error) {
 		"cluster": s.row(&c, lim.MaxSeriesPerCluster, now),
 		"sources": map[string]source{
 			"series":             {PromQL: "count(" + sel + ")"},
-			"samples_per_second": {PromQL: fmt.Sprintf("sum(count_over_time(%s[%s])) / %g", sel, promDuration(limits.RateWindow), limits.RateWindow.Seconds())},
+			"samples_per_second": {PromQL: rateQuery(sel, c.Rate.Span)},
 			"series_by_metric":   {PromQL: "count by (__name__) (" + sel + ")"},
 			"definition_version": {PromQL: `phonehome_gathering_definition_info` + strings.TrimSuffix(sel, "}") + "}"},
 		},
@@ -578,7 +592,7 @@ func (s *Status) chart(ctx context.Context, tenant, sel string, now time.Time, s
 		}
 		return vals, nil
 	}
-	rate, err := run(fmt.Sprintf("sum(count_over_time(%s[%s])) / %g", sel, promDuration(limits.RateWindow), limits.RateWindow.Seconds()))
+	rate, err := run(rateQuery(sel, limits.RateWindow))
 	if err != nil {
 		return out, err
 	}

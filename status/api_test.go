@@ -301,6 +301,51 @@ func TestClusterDetail(t *testing.T) {
 	require.Equal(t, `count({_id="noisy"})`, d.Sources["series"].PromQL)
 }
 
+// TestSamplesPerSecondPartial: before the first RateWindow has closed
+// the samples/s are over the part elapsed, marked partial in the overview,
+// the clusters table and a cluster's page, with PromQL over that span; not
+// a 0 that reads as "nothing arrives".
+func TestSamplesPerSecondPartial(t *testing.T) {
+	s, l, clk := fixture(t) // 50 s of writes: 285 samples of acme, 1 of c000
+	var o struct {
+		SamplesPerSecond figure `json:"samples_per_second"`
+	}
+	a := get(t, s, reader, "/api/v1/status/overview")
+	require.NoError(t, json.Unmarshal(a.body.Data, &o))
+	require.Equal(t, figure{Value: 285.0 / 60, Limit: 1e6, WindowSeconds: 60, Partial: true,
+		Source: source{PromQL: `sum(count_over_time({__name__=~".+"}[1m])) / 60`}}, o.SamplesPerSecond, "at least RateMinSpan")
+
+	clk.add(4 * time.Minute)
+	a = get(t, s, reader, "/api/v1/status/clusters?q=c000")
+	var p page
+	require.NoError(t, json.Unmarshal(a.body.Data, &p))
+	require.InDelta(t, 1.0/290, p.Clusters[0].SamplesPerSecond, 1e-6)
+	require.Equal(t, 290.0, p.Clusters[0].RateWindow)
+	require.True(t, p.Clusters[0].RatePartial)
+	var d struct {
+		Cluster clusterJSON
+		Sources map[string]source
+	}
+	a = get(t, s, reader, "/api/v1/status/clusters/c000")
+	require.NoError(t, json.Unmarshal(a.body.Data, &d))
+	require.True(t, d.Cluster.RatePartial)
+	require.Equal(t, `sum(count_over_time({_id="c000"}[290s])) / 290`, d.Sources["samples_per_second"].PromQL)
+
+	clk.add(limits.RateWindow - 4*time.Minute)
+	l.Expire() // the first window closes, 10m50s after tracking began
+	a = get(t, s, reader, "/api/v1/status/overview")
+	o.SamplesPerSecond = figure{} // partial is left out when false
+	require.NoError(t, json.Unmarshal(a.body.Data, &o))
+	require.InDelta(t, 285.0/650, o.SamplesPerSecond.Value, 1e-9)
+	require.Equal(t, 600.0, o.SamplesPerSecond.WindowSeconds)
+	require.False(t, o.SamplesPerSecond.Partial)
+	require.Equal(t, `sum(count_over_time({__name__=~".+"}[10m])) / 600`, o.SamplesPerSecond.Source.PromQL)
+	a = get(t, s, reader, "/api/v1/status/clusters/c000")
+	require.NoError(t, json.Unmarshal(a.body.Data, &d))
+	require.False(t, d.Cluster.RatePartial)
+	require.Equal(t, 600.0, d.Cluster.RateWindow)
+}
+
 func TestTopK(t *testing.T) {
 	xs := []int{9, 3, 7, 1, 8, 2, 6, 4, 5, 0, 11, 10, 13, 12, 15, 14, 17, 16, 19, 18}
 	cmpInt := func(a, b int) int { return a - b }

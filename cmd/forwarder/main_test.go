@@ -51,7 +51,7 @@ func TestCheckConfigPrintsEveryProblemALine(t *testing.T) {
 	require.Equal(t, 2, run([]string{"--to=http://127.0.0.1:1", "--from=http://127.0.0.1:2", "--id=abc", "--match=up",
 		"--anonymize-salt-file=" + salt, "--config.file=" + cfg, "--check-config"}, &stderr))
 	require.Contains(t, stderr.String(), "forwarder: invalid configuration:\n")
-	require.Contains(t, stderr.String(), "send.timeout: line 2: unknown unit \"seconds\" in duration \"30seconds\"\nsend.timout: line 3: unknown key\n")
+	require.Contains(t, stderr.String(), "send.timeout: line 2: want a duration such as 30s, 5m or 1h30m, found a string\nsend.timout: line 3: unknown key\n")
 }
 
 func TestInvalidInputExits2WithEveryProblem(t *testing.T) {

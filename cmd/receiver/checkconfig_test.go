@@ -39,6 +39,6 @@ func TestCheckConfigPrintsEveryProblemALine(t *testing.T) {
 	var stderr bytes.Buffer
 	require.Equal(t, 2, run([]string{"--config.file=" + cfg, "--storage.path=" + filepath.Join(dir, "data"), "--insecure.no-auth", "--check-config"}, &stderr))
 	require.Equal(t, "receiver: invalid configuration:\n"+
-		"parse "+cfg+": storage.out_of_order_window: line 2: unknown unit \"hours\" in duration \"6hours\"\n"+
+		"parse "+cfg+": storage.out_of_order_window: line 2: want a duration such as 30s, 5m or 1h30m, found a string\n"+
 		"limits.defaults.max_serie_per_cluster: line 5: unknown key\n", stderr.String())
 }

@@ -28,6 +28,9 @@ import (
 //
 //	limits.defaults.max_serie_per_cluster: line 7: unknown key
 //
+// A value of the wrong type is named by its kind, never quoted: it may be
+// a secret written in the wrong place (typeerror.go).
+//
 // It returns io.EOF if b holds no document (out is then unchanged).
 func Decode(b []byte, out any) error {
 	v := reflect.ValueOf(out)
@@ -36,7 +39,7 @@ func Decode(b []byte, out any) error {
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
-	w := &walker{}
+	w := &walker{root: v.Type()}
 	if err := dec.Decode(&root{w: w, out: v.Elem()}); err != nil {
 		return err // io.EOF, or a syntax error, which names its line
 	}
@@ -94,7 +97,11 @@ func (c *capture) UnmarshalYAML(unmarshal unmarshalFunc) error {
 
 var captureType = reflect.TypeFor[*capture]()
 
-type walker struct{ errs []error }
+type walker struct {
+	errs  []error
+	root  reflect.Type            // of the value decoded into
+	types map[string]reflect.Type // reachable from root, by name; built at the first type error
+}
 
 // value decodes node n into v. unmarshal is nil for a null node, which
 // yaml.v3 decodes without calling any unmarshaler. It reports false where
@@ -137,13 +144,17 @@ func (w *walker) decode(unmarshal unmarshalFunc, n *yaml.Node, v reflect.Value, 
 	if err == nil {
 		return
 	}
+	if scalarValue(v.Type(), n) { // its own unmarshaler's message quotes the value
+		w.errs = append(w.errs, fmt.Errorf("%sline %d: want %s, found %s", prefix(path), n.Line, describe(v.Type()), found(resolve(n).ShortTag())))
+		return
+	}
 	var te *yaml.TypeError
 	if !errors.As(err, &te) {
 		w.errs = append(w.errs, fmt.Errorf("%sline %d: %w", prefix(path), n.Line, err))
 		return
 	}
 	for _, msg := range te.Errors { // each names its line
-		w.errs = append(w.errs, errors.New(prefix(path)+unknownField.ReplaceAllString(msg, "${1}unknown key ${2}")))
+		w.errs = append(w.errs, errors.New(prefix(path)+unknownField.ReplaceAllString(w.typeError(msg), "${1}unknown key ${2}")))
 	}
 }
 

@@ -57,26 +57,46 @@ func TestDecodeNamesEveryProblemByPathAndLine(t *testing.T) {
 	}{{
 		name: "duration unit",
 		doc:  "window: 6hours\n",
-		want: []string{`window: line 1: unknown unit "hours" in duration "6hours"`},
+		want: []string{`window: line 1: want a duration such as 30s, 5m or 1h30m, found a string`},
 	}, {
 		name: "byte size unit",
 		doc:  "limits:\n  defaults:\n    max_body_bytes: 8Mb\n",
-		want: []string{"limits.defaults.max_body_bytes: line 3: units: unknown unit Mb in 8Mb"},
+		want: []string{"limits.defaults.max_body_bytes: line 3: want a byte size such as 512KiB or 8MiB, found a string"},
 	}, {
 		name: "unknown key and bad duration, both",
 		doc:  "limits:\n  defaults:\n    max_serie_per_cluster: 5\nitems:\n- url: x\n  timeout: 30seconds\n- url: y\n  timout: 1s\n",
 		want: []string{
 			"limits.defaults.max_serie_per_cluster: line 3: unknown key",
-			`items[0].timeout: line 6: unknown unit "seconds" in duration "30seconds"`,
+			`items[0].timeout: line 6: want a duration such as 30s, 5m or 1h30m, found a string`,
 			"items[1].timout: line 8: unknown key",
 		},
 	}, {
 		name: "map values and pointers",
 		doc:  "limits:\n  tenants:\n    acme:\n      idle: 1x\n    a.b:\n      max_series_per_cluster: many\nptrs:\n- timeout: 1y2\n",
 		want: []string{
-			`limits.tenants.acme.idle: line 4: unknown unit "x" in duration "1x"`,
-			"limits.tenants.\"a.b\".max_series_per_cluster: line 6: cannot unmarshal !!str `many` into int",
-			`ptrs[0].timeout: line 8: not a valid duration string: "1y2"`,
+			`limits.tenants.acme.idle: line 4: want a duration such as 30s, 5m or 1h30m, found a string`,
+			"limits.tenants.\"a.b\".max_series_per_cluster: line 6: want an integer, found a string",
+			`ptrs[0].timeout: line 8: want a duration such as 30s, 5m or 1h30m, found a string`,
+		},
+	}, {
+		name: "the kind of value found, never the value",
+		doc: "name: {a: b}\nitems: s3cr3t-value\nlabels: [s3cr3t]\nlimits:\n  defaults: [1]\nuntagged: true\n" +
+			"created: s3cr3t-value\nwindow: 30\nsize: [1]\nptrs:\n- s3cr3t-value\n- !custom s3cr3t\nints:\n  s3cr3t: {}\n" +
+			"relabel_configs: [s3cr3t, {action: dropp}]\n", // its own unmarshaler's reasons about a mapping are kept
+		want: []string{
+			"name: line 1: want a string, found a mapping",
+			"items: line 2: want a sequence, found a string",
+			"labels: line 3: want a mapping, found a sequence",
+			"limits.defaults: line 5: want a mapping, found a sequence",
+			"untagged: line 6: want an integer, found a boolean",
+			"created: line 7: want an RFC 3339 timestamp such as 2026-11-01T00:00:00Z, found a string",
+			"window: line 8: want a duration such as 30s, 5m or 1h30m, found an integer",
+			"size: line 9: want a byte size such as 512KiB or 8MiB, found a sequence",
+			"ptrs[0]: line 11: want a mapping, found a string",
+			"ptrs[1]: line 12: want a mapping, found a value tagged !custom",
+			"ints: line 14: want an integer, found a string",
+			"relabel_configs[0]: line 15: want a mapping, found a string",
+			"relabel_configs[1]: line 15: unknown relabel action \"dropp\"",
 		},
 	}, {
 		name: "inside a value with its own unmarshaler",
@@ -104,6 +124,7 @@ func TestDecodeNamesEveryProblemByPathAndLine(t *testing.T) {
 			err := Decode([]byte(tc.doc), &c)
 			require.Error(t, err)
 			require.Equal(t, strings.Join(tc.want, "\n"), err.Error())
+			require.NotContains(t, err.Error(), "s3cr3t")
 			var strict testConfig // yaml.v3 finds a problem too
 			require.Error(t, strictDecode(tc.doc, &strict))
 		})
@@ -190,7 +211,8 @@ func strictDecode(doc string, out any) error {
 }
 
 // FuzzDecode: Decode accepts exactly the documents yaml.v3's strict decoder
-// accepts, into the same value, and never panics.
+// accepts, into the same value, never panics, and words every type error
+// without the value.
 func FuzzDecode(f *testing.F) {
 	for _, seed := range []string{
 		"window: 6hours\nlimits:\n  defaults:\n    max_serie_per_cluster: 5\n    max_body_bytes: 8Mb\n",
@@ -199,6 +221,7 @@ func FuzzDecode(f *testing.F) {
 		"labels: {a: b, a: c}\nnode: {y: [1]}\nany: &x [*x]\n",
 		"name: x\n---\nname: y\n",
 		"limits: {tenants: {acme: {idle: 1h, max_series_per_cluster: !!str 3}}}\ncreated: 2026-01-01\n",
+		"name: {a: b}\nitems: s3cr3t\nuntagged: true\ncreated: s3cr3t\nptrs: [!custom x]\nints: {x: {}}\n",
 	} {
 		f.Add(seed)
 	}
@@ -214,6 +237,7 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("Decode: %v\nyaml.v3: %v", err, wantErr)
 		}
 		if err != nil {
+			require.NotContains(t, err.Error(), "cannot unmarshal", "yaml.v3's type error quotes the value")
 			return
 		}
 		g, gerr := yaml.Marshal(&got)

@@ -121,10 +121,27 @@
     return el('figure', {}, svg, el('figcaption', {}, legend));
   }
 
-  function card(title, value, src, limit) {
+  function card(title, value, src, limit, note) {
     return el('div', { class: 'card' }, el('h3', { text: title }),
       el('div', { class: 'big' }, linked(fmt(value), src)),
-      limit ? el('div', { class: 'limit', text: 'limit ' + fmt(limit) }) : null);
+      limit ? el('div', { class: 'limit', text: 'limit ' + fmt(limit) }) : null,
+      note ? el('div', { class: 'limit partial', text: note }) : null);
+  }
+  // A samples/s figure is over the last completed 10 min window; until
+  // one has completed (a receiver or cluster just started) it is over the
+  // part elapsed, and says so.
+  function partialNote(partial, secs) {
+    if (!partial) return null;
+    const span = secs < 90 ? Math.round(secs) + ' s' : Math.round(secs / 60) + ' min';
+    return 'partial: over the last ' + span + ', no 10 min window complete yet';
+  }
+  function rateCell(c) {
+    const w = Math.round(c.samples_per_second_window_seconds) || 600;
+    const range = w % 60 === 0 ? (w / 60) + 'm' : w + 's';
+    const note = partialNote(c.samples_per_second_partial, w);
+    return el('td', { class: 'num', title: note || undefined },
+      linked(fmt(c.samples_per_second), { promql: `sum(count_over_time({_id="${c.id}"}[${range}])) / ${w}` }),
+      note ? el('span', { class: 'partial', text: ' (partial)' }) : null);
   }
 
   async function overview() {
@@ -145,7 +162,8 @@
       el('h3', { text: 'Cost' }),
       el('div', { class: 'cards' },
         card('Active series', o.series.value, o.series.source, o.series.limit),
-        card('Samples/s', o.samples_per_second.value, o.samples_per_second.source, o.samples_per_second.limit),
+        card('Samples/s', o.samples_per_second.value, o.samples_per_second.source, o.samples_per_second.limit,
+          partialNote(o.samples_per_second.partial, o.samples_per_second.window_seconds)),
         card('WAL size (bytes)', s('wal_bytes').value, s('wal_bytes').source),
         card('Head series', s('head_series').value, s('head_series').source),
         card('Head chunks (bytes)', s('head_chunks_bytes').value, s('head_chunks_bytes').source),
@@ -192,7 +210,7 @@
       el('th', { scope: 'row' }, el('a', { href: '#/cluster/' + encodeURIComponent(c.id), text: c.id })),
       el('td', { class: 'state-' + c.state, title: c.last_seen || '' }, ago(c.last_seen) + ' (' + c.state + ')'),
       el('td', { class: 'num' }, linked(fmt(c.series), { promql: `count({_id="${c.id}"})` }), ' / ' + fmt(c.series_limit)),
-      el('td', { class: 'num' }, linked(fmt(c.samples_per_second), { promql: `sum(count_over_time({_id="${c.id}"}[10m])) / 600` })),
+      rateCell(c),
       el('td', { class: 'num', text: Object.entries(c.refused).map(([k, v]) => k + ': ' + fmt(v)).join(', ') || '0' }),
       el('td', { text: c.forwarder_version || c.client || '–' }),
       el('td', {}, linked(c.definition_version || '–', { promql: `phonehome_gathering_definition_info{_id="${c.id}"}` })),
@@ -218,7 +236,8 @@
       el('div', { class: 'cards' },
         card('Last seen', ago(c.last_seen) + ' (' + c.state + ')', null),
         card('Active series', c.series, d.sources.series, c.series_limit),
-        card('Samples/s', c.samples_per_second, d.sources.samples_per_second),
+        card('Samples/s', c.samples_per_second, d.sources.samples_per_second, null,
+          partialNote(c.samples_per_second_partial, c.samples_per_second_window_seconds)),
         card('Refused samples', c.refused_total, null),
         card('Forwarder', c.forwarder_version || c.client || '–', null),
         card('Definition version', c.definition_version || '–', d.sources.definition_version),
