@@ -152,7 +152,7 @@ func TestReceiverBadInput(t *testing.T) {
 	// Every refusal is counted by code and reason.
 	mfs := scrapeMetrics(t, rcv.URL())
 	for code, n := range wantCodes {
-		require.Equal(t, float64(n), metricValue(mfs, "phonehome_receive_requests_total", map[string]string{"code": strconv.Itoa(code)}), "requests with code %d", code)
+		require.Equal(t, float64(n), metricValue(mfs, "phonehome_receive_requests_total", map[string]string{"handler": "/api/v1/write", "code": strconv.Itoa(code)}), "requests with code %d", code)
 	}
 	for _, reason := range []string{"invalid_labels", "label_limits", "no_samples", "too_far_in_future", "too_old"} {
 		require.Equal(t, float64(wantReasons[reason]), metricValue(mfs, "phonehome_receive_rejected_samples_total", map[string]string{"reason": reason}), "rejected samples with reason %s", reason)

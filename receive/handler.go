@@ -165,9 +165,9 @@ func (h *Handler) SetPolicy(p *Policy) { h.policy.Store(p) }
 // CountUnauthenticated records a request refused by auth.Middleware, under
 // the status it was answered with (401, 403, or 503 when the authorizer
 // could not answer).
-func (h *Handler) CountUnauthenticated(_ *http.Request, err error) {
+func (h *Handler) CountUnauthenticated(r *http.Request, err error) {
 	h.metrics.unauthenticated.Inc()
-	h.metrics.requests.WithLabelValues(strconv.Itoa(auth.RejectStatus(err))).Inc()
+	h.metrics.requests.WithLabelValues(routeOf(r.URL.Path).path(), strconv.Itoa(auth.RejectStatus(err))).Inc()
 }
 
 // ServeHTTP implements http.Handler: remote-write 1.0 and 2.0.
@@ -200,7 +200,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rt route) {
 		hdr.Set(headerHistogramsWritten, strconv.Itoa(written.Histograms))
 		hdr.Set(headerExemplarsWritten, strconv.Itoa(written.Exemplars))
 	}
-	h.metrics.requests.WithLabelValues(strconv.Itoa(code)).Inc()
+	h.metrics.requests.WithLabelValues(rt.path(), strconv.Itoa(code)).Inc()
 	h.metrics.duration.Observe(time.Since(start).Seconds())
 	if err == nil {
 		w.WriteHeader(code)

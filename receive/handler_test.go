@@ -283,7 +283,7 @@ func TestHandlerWritesTenantAndBindsCluster(t *testing.T) {
 	require.Equal(t, value.StaleNaN, math.Float64bits(w.series[0].Samples[0].Value), "stale marker passes bit-exact")
 	require.InDelta(t, 1, testutil.ToFloat64(h.metrics.rejected.WithLabelValues(reasonClusterMismatch)), 0)
 	require.InDelta(t, 3, testutil.ToFloat64(h.metrics.samples.WithLabelValues("accepted")), 0)
-	require.InDelta(t, 1, testutil.ToFloat64(h.metrics.requests.WithLabelValues("400")), 0)
+	require.InDelta(t, 1, testutil.ToFloat64(h.metrics.requests.WithLabelValues("/api/v1/write", "400")), 0)
 }
 
 func TestHandlerKeepsServingAfterBadInput(t *testing.T) {
@@ -402,15 +402,36 @@ func TestHandlerMaxInflight(t *testing.T) {
 }
 
 // TestCountUnauthenticatedByStatus: refusals are counted under the status
-// auth.Middleware answered them with, not all as 401.
+// auth.Middleware answered them with, not all as 401, and under the
+// endpoint they came to.
 func TestCountUnauthenticatedByStatus(t *testing.T) {
 	h := NewHandler(discard(), nil, &fakeWriter{}, newLimiter(nil), Options{})
 	for _, err := range []error{auth.ErrUnauthorized, auth.ErrForbidden, fmt.Errorf("webhook: %w", auth.ErrUpstream)} {
 		rec := httptest.NewRecorder()
 		auth.Middleware(refusing{err}, auth.PermWrite, h.CountUnauthenticated, h).ServeHTTP(rec, newRequest(nil, nil))
-		require.Equal(t, 1.0, testutil.ToFloat64(h.metrics.requests.WithLabelValues(strconv.Itoa(rec.Code))), err.Error())
+		require.Equal(t, 1.0, testutil.ToFloat64(h.metrics.requests.WithLabelValues("/api/v1/write", strconv.Itoa(rec.Code))), err.Error())
 	}
 	require.Equal(t, 3.0, testutil.ToFloat64(h.metrics.unauthenticated))
+	for _, path := range []string{"/upload", "/metrics/v1/receive"} {
+		r := newRequest(nil, nil)
+		r.URL.Path = path
+		auth.Middleware(refusing{auth.ErrUnauthorized}, auth.PermWrite, h.CountUnauthenticated, h).ServeHTTP(httptest.NewRecorder(), r)
+		require.Equal(t, 1.0, testutil.ToFloat64(h.metrics.requests.WithLabelValues(path, "401")), path)
+	}
+}
+
+// TestRequestsCountedByEndpoint: an SRE moving clusters from Telemeter's
+// endpoints to remote write tells the paths apart in
+// phonehome_receive_requests_total{handler}.
+func TestRequestsCountedByEndpoint(t *testing.T) {
+	h := NewHandler(discard(), nil, &fakeWriter{}, newLimiter(nil), Options{})
+	id := &auth.Identity{Tenant: "acme", ClusterID: "c1"}
+	h.ServeHTTP(httptest.NewRecorder(), newRequest(encode(t, series("up", "_id", "c1")), id))
+	rec := httptest.NewRecorder()
+	h.ServeUpload(rec, uploadRequest(framed(t, delimited(t, gauge("up", 2, 2000, "job", "a"))), id))
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	require.Equal(t, 1.0, testutil.ToFloat64(h.metrics.requests.WithLabelValues("/api/v1/write", "204")))
+	require.Equal(t, 1.0, testutil.ToFloat64(h.metrics.requests.WithLabelValues("/upload", "200")))
 }
 
 type refusing struct{ err error }

@@ -31,8 +31,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		requests: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_receive_requests_total",
-			Help: "Remote-write requests by HTTP status code.",
-		}, []string{"code"}),
+			Help: "Write requests by endpoint (handler: /api/v1/write, /metrics/v1/receive, /upload) and HTTP status code.",
+		}, []string{"handler", "code"}),
 		requestsByProto: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_receive_decoded_requests_total",
 			Help: "Remote-write requests decoded, by protobuf message (remote-write version).",
@@ -117,4 +117,26 @@ func (h *Handler) countRestamped(d *familyRequest) {
 			h.metrics.restamped.WithLabelValues(name).Add(float64(n))
 		}
 	}
+}
+
+// path is the route's endpoint: the requests metric's handler label.
+func (r route) path() string {
+	switch r {
+	case routeUpload:
+		return "/upload"
+	case routeTelemeterWrite:
+		return "/metrics/v1/receive"
+	}
+	return "/api/v1/write"
+}
+
+// routeOf is the route serving path (auth.Middleware's refusals know the
+// request only); the write routes are the only paths it is called for.
+func routeOf(path string) route {
+	for _, rt := range []route{routeUpload, routeTelemeterWrite} {
+		if path == rt.path() {
+			return rt
+		}
+	}
+	return routeRemoteWrite
 }
