@@ -23,9 +23,9 @@ import (
 //	matches:                    # added to --match and --match-file
 //	  - '{__name__="up"}'
 //	anonymize_labels: [namespace] # added to --anonymize-labels
-//	relabel_configs:            # Prometheus relabel_configs, applied before anonymization
-//	  - action: labeldrop
-//	    regex: prometheus_replica
+//	relabel_configs:            # Prometheus relabel_configs, applied before anonymization;
+//	  - action: labeldrop       # --elide-label's labels (default prometheus and
+//	    regex: endpoint         # prometheus_replica) are removed after them
 //	federate:
 //	  max_series: 50000         # per cycle, after the allowlist; 0 = no cap
 //	  max_bytes: 64MiB          # response bytes kept per cycle; 0 = no cap

@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -84,6 +85,7 @@ type flags struct {
 	to, toTokenFile, toCAFile        string
 	id                               string
 	matches                          listFlag
+	elideLabels                      listFlag // one name per value, not comma-split (elidedLabels)
 	labels, renames, anonymizeLabels sliceFlag
 	matchFile                        string
 	interval                         time.Duration
@@ -138,6 +140,7 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	fs.StringVar(&f.salt, "anonymize-salt", "", "telemeter-client: the salt inline (accepted with a warning; prefer --anonymize-salt-file). Overrides --anonymize-salt-file.")
 	fs.Var(&f.labels, "label", "Extra label key=value for every series (comma-separated, repeatable).")
 	fs.Var(&f.renames, "rename", "Metric rename old=new (comma-separated, repeatable; default ALERTS=alerts).")
+	fs.Var(&f.elideLabels, "elide-label", "Label name removed from every series, after --label and relabel_configs, before anonymization and queueing (repeatable, one name per flag: not comma-split, as in telemeter-client). Default prometheus and prometheus_replica, the external labels of the cluster's Prometheus replicas; giving the flag replaces the default, and --elide-label= alone elides nothing.")
 	fs.StringVar(&f.listen, "listen", ":9002", "Address for /metrics, /healthz, /readyz, POST /-/reload (--web.enable-lifecycle) and /federate (the last cycle as sent: the cluster's anonymized telemetry). Every interface by default, for the cluster's Prometheus to scrape: bind localhost:9002, or protect it with --web.config.file.")
 	fs.StringVar(&f.listen, "web.listen-address", ":9002", "Alias of --listen.")
 	fs.BoolVar(&f.webEnableLifecycle, "web.enable-lifecycle", true, "Serve configuration reload over HTTP (POST or PUT /-/reload on --listen), as telemeter-client does for cluster-monitoring-operator's reload sidecar; false answers 403, as Prometheus does without the flag. SIGHUP reloads regardless.")
@@ -383,8 +386,13 @@ func load(f *flags, logger *slog.Logger) (*setup, error) {
 		add(fmt.Errorf("selectors: %w", err))
 	}
 
-	// Relabel rules.
+	// Relabel rules: the file's, then --elide-label's labeldrop.
 	rc := relabel.Config{RelabelConfigs: s.file.RelabelConfigs, Rename: map[string]string{}, ExternalLabels: map[string]string{}}
+	if elide, err := elideRule(elidedLabels(f)); err != nil {
+		add(err)
+	} else if elide != nil {
+		rc.RelabelConfigs = append(slices.Clip(rc.RelabelConfigs), elide)
+	}
 	if enabled {
 		rc.ID = f.id
 	}

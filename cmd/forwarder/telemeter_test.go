@@ -274,8 +274,13 @@ func startCMO(t *testing.T, prepare func(*telemetertest.Server), extra ...string
 
 // TestCMODeploymentDeliversToTelemeterServer: the CMO deployment's
 // arguments deliver a cycle to a telemeter-server, as telemeter-client
-// does, with only the hashed id.
+// does, with only the hashed id, and without the external labels the
+// cluster's Prometheus adds on /federate (telemeter-client's --elide-label
+// default, which CMO relies on: it passes no --elide-label).
 func TestCMODeploymentDeliversToTelemeterServer(t *testing.T) {
+	fixture := string(mustRead(t, "../../bench/testdata/federate-sample.prom"))
+	require.Contains(t, fixture, `prometheus="openshift-monitoring/k8s",prometheus_replica="prometheus-k8s-0"`, "federated as /federate adds them")
+
 	// The one addition: --interval=1m instead of the default 4m30s, so the
 	// randomly delayed first collection comes within 6s, and a second one
 	// not before 54s, after this test.
@@ -301,6 +306,7 @@ func TestCMODeploymentDeliversToTelemeterServer(t *testing.T) {
 			require.True(t, run.fixtureTS[m.GetTimestampMs()], "original timestamp kept: %d", m.GetTimestampMs())
 			for _, l := range m.GetLabel() {
 				require.NotContains(t, l.GetValue(), rawClusterID)
+				require.NotContains(t, []string{"prometheus", "prometheus_replica"}, l.GetName(), "elided")
 				if l.GetName() == "_id" {
 					require.Equal(t, hashedID, l.GetValue())
 				}
