@@ -60,10 +60,15 @@ func (e *TelemeterBearerError) Error() string { return "telemeter bearer " + e.R
 // Unwrap makes the error ErrUnauthorized.
 func (e *TelemeterBearerError) Unwrap() error { return ErrUnauthorized }
 
-// unauthorizedMessage is the 401 body: what the bearer must be.
+// unauthorizedMessage is the 401 body: what was wrong with the bearer, or
+// what it must be. It never quotes the bearer or a cluster id.
 func unauthorizedMessage(err error) string {
-	if tb := (*TelemeterBearerError)(nil); errors.As(err, &tb) {
+	tb := (*TelemeterBearerError)(nil)
+	switch {
+	case errors.As(err, &tb):
 		return `unauthorized: the bearer must be base64 of JSON {"authorization_token": <fleet token>, "cluster_id": <cluster id>}, as telemeter-client and cluster-monitoring-operator send it: ` + tb.Error()
+	case errors.Is(err, errSealedID):
+		return "unauthorized: the cluster credential was issued under another auth.cluster_id_hash key: authorize again at POST /authorize for a new one"
 	}
 	return "unauthorized: a valid bearer token is required"
 }
