@@ -156,6 +156,9 @@ func (i *Issuer) verify(token string, keys *KeySet) (Identity, time.Time, error)
 		jwt.WithLeeway(30*time.Second),
 		jwt.WithStrictDecoding(),
 	)
+	if errors.Is(err, jwt.ErrTokenExpired) {
+		return Identity{}, time.Time{}, errCredentialExpired
+	}
 	if err != nil {
 		return Identity{}, time.Time{}, fmt.Errorf("credential: %w: %w", ErrUnauthorized, err)
 	}
