@@ -28,15 +28,7 @@ import (
 // /api/v1/write, as on Telemeter's bearer path, which carries the raw id.
 func TestAuthorizedRawIDIsRewrittenOnEveryWritePath(t *testing.T) {
 	const raw = "0f2c6b3e-6d0e-4e7b-9a51-2d6f1c9b8a77"
-	write := fileWriter(t, t.TempDir())
-	write("k1.pem", ed25519PEM(t))
-	cfg := receive.AuthConfig{
-		TokensFile:    write("tokens.yaml", "tokens:\n  - token: fleet\n    tenant: acme\n    allow: [authorize]\n"),
-		KeysFile:      write("keys.yaml", "keys:\n- kid: k1\n  created: 2026-01-01T00:00:00Z\n  private_key_file: k1.pem\n"),
-		ClusterIDHash: &receive.ClusterIDHashConfig{SecretFile: write("key", "0123456789abcdef0123")},
-	}
-	cfg.SetDefaults()
-	a, pseudonym := setupHashingAuth(t, cfg, raw)
+	a, pseudonym := setupHashingAuth(t, fleetHashingConfig(t, receive.PseudonymsAccept), raw)
 
 	r := httptest.NewRequest(http.MethodPost, "/authorize?id="+raw, nil)
 	r.Header.Set("Authorization", "Bearer fleet")
