@@ -21,9 +21,11 @@ type Identity struct {
 	Tenant    string
 	ClusterID string
 	// ClusterIDAlias, when set, is the id the cluster itself sends in clear
-	// on the Telemeter paths while ClusterID is its pseudonym: series
+	// on the Telemeter paths (its bearer's cluster_id, or its /authorize id,
+	// sealed in the credential) while ClusterID is its pseudonym: series
 	// carrying it are rewritten to ClusterID, never stored with it. It lives
-	// only for the request and must never be logged.
+	// only in memory (the request, the verification caches) and must never
+	// be logged.
 	ClusterIDAlias string
 	// Allow is what the credential may do. Cluster credentials may only
 	// write (and read their gathering definition), never query the fleet.

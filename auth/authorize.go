@@ -88,16 +88,15 @@ type AuthorizeHandler struct {
 	logger  *slog.Logger
 	fleet   FleetAuthorizer
 	issuer  *Issuer
-	hasher  *ClusterIDHasher // nil: the id is bound as sent
 	results *prometheus.CounterVec
 }
 
-// NewAuthorizeHandler returns the /authorize handler. reg and hasher may be
-// nil; with a hasher, an id sent in clear (telemeter-client sends the raw
-// cluster id) is bound as its pseudonym.
-func NewAuthorizeHandler(logger *slog.Logger, reg prometheus.Registerer, fleet FleetAuthorizer, issuer *Issuer, hasher *ClusterIDHasher) *AuthorizeHandler {
+// NewAuthorizeHandler returns the /authorize handler. reg may be nil. With
+// the issuer's Hasher, an id sent in clear (telemeter-client sends the raw
+// cluster id) is bound as its pseudonym, and sealed in the credential.
+func NewAuthorizeHandler(logger *slog.Logger, reg prometheus.Registerer, fleet FleetAuthorizer, issuer *Issuer) *AuthorizeHandler {
 	h := &AuthorizeHandler{
-		logger: logger, fleet: fleet, issuer: issuer, hasher: hasher,
+		logger: logger, fleet: fleet, issuer: issuer,
 		results: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_auth_authorize_requests_total",
 			Help: "POST /authorize requests by result.",
@@ -126,7 +125,7 @@ func (h *AuthorizeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, "invalid", http.StatusBadRequest, "parameter id (query or form) must be the cluster's id ("+clusterIDRE.String()+")")
 		return
 	}
-	cluster, err := h.hasher.ids(sent)
+	cluster, err := h.issuer.Hasher.ids(sent)
 	if err != nil {
 		h.fail(w, "invalid", http.StatusBadRequest, "parameter id: "+err.Error())
 		return
@@ -154,7 +153,7 @@ func (h *AuthorizeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	clusterID := cluster.Stored
-	signed, exp, err := h.issuer.Issue(tenant, clusterID)
+	signed, exp, err := h.issuer.IssueCluster(tenant, cluster)
 	if err != nil {
 		h.logger.Error("issue credential", "err", err)
 		h.fail(w, "error", http.StatusInternalServerError, "internal error")

@@ -16,7 +16,7 @@ func TestAuthorizeOversizedBodyIs413(t *testing.T) {
 	iss := NewIssuer(NewKeySet(map[string]ed25519.PrivateKey{"k": newKey(t)}, "k"), time.Hour, nil)
 	tokens, err := NewTokens([]TokenEntry{{Token: "fleet", Tenant: "acme", Allow: []string{"authorize"}}})
 	require.NoError(t, err)
-	h := NewAuthorizeHandler(discardLogger(), nil, tokens, iss, nil)
+	h := NewAuthorizeHandler(discardLogger(), nil, tokens, iss)
 	r := httptest.NewRequest(http.MethodPost, "/authorize", strings.NewReader("id=c1&pad="+strings.Repeat("a", 4<<10)))
 	r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	rec := httptest.NewRecorder()

@@ -22,7 +22,8 @@ var pseudonymRE = regexp.MustCompile(`^[A-Za-z0-9_-]{22}$`)
 // Prometheus' telemetry remote-write) into pseudonyms before anything
 // stores or logs them.
 type ClusterIDHasher struct {
-	key []byte
+	key    []byte
+	sealer *idSealer // seals the raw id into the credential of its pseudonym (Issuer)
 	// RefusePseudonyms refuses a cluster id sent with the pseudonym's shape
 	// at /authorize and on Telemeter's write path, instead of keeping it:
 	// for fleets whose clusters all send raw ids (no forwarder), so that no
@@ -49,7 +50,11 @@ func NewClusterIDHasher(key []byte) (*ClusterIDHasher, error) {
 	if len(key) < 16 {
 		return nil, fmt.Errorf("cluster id hash key has %d bytes, want at least 16", len(key))
 	}
-	return &ClusterIDHasher{key: append([]byte(nil), key...)}, nil
+	sealer, err := newIDSealer(key)
+	if err != nil {
+		return nil, err
+	}
+	return &ClusterIDHasher{key: append([]byte(nil), key...), sealer: sealer}, nil
 }
 
 // Pseudonym returns the id to store for a cluster that sent id:

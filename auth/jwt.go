@@ -2,6 +2,7 @@ package auth
 
 import (
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -22,11 +23,23 @@ const (
 // cluster's pseudonymous id (`sub`) it may write as.
 type Claims struct {
 	Tenant string `json:"tenant"`
+	// SealedID is the raw id of a cluster that sent it in clear at
+	// /authorize, sealed with a key derived from the cluster_id_hash secret
+	// (idSealer): writes with the credential rewrite it to `sub` wherever a
+	// series carries it. Empty when the cluster sent its pseudonym, without
+	// cluster_id_hash, and in credentials issued before it existed.
+	SealedID string `json:"sealed_id,omitempty"`
 	jwt.RegisteredClaims
 }
 
 // Issuer signs and verifies short-lived cluster credentials.
 type Issuer struct {
+	// Hasher, with auth.cluster_id_hash, seals the raw id of a cluster
+	// that sent it in clear into its credential (IssueCluster), opens it
+	// again in Verify, and turns ids sent in clear at /authorize into
+	// pseudonyms (AuthorizeHandler). Set it before the Issuer is used.
+	Hasher *ClusterIDHasher
+
 	keys     KeySource
 	ttl      time.Duration
 	now      func() time.Time
@@ -56,14 +69,30 @@ func NewIssuer(keys KeySource, ttl time.Duration, now func() time.Time) *Issuer 
 
 // Issue signs a credential binding tenant and clusterID, valid for the TTL.
 func (i *Issuer) Issue(tenant, clusterID string) (string, time.Time, error) {
+	return i.IssueCluster(tenant, ClusterIDs{Sent: clusterID, Stored: clusterID})
+}
+
+// IssueCluster signs a credential binding tenant and cluster.Stored, valid
+// for the TTL. A cluster that sent another id (its raw id, which Hasher
+// turned into Stored) gets it sealed in the credential, so that every
+// write with the credential rewrites it (Identity.ClusterIDAlias).
+func (i *Issuer) IssueCluster(tenant string, cluster ClusterIDs) (string, time.Time, error) {
+	var sealed string
+	if cluster.Sent != cluster.Stored {
+		if i.Hasher == nil {
+			return "", time.Time{}, errors.New("issue credential: a cluster id sent in clear, and no auth.cluster_id_hash key to seal it")
+		}
+		sealed = i.Hasher.sealer.seal(cluster.Sent, cluster.Stored)
+	}
 	now := i.now()
 	exp := now.Add(i.ttl)
 	k := i.keys.Current().signer(now)
 	tok := jwt.NewWithClaims(jwt.SigningMethodEdDSA, Claims{
-		Tenant: tenant,
+		Tenant:   tenant,
+		SealedID: sealed,
 		RegisteredClaims: jwt.RegisteredClaims{
 			Issuer:    jwtIssuer,
-			Subject:   clusterID,
+			Subject:   cluster.Stored,
 			Audience:  jwt.ClaimStrings{jwtAudience},
 			IssuedAt:  jwt.NewNumericDate(now),
 			NotBefore: jwt.NewNumericDate(now.Add(-time.Minute)),
@@ -82,9 +111,9 @@ func (i *Issuer) Issue(tenant, clusterID string) (string, time.Time, error) {
 //
 // A credential that verified is remembered (by its SHA-256, with the
 // identity it binds) until its expiry, so a cluster that writes often pays
-// for one signature check per credential rather than one per request, and a
-// cluster hammering the receiver is refused by the limits for next to
-// nothing. Only successes are remembered: a token that differs from a
+// for one signature check (and one open of its sealed id) per credential
+// rather than one per request, and a cluster hammering the receiver is
+// refused by the limits for next to nothing. Only successes are remembered: a token that differs from a
 // verified one in any byte, signature included, is checked in full. An
 // entry serves only while the keys it verified with are in force: after a
 // reload of the keys file each credential is checked in full once more, so
@@ -127,13 +156,30 @@ func (i *Issuer) verify(token string, keys *KeySet) (Identity, time.Time, error)
 		jwt.WithLeeway(30*time.Second),
 		jwt.WithStrictDecoding(),
 	)
+	if errors.Is(err, jwt.ErrTokenExpired) {
+		return Identity{}, time.Time{}, errCredentialExpired
+	}
 	if err != nil {
 		return Identity{}, time.Time{}, fmt.Errorf("credential: %w: %w", ErrUnauthorized, err)
 	}
 	if !ValidTenant(c.Tenant) || c.Subject == "" {
 		return Identity{}, time.Time{}, fmt.Errorf("credential without tenant or cluster: %w", ErrUnauthorized)
 	}
-	return Identity{Tenant: c.Tenant, ClusterID: c.Subject, Allow: PermWrite}, c.ExpiresAt.Time, nil
+	id := Identity{Tenant: c.Tenant, ClusterID: c.Subject, Allow: PermWrite}
+	if c.SealedID != "" {
+		// Refused rather than accepted without the alias: its writes would
+		// store the raw id wherever a series carries it, under a pseudonym
+		// of the previous key. Authorizing again binds the current one.
+		if i.Hasher == nil {
+			return Identity{}, time.Time{}, fmt.Errorf("%w: no key", errSealedID)
+		}
+		raw, err := i.Hasher.sealer.open(c.SealedID, c.Subject)
+		if err != nil {
+			return Identity{}, time.Time{}, fmt.Errorf("%w: %w", errSealedID, err)
+		}
+		id.ClusterIDAlias = raw
+	}
+	return id, c.ExpiresAt.Time, nil
 }
 
 // looksLikeJWT tells a credential apart from a static token: three

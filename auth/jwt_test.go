@@ -244,7 +244,7 @@ func TestAuthorizeHandler(t *testing.T) {
 		{Token: "reader", Tenant: "acme", Allow: []string{"read"}},
 	})
 	require.NoError(t, err)
-	h := NewAuthorizeHandler(discardLogger(), nil, tokens, iss, nil)
+	h := NewAuthorizeHandler(discardLogger(), nil, tokens, iss)
 	chain := Chain{Issuer: iss, Static: tokens}
 
 	post := func(token, id string) *httptest.ResponseRecorder {

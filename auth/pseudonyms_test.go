@@ -31,7 +31,8 @@ func TestRefusePseudonyms(t *testing.T) {
 	t.Run("/authorize", func(t *testing.T) {
 		asked = nil
 		iss := NewIssuer(NewKeySet(map[string]ed25519.PrivateKey{"k": newKey(t)}, "k"), time.Hour, nil)
-		ah := NewAuthorizeHandler(discardLogger(), nil, fleet, iss, h)
+		iss.Hasher = h
+		ah := NewAuthorizeHandler(discardLogger(), nil, fleet, iss)
 		post := func(id string) *httptest.ResponseRecorder {
 			rec := httptest.NewRecorder()
 			ah.ServeHTTP(rec, bearer(httptest.NewRequest(http.MethodPost, "/authorize?id="+id, nil), "fleet"))

@@ -16,6 +16,16 @@ var errLacksPermission = fmt.Errorf("credential lacks the permission: %w", ErrFo
 // Telemeter's path the write permission would not help.
 var errMayNotAuthorize = fmt.Errorf("token lacks the authorize permission: %w", ErrForbidden)
 
+// errCredentialExpired refuses a cluster credential past its expiry: the
+// cluster authorizes again for a new one, as telemeter-client and the
+// forwarder do on a 401.
+var errCredentialExpired = fmt.Errorf("cluster credential expired: %w", ErrUnauthorized)
+
+// errFleetRefused marks a refusal of the fleet authorizer on Telemeter's
+// write path (its 401 or 403, an unknown token), so that the answer says
+// who refused what, rather than that a bearer token is required.
+var errFleetRefused = errors.New("the fleet authorizer refused the bearer's authorization_token")
+
 // permActions says what the permissions Middleware checks let a credential
 // do, in the words of the paths they open.
 var permActions = map[Permission]string{
@@ -37,6 +47,9 @@ func forbiddenMessage(need, have Permission, err error) string {
 	msg := "forbidden: this credential may not " + action
 	if errors.Is(err, errMayNotAuthorize) { // Telemeter's write path
 		return msg + ": its authorization_token lacks the authorize permission (allow: [authorize]): only fleet tokens are taken here"
+	}
+	if errors.Is(err, errFleetRefused) {
+		return msg + ": the fleet authorizer refused this cluster_id for the bearer's authorization_token"
 	}
 	if !errors.Is(err, errLacksPermission) {
 		return msg
@@ -60,10 +73,21 @@ func (e *TelemeterBearerError) Error() string { return "telemeter bearer " + e.R
 // Unwrap makes the error ErrUnauthorized.
 func (e *TelemeterBearerError) Unwrap() error { return ErrUnauthorized }
 
-// unauthorizedMessage is the 401 body: what the bearer must be.
+// unauthorizedMessage is the 401 body: what was wrong with the bearer, or
+// what it must be. It never quotes the bearer or a cluster id.
 func unauthorizedMessage(err error) string {
-	if tb := (*TelemeterBearerError)(nil); errors.As(err, &tb) {
+	tb := (*TelemeterBearerError)(nil)
+	switch {
+	case errors.As(err, &tb):
 		return `unauthorized: the bearer must be base64 of JSON {"authorization_token": <fleet token>, "cluster_id": <cluster id>}, as telemeter-client and cluster-monitoring-operator send it: ` + tb.Error()
+	case errors.Is(err, errSentPseudonym): // as /authorize says it, but 401: Prometheus drops the batch, as for any refused bearer
+		return "unauthorized: the bearer's cluster_id: " + errSentPseudonym.Error()
+	case errors.Is(err, errFleetRefused):
+		return "unauthorized: " + errFleetRefused.Error() + " (an unknown or revoked token)"
+	case errors.Is(err, errCredentialExpired):
+		return "unauthorized: the cluster credential has expired: authorize again at POST /authorize for a new one"
+	case errors.Is(err, errSealedID):
+		return "unauthorized: the cluster credential was issued under another auth.cluster_id_hash key: authorize again at POST /authorize for a new one"
 	}
 	return "unauthorized: a valid bearer token is required"
 }

@@ -177,6 +177,9 @@ func (t *TelemeterBearer) Authenticate(r *http.Request) (Identity, error) {
 	}
 	tenant, err := t.authorize(r.Context(), token, cluster)
 	if err != nil {
+		if !errors.Is(err, ErrUpstream) { // a refusal (401, 403), not an authorizer that could not answer
+			err = fmt.Errorf("%w: %w", errFleetRefused, err)
+		}
 		return Identity{}, err
 	}
 	id := Identity{Tenant: tenant, ClusterID: cluster.Stored, Allow: PermWrite}

@@ -132,7 +132,8 @@ func TestAuthorizeHandlerSpeaksTelemeter(t *testing.T) {
 	require.NoError(t, err)
 	h, err := NewClusterIDHasher([]byte("0123456789abcdef-fleet-key"))
 	require.NoError(t, err)
-	ah := NewAuthorizeHandler(discardLogger(), nil, tokens, iss, h)
+	iss.Hasher = h
+	ah := NewAuthorizeHandler(discardLogger(), nil, tokens, iss)
 
 	// telemeter-client: the id in the query, no body.
 	raw := "0f8d2c1e-5a6b-4c3d-9e8f-7a6b5c4d3e2f"

@@ -67,7 +67,8 @@ func TestWebhookIsAskedTheStoredID(t *testing.T) {
 	paths := map[string]func(fleet FleetAuthorizer) func(token, id string) int{
 		"/authorize": func(fleet FleetAuthorizer) func(token, id string) int {
 			iss := NewIssuer(NewKeySet(map[string]ed25519.PrivateKey{"k": newKey(t)}, "k"), time.Hour, nil)
-			ah := NewAuthorizeHandler(discardLogger(), nil, fleet, iss, h)
+			iss.Hasher = h
+			ah := NewAuthorizeHandler(discardLogger(), nil, fleet, iss)
 			return func(token, id string) int {
 				rec := httptest.NewRecorder()
 				ah.ServeHTTP(rec, bearer(httptest.NewRequest(http.MethodPost, "/authorize?id="+id, nil), token))

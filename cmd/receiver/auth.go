@@ -75,8 +75,9 @@ func setupAuth(logger *slog.Logger, reg prometheus.Registerer, cfg receive.AuthC
 	}
 	s.keys = keys
 	issuer := auth.NewIssuer(keys, time.Duration(cfg.CredentialTTL), nil)
+	issuer.Hasher = hasher // a raw id sent at /authorize is sealed in the credential, and rewritten on its writes
 	s.authn = auth.Chain{Issuer: issuer, Static: static}
-	s.authorize = auth.NewAuthorizeHandler(logger, reg, fleet, issuer, hasher)
+	s.authorize = auth.NewAuthorizeHandler(logger, reg, fleet, issuer)
 	return s, nil
 }
 

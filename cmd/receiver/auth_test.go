@@ -44,6 +44,22 @@ func setupHashingAuth(t *testing.T, cfg receive.AuthConfig, raw string) (authSet
 	return a, hasher.Pseudonym(raw)
 }
 
+// fleetHashingConfig is an auth config with /authorize (a keys file), one
+// fleet token "fleet" of tenant acme (allow: [authorize]), and a
+// cluster_id_hash whose pseudonyms setting is pseudonyms.
+func fleetHashingConfig(t *testing.T, pseudonyms string) receive.AuthConfig {
+	t.Helper()
+	write := fileWriter(t, t.TempDir())
+	write("k1.pem", ed25519PEM(t))
+	cfg := receive.AuthConfig{
+		TokensFile:    write("tokens.yaml", "tokens:\n  - token: fleet\n    tenant: acme\n    allow: [authorize]\n"),
+		KeysFile:      write("keys.yaml", "keys:\n- kid: k1\n  created: 2026-01-01T00:00:00Z\n  private_key_file: k1.pem\n"),
+		ClusterIDHash: &receive.ClusterIDHashConfig{SecretFile: write("key", "0123456789abcdef0123"), Pseudonyms: pseudonyms},
+	}
+	cfg.SetDefaults()
+	return cfg
+}
+
 // fileWriter returns a function that writes a file in dir and returns its path.
 func fileWriter(t *testing.T, dir string) func(name, content string) string {
 	return func(name, content string) string {
@@ -113,15 +129,7 @@ func TestStaticTokenBoundToRawIDWritesPseudonym(t *testing.T) {
 // still take a raw id.
 func TestPseudonymsRefuseIsWired(t *testing.T) {
 	const raw = "0f2c6b3e-6d0e-4e7b-9a51-2d6f1c9b8a77"
-	write := fileWriter(t, t.TempDir())
-	write("k1.pem", ed25519PEM(t))
-	cfg := receive.AuthConfig{
-		TokensFile:    write("tokens.yaml", "tokens:\n  - token: fleet\n    tenant: acme\n    allow: [authorize]\n"),
-		KeysFile:      write("keys.yaml", "keys:\n- kid: k1\n  created: 2026-01-01T00:00:00Z\n  private_key_file: k1.pem\n"),
-		ClusterIDHash: &receive.ClusterIDHashConfig{SecretFile: write("key", "0123456789abcdef0123"), Pseudonyms: receive.PseudonymsRefuse},
-	}
-	cfg.SetDefaults()
-	a, stored := setupHashingAuth(t, cfg, raw)
+	a, stored := setupHashingAuth(t, fleetHashingConfig(t, receive.PseudonymsRefuse), raw)
 
 	authorize := func(id string) int {
 		r := httptest.NewRequest(http.MethodPost, "/authorize?id="+id, nil)
