@@ -1,7 +1,6 @@
 package limits
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -102,16 +101,7 @@ func TestForgetUnderConcurrentAdmission(t *testing.T) {
 		wg.Go(func() {
 			for round := range 40 {
 				s := l.Session("t", fmt.Sprintf("c%d", w))
-				for i := range 200 {
-					h := uint64(w)<<40 | uint64(round%3)<<20 | uint64(i)
-					err := s.Admit(fmt.Sprintf("m%d", i%7), h*0x9E3779B97F4A7C15)
-					if err != nil && !errors.Is(err, ErrSeriesLimit) {
-						panic(err)
-					}
-					if err != nil {
-						s.Refuse("series_limit", 1, nil)
-					}
-				}
+				admitRound(&s, w, round)
 				s.Done("", "")
 			}
 		})
@@ -126,33 +116,7 @@ func TestForgetUnderConcurrentAdmission(t *testing.T) {
 	})
 	wg.Wait()
 
-	tn := l.tenant("t")
-	var inShards int64
-	perCluster, perMetric := map[uint32]int64{}, map[uint32]int64{}
-	for i := range tn.shards {
-		for _, sl := range tn.shards[i].m.slots {
-			if !sl.free() {
-				inShards++
-				perCluster[sl.entry().cluster]++
-				perMetric[sl.entry().metric]++
-			}
-		}
-	}
-	require.Equal(t, inShards, tn.series.Load())
-	require.Equal(t, inShards, l.tracked.Load())
-	for id, c := range tn.clusters.byID {
-		if c != nil {
-			require.Equal(t, perCluster[uint32(id)], c.n.Load(), c.name)
-		}
-	}
-	for id, m := range tn.metrics.byID {
-		if m != nil {
-			require.Equal(t, perMetric[uint32(id)], m.n.Load(), m.name)
-		}
-	}
-	for id := range perCluster {
-		require.NotNil(t, tn.clusters.byID[id], "series of a forgotten cluster id")
-	}
+	requireCountsMatchShards(t, l, "t")
 
 	// Once the writes have stopped, a forget leaves nothing of a cluster.
 	for w := range 4 {
