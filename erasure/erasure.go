@@ -50,6 +50,14 @@ type Bucket interface {
 	EraseBucket(ctx context.Context, tenant string, ms []*labels.Matcher, forbidden []string, workDir string, progress func(done, total int)) (lifecycle.BucketErasure, error)
 }
 
+// Limiter forgets an erased cluster's series, status-page stats, rate
+// bucket and name (*limits.Limiter), so that it takes no series budget and
+// its id leaves the receiver's memory. It reports the series it forgot and
+// whether it knew the cluster.
+type Limiter interface {
+	Forget(tenant, clusterID string) (series int, known bool)
+}
+
 // Request asks for an erasure: a tenant and either a cluster's _id or a
 // series selector. With a cluster, its writes are refused afterwards unless
 // Deny is false.
@@ -98,6 +106,9 @@ type Status struct {
 	Failures    int       `json:"failures,omitempty"`
 	NextAttempt time.Time `json:"next_attempt,omitzero"`
 	Error       string    `json:"error,omitempty"`
+	// Warning is set on a done job that found nothing to erase on this
+	// replica (see nothingFound).
+	Warning string `json:"warning,omitempty"`
 }
 
 // job is a running or finished erasure. req holds the raw cluster id only
@@ -109,6 +120,8 @@ type job struct {
 	// (status.LocalDone): the audit event of a later attempt reports them.
 	pushed int
 	local  storage.LocalErasure
+	// known: the limiter knew the cluster when the job forgot it there.
+	known bool
 }
 
 // state is a job's file under the erasure directory.
@@ -117,6 +130,7 @@ type state struct {
 	Status  Status               `json:"status"`
 	Pushed  int                  `json:"pushed,omitempty"`
 	Local   storage.LocalErasure `json:"local,omitzero"`
+	Known   bool                 `json:"known,omitempty"`
 }
 
 // Eraser runs erasure jobs one at a time.
@@ -132,6 +146,7 @@ type Eraser struct {
 	dir         string
 	afterBucket func(context.Context) error
 	pushes      Pushes
+	limiter     Limiter // nil: none to forget in (the offline command)
 	now         func() time.Time
 	backoff     [2]time.Duration // first retry, longest wait
 	m           *metrics
@@ -210,7 +225,7 @@ func New(logger *slog.Logger, reg prometheus.Registerer, local Local, bucket Buc
 			return nil, fmt.Errorf("decode erasure job %s: %w", de.Name(), err)
 		}
 		st.Status.NextAttempt = time.Time{}
-		e.jobs[st.Status.ID] = &job{req: st.Request, status: st.Status, pushed: st.Pushed, local: st.Local}
+		e.jobs[st.Status.ID] = &job{req: st.Request, status: st.Status, pushed: st.Pushed, local: st.Local, known: st.Known}
 		resumed = append(resumed, st.Status.ID)
 		logger.Info("resuming erasure", "job", st.Status.ID, "tenant", st.Status.Tenant, "state", st.Status.State, "local_done", st.Status.LocalDone)
 	}
@@ -221,6 +236,12 @@ func New(logger *slog.Logger, reg prometheus.Registerer, local Local, bucket Buc
 	e.updateGauges()
 	return e, nil
 }
+
+// SetLimiter makes each cluster erasure forget its cluster in l once the
+// local storage is erased (and again when the job is done, for a write
+// that was being admitted as the deny was taken). The receiver builds its
+// limiter after the Eraser; call SetLimiter before Run.
+func (e *Eraser) SetLimiter(l Limiter) { e.limiter = l }
 
 // ShippingHeld reports whether tenant has an unfinished job that has not
 // erased the local storage yet (Status.LocalDone): the receiver uploads
@@ -534,9 +555,12 @@ func (e *Eraser) Do(ctx context.Context, id string) (err error) {
 			return fmt.Errorf("after bucket: %w", err)
 		}
 	}
+	e.forget(j)
+	removed := j.pushed + j.local.Series + br.Series
+	warning := nothingFound(j, removed)
 	e.update(j, func(s *Status) {
 		s.State, s.Finished, s.NextAttempt = StateDone, e.now().UTC(), time.Time{}
-		s.SeriesRemoved = j.pushed + j.local.Series + br.Series
+		s.SeriesRemoved, s.Warning = removed, warning
 	})
 	// The raw id lives only in the state file and this job's request:
 	// both go now.
@@ -556,7 +580,42 @@ func (e *Eraser) Do(ctx context.Context, id string) (err error) {
 		"series_push", j.pushed, "series_local", j.local.Series, "local_blocks_rewritten", j.local.BlocksRewritten, "local_blocks_dropped", j.local.BlocksDropped,
 		"bucket_blocks", br.Blocks, "bucket_blocks_rewritten", br.Rewritten, "bucket_series", br.Series,
 		"bucket_blocks_deleted", br.Deleted, "duration", e.now().Sub(start).String())
+	if warning != "" {
+		e.logger.Warn("erasure found nothing to erase", "job", id, "tenant", j.status.Tenant, "cluster_sha256", j.status.ClusterSHA256,
+			"selector", j.status.Selector, "warning", warning)
+	}
 	return nil
+}
+
+// nothingFound returns the warning of a job that removed no series and
+// whose cluster the limiter did not know either: most likely a mistyped
+// _id (or selector). A cluster erasure still denies the cluster, as it
+// must for one that has not written yet. Another replica's job running at
+// the same time may have erased the bucket's copies first.
+func nothingFound(j *job, removed int) string {
+	switch {
+	case removed > 0 || j.known:
+		return ""
+	case j.req.ClusterID != "":
+		return "no series of this cluster were found on this replica or in the bucket: check the _id"
+	}
+	return "no series matched the selector on this replica or in the bucket: check the selector"
+}
+
+// forget drops the job's cluster from the limiter's memory (Limiter).
+// Writes of the cluster are refused from the deny on; one admitted while
+// the deny was taken is caught by the second call, at the end of the job.
+func (e *Eraser) forget(j *job) {
+	e.mu.Lock()
+	tenant, cluster := j.req.Tenant, j.req.ClusterID
+	e.mu.Unlock()
+	if e.limiter == nil || cluster == "" {
+		return
+	}
+	_, known := e.limiter.Forget(tenant, cluster)
+	e.mu.Lock()
+	j.known = j.known || known
+	e.mu.Unlock()
 }
 
 // eraseLocal is the local step: the push state, then the head, the WAL and
@@ -577,6 +636,7 @@ func (e *Eraser) eraseLocal(ctx context.Context, j *job, ms []*labels.Matcher, f
 	if err != nil {
 		return fmt.Errorf("local: %w", err)
 	}
+	e.forget(j) // its series are gone: they free their budget now
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	j.pushed, j.local = pushed, lr
@@ -600,7 +660,7 @@ func (e *Eraser) save(j *job) error {
 		e.mu.Unlock()
 		return nil
 	}
-	b, err := json.Marshal(state{Request: j.req, Status: j.status, Pushed: j.pushed, Local: j.local})
+	b, err := json.Marshal(state{Request: j.req, Status: j.status, Pushed: j.pushed, Local: j.local, Known: j.known})
 	e.mu.Unlock()
 	if err != nil {
 		return err

@@ -293,13 +293,7 @@ func TestConcurrentStress(t *testing.T) {
 		wg.Go(func() {
 			for round := range 30 {
 				s := l.Session("t", fmt.Sprintf("c%d", w))
-				for i := range 200 {
-					h := uint64(w)<<40 | uint64(round%3)<<20 | uint64(i)
-					err := s.Admit(fmt.Sprintf("m%d", i%7), h*0x9E3779B97F4A7C15)
-					if err != nil && !errors.Is(err, ErrSeriesLimit) {
-						panic(err)
-					}
-				}
+				admitRound(&s, w, round)
 				_, _ = l.AllowSamples("t", fmt.Sprintf("c%d", w), 100)
 			}
 		})
@@ -322,24 +316,63 @@ func TestConcurrentStress(t *testing.T) {
 	close(stop)
 	<-expirerDone
 
-	tn := l.tenant("t")
+	inShards, perCluster := requireCountsMatchShards(t, l, "t")
+	require.LessOrEqual(t, inShards, int64(tenantLimit))
+	for _, n := range perCluster {
+		require.LessOrEqual(t, n, int64(clusterLimit))
+	}
+}
+
+// admitRound admits writer w's 200 series of round (a third of them new
+// each round) over 7 metric names, recording the refusals. It panics on
+// anything but a series limit: it runs in a goroutine.
+func admitRound(s *Session, w, round int) {
+	for i := range 200 {
+		h := uint64(w)<<40 | uint64(round%3)<<20 | uint64(i)
+		err := s.Admit(fmt.Sprintf("m%d", i%7), h*0x9E3779B97F4A7C15)
+		if err != nil && !errors.Is(err, ErrSeriesLimit) {
+			panic(err)
+		}
+		if err != nil {
+			s.Refuse("series_limit", 1, nil)
+		}
+	}
+}
+
+// requireCountsMatchShards checks that the tenant's, the limiter's, every
+// cluster's and every metric name's counts equal the series the shards
+// hold, and that no series refers to a collected name. It returns the
+// series and the series per cluster id.
+func requireCountsMatchShards(t *testing.T, l *Limiter, tenant string) (int64, map[uint32]int64) {
+	t.Helper()
+	tn := l.tenant(tenant)
 	var inShards int64
-	perCluster := map[uint32]int64{}
+	perCluster, perMetric := map[uint32]int64{}, map[uint32]int64{}
 	for i := range tn.shards {
 		for _, sl := range tn.shards[i].m.slots {
 			if !sl.free() {
 				inShards++
 				perCluster[sl.entry().cluster]++
+				perMetric[sl.entry().metric]++
 			}
 		}
 	}
 	require.Equal(t, inShards, tn.series.Load())
 	require.Equal(t, inShards, l.tracked.Load())
-	require.LessOrEqual(t, inShards, int64(tenantLimit))
-	for id, n := range perCluster {
-		require.Equal(t, n, tn.clusters.byID[id].n.Load())
-		require.LessOrEqual(t, n, int64(clusterLimit))
+	for _, in := range []struct {
+		names *interner
+		held  map[uint32]int64
+	}{{&tn.clusters, perCluster}, {&tn.metrics, perMetric}} {
+		for id, c := range in.names.byID {
+			if c != nil {
+				require.Equal(t, in.held[uint32(id)], c.n.Load(), c.name)
+			}
+		}
+		for id := range in.held {
+			require.NotNil(t, in.names.byID[id], "a series of a collected name")
+		}
 	}
+	return inShards, perCluster
 }
 
 // A shard that empties out gives its slots back.

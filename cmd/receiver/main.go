@@ -263,6 +263,7 @@ func run(args []string, stderr io.Writer) int {
 	}
 	limiter := limits.New(reg, cfg.Limits, nil)
 	limiter.TrackClusters(receive.Reasons()) // per-cluster state for the status page (status/)
+	eraser.SetLimiter(limiter)               // an erased cluster's series budget and status-page entry go with its data
 	var sink storage.Writer = db
 	var up *upstream.Writer // forward mode: validated writes also (or only) go upstream
 	if cfg.Upstream.Enabled() {
