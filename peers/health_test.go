@@ -74,16 +74,6 @@ func (r *restartable) stop() {
 	r.srv = nil
 }
 
-// deadAddr is a loopback address nothing listens on.
-func deadAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
-}
-
 // A replica that makes no call at all (no query, no erasure repeat, no
 // push) still notices a peer that stopped, within a few refresh
 // intervals, and notices it come back. A peer answering /-/ready 503
@@ -147,7 +137,9 @@ func TestHealthCheckRound(t *testing.T) {
 	marked := &readyPeer{status: http.StatusOK}
 	markedSrv := httptest.NewServer(marked)
 	t.Cleanup(markedSrv.Close)
-	dead := deadAddr(t)
+	gone := startRestartable(t, &readyPeer{status: http.StatusOK})
+	gone.stop() // its address refuses connections
+	dead := gone.addr
 
 	var logs bytes.Buffer
 	cfg := f.config(strings.TrimPrefix(selfSrv.URL, "http://"), strings.TrimPrefix(markedSrv.URL, "http://"), dead)
