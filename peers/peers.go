@@ -129,7 +129,7 @@ func New(logger *slog.Logger, reg prometheus.Registerer, cfg Config, opts Option
 	}
 	s.m.unreachable = promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "phonehome_peers_unreachable",
-		Help: "Peers that could not be connected to, skipped by queries (a warning each) until they answer a probe of /-/ready again.",
+		Help: "Peers that could not be connected to (by a call, or by the check of every peer's /-/ready each peers.refresh_interval), skipped by queries (a warning each) until they answer a probe of /-/ready again.",
 	}, s.unreachable)
 	if s.resolver == nil {
 		s.resolver = net.DefaultResolver
@@ -176,11 +176,13 @@ func (s *Set) Enabled() bool { return len(s.endpoints) > 0 }
 // Run resolves the DNS endpoints and re-reads the token files every refresh
 // interval until ctx ends. Failures are logged and counted; the previous
 // peers and tokens stay. It also probes the peers marked unreachable
-// (reachability.go).
+// (reachability.go), and checks the others every refresh interval
+// (health.go).
 func (s *Set) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { s.probeLoop(ctx) })
+	wg.Go(func() { s.healthLoop(ctx) })
 	for {
 		s.Refresh(ctx)
 		t := time.NewTimer(time.Duration(s.cfg.RefreshInterval))

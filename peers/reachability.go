@@ -19,7 +19,9 @@ import (
 // (a warning, as any failed peer), and a probe asks its /-/ready every
 // probeInterval. Any HTTP answer makes it reachable again. A mark lapses
 // after probeInterval unless a failed probe renews it, so without the probe
-// (Run not running) a real call tries again now and then.
+// (Run not running) a real call tries again now and then. Run also asks
+// every other peer's /-/ready each refresh interval, so that a replica
+// without calls to a dead peer marks it too (health.go).
 //
 // A peer that accepts connections but answers nothing (a hung process, a
 // node whose kernel still completes handshakes) would hold every query for
@@ -129,22 +131,19 @@ func (s *Set) markUnreachable(p *peer, err error) {
 // probeLoop probes the unreachable peers every s.probeEvery until ctx
 // ends.
 func (s *Set) probeLoop(ctx context.Context) {
-	t := time.NewTicker(s.probeEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	every(ctx, s.probeEvery, s.probeMarked)
+}
+
+// probeMarked probes every unreachable peer at once, and returns when each
+// probe has (within the probe's timeout, before the marks lapse).
+func (s *Set) probeMarked(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, p := range s.snapshot() {
+		if p.down.marked() {
+			wg.Go(func() { _ = s.probe(ctx, p) })
 		}
-		var wg sync.WaitGroup
-		for _, p := range s.snapshot() {
-			if p.down.marked() {
-				wg.Go(func() { _ = s.probe(ctx, p) })
-			}
-		}
-		wg.Wait()
 	}
+	wg.Wait()
 }
 
 // probe asks p's /-/ready: any HTTP answer makes it reachable, a failure
@@ -168,6 +167,7 @@ func (s *Set) probe(ctx context.Context, p *peer) error {
 		return nil
 	}
 	_ = resp.Body.Close()
+	s.recogniseSelf(p, resp) // if /-/ready carries InstanceHeader: never asked again
 	if since := p.down.clear(); !since.IsZero() {
 		s.logger.Info("peer reachable again", "peer", p.addr, "unreachable_for", s.now().Sub(since).Round(time.Second))
 	}
