@@ -432,22 +432,24 @@ func run(args []string, stderr io.Writer) int {
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	healthy := func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "healthy") }
-	readyz := func(w http.ResponseWriter, _ *http.Request) {
+	// The instance header lets a replica that lists itself among its peers
+	// recognise itself at its first health check of them (peers/health.go).
+	readyz := peerSet.WithInstance(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		if !isReady() {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")
-	}
+	}))
 	reload := auth.Middleware(a.authn, auth.PermAdmin, nil, reloadHandler(reloads))
 	mux.Handle("POST /-/reload", reload) // as Prometheus' (PUT too), but always authenticated
 	mux.Handle("PUT /-/reload", reload)
 	mux.HandleFunc("GET /-/healthy", healthy)
-	mux.HandleFunc("GET /-/ready", readyz)
+	mux.Handle("GET /-/ready", readyz)
 	// telemeter-server's probes, so a route or load balancer set up for it
 	// keeps working.
 	mux.HandleFunc("GET /healthz", healthy)
-	mux.HandleFunc("GET /healthz/ready", readyz)
+	mux.Handle("GET /healthz/ready", readyz)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: *readTimeout, IdleTimeout: 2 * time.Minute}
 
 	var g oklogrun.Group

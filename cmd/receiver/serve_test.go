@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/phonehome/phonehome/peers"
 )
 
 // startReceiver runs the receiver in this process with args, on loopback,
@@ -130,4 +132,19 @@ func TestServedRoutes(t *testing.T) {
 	require.Equal(t, http.StatusInternalServerError, code)
 	require.Contains(t, body, "failed to reload: 1 of ")
 	require.NotContains(t, body, "allowlist[0]", "why is in the log: an admin is one tenant's, the reasons may be others'")
+}
+
+// With peers, /-/ready (and telemeter-server's /healthz/ready) carries the
+// replica's instance header, so that a replica listing itself among its
+// peers recognises itself at its first health check of them, instead of
+// probing itself as a peer until a query's answer tells it.
+func TestReadyCarriesTheInstanceHeader(t *testing.T) {
+	dir := t.TempDir()
+	write := fileWriter(t, dir)
+	cfg := write("receiver.yaml", "peers:\n  endpoints: [127.0.0.1:1]\n")
+	base := startReceiver(t, "--insecure.no-auth", "--config.file="+cfg, "--storage.path="+filepath.Join(dir, "data"))
+	for _, path := range []string{"/-/ready", "/healthz/ready"} {
+		_, hdr, _ := call(t, "GET", base+path, "")
+		require.NotEmpty(t, hdr.Get(peers.InstanceHeader), path)
+	}
 }
