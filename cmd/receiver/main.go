@@ -71,7 +71,7 @@ const defaultGOGC = 70
 // defaultTenant is the tenant of every request under --insecure.no-auth.
 const defaultTenant = "default"
 
-func run(args []string, stderr io.Writer) int {
+func run(args []string, stderr io.Writer) (code int) {
 	if len(args) > 0 && args[0] == "erase" { // offline erasure (erase.go)
 		return runErase(args[1:], stderr)
 	}
@@ -189,14 +189,7 @@ func run(args []string, stderr io.Writer) int {
 	// cut short after its head flush left blocks that still hold its
 	// cluster (tombstoned, not rewritten).
 	db.HoldShipping(func(string) bool { return true })
-	defer func() {
-		// Close flushes the head to a block and uploads it (as configured).
-		if err := db.Close(); err != nil {
-			logger.Error("close storage", "err", err)
-			return
-		}
-		logger.Info("receiver stopped: storage closed") // the last line of a clean stop
-	}()
+	defer func() { code = closeStorage(logger, db, code) }() // after the closes deferred below: the flush, the upload, the last line
 
 	bstore, err := bucketstore.Open(logger.With("component", "bucketstore"), reg, *storagePath, cfg.Storage.Bucket, cfg.BucketStore)
 	if err != nil {
