@@ -29,7 +29,9 @@ import (
 type Options struct {
 	// LookbackDelta is how far back an instant vector selector looks (5m).
 	LookbackDelta time.Duration
-	// Timeout bounds one query (2m).
+	// Timeout bounds one query (DefaultTimeout). NewEngine's times queries
+	// out; NewHandler's, the engine's too, is the ceiling of the API's
+	// timeout parameter, as Prometheus' --query.timeout.
 	Timeout time.Duration
 	// MaxSamples bounds the samples one query may load (50M).
 	MaxSamples int
@@ -75,7 +77,8 @@ func NewEngine(logger *slog.Logger, reg prometheus.Registerer, opts Options) *pr
 	})
 }
 
-// DefaultTimeout bounds one query unless Options.Timeout says otherwise.
+// DefaultTimeout bounds one query unless Options.Timeout says otherwise:
+// the default of Prometheus' --query.timeout, and of the receiver's.
 const DefaultTimeout = 2 * time.Minute
 
 func (o *Options) setDefaults() {

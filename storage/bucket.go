@@ -40,7 +40,7 @@ func openBucket(logger *slog.Logger, cfg BucketConfig, storageDir string) (bucke
 		if err != nil {
 			return nil, fmt.Errorf("open filesystem bucket %s: %w", dir, err)
 		}
-		return b, nil
+		return fsBucket{b}, nil // errors that name their file once
 	case BucketS3:
 		c := cfg.S3
 		sc := s3.DefaultConfig

@@ -48,6 +48,7 @@ type DB struct {
 
 	shipMtx    sync.Mutex // serialises ship rounds, Close's final round and EraseLocal
 	shipClosed bool
+	leftLocal  []string                 // NotUploaded; set by Close under shipMtx
 	shipHold   func(tenant string) bool // HoldShipping; guarded by shipMtx
 
 	deny *denyList // erased clusters, refused by Write
@@ -220,7 +221,9 @@ func (db *DB) snapshotTenants() []*tenant {
 
 // Close stops accepting writes, waits for in-flight ones, optionally flushes
 // every head into a block and uploads pending blocks (bounded by
-// shutdown_upload_timeout), then closes the TSDBs and the bucket.
+// shutdown_upload_timeout), then closes the TSDBs and the bucket. An error
+// means a flush, the upload or a close failed; NotUploaded then names the
+// blocks that only the local disk holds.
 func (db *DB) Close() error {
 	db.ready.Store(false)
 	db.lifecycle.Lock()
@@ -249,6 +252,7 @@ func (db *DB) Close() error {
 		cancel()
 	}
 	db.shipClosed = true
+	db.leftLocal = db.notUploadedLocked()
 	db.shipMtx.Unlock()
 
 	errs = append(errs, db.closeTenants())

@@ -71,7 +71,7 @@ const defaultGOGC = 70
 // defaultTenant is the tenant of every request under --insecure.no-auth.
 const defaultTenant = "default"
 
-func run(args []string, stderr io.Writer) int {
+func run(args []string, stderr io.Writer) (code int) {
 	if len(args) > 0 && args[0] == "erase" { // offline erasure (erase.go)
 		return runErase(args[1:], stderr)
 	}
@@ -94,6 +94,7 @@ func run(args []string, stderr io.Writer) int {
 		maxConns         = fs.Int("web.max-connections", 0, "Maximum simultaneous connections, as Prometheus' flag (whose default is 512): more wait to be accepted. Every forwarder and Prometheus of the fleet may keep one open, so size it above the fleet's clients; 0 = unlimited.")
 		maxInflight      = fs.Int("receive.max-inflight-requests", 1024, "Write requests read, decoded and written at once across all tenants and clusters (one cluster's: limits.max_inflight_requests_per_cluster); more are answered 503 with Retry-After before their body is read, which bounds the memory of decoding. 0 = unlimited.")
 		maxInflightBytes = fs.Int64("receive.max-inflight-bytes", 1<<30, "Memory the write requests in flight may hold at once across all tenants and clusters, in bytes: bodies, decoded bytes and decoded structures, reserved as they are read and decoded (an ordinary write holds a few MB, a crafted one up to ~2 GiB). A write that would pass it while others hold memory waits its turn, first come first served, for up to 5s, then is answered 503 with Retry-After; one alone is always served. Size it to what the pod's memory limit leaves above the head (docs/operations.md). 0 = unlimited.")
+		queryTimeout     = fs.Duration("query.timeout", query.DefaultTimeout, "Maximum time a PromQL query may take before it is aborted, as Prometheus' flag: queries of the API (whose timeout parameter can only shorten it), of the fleet rules and of the status page.")
 		readTimeout      = fs.Duration("web.read-timeout", 5*time.Minute, "Maximum duration to read a request, body included, as Prometheus' flag: a client that trickles its body does not hold a connection and its buffer longer.")
 		enablePprof      = fs.Bool("web.enable-pprof", false, "Serve net/http/pprof under /debug/pprof/ (unauthenticated: for benchmarks and debugging on trusted networks only).")
 		gcPercent        = fs.Int("runtime.gogc", defaultGOGC, "GOGC for the process (100 is Go's default; see bench/results/README.md, \"GC settings\"). An explicit GOGC environment variable overrides the default, not an explicit flag.")
@@ -111,6 +112,10 @@ func run(args []string, stderr io.Writer) int {
 	if *showVersion {
 		fmt.Fprintln(stderr, version.Print("receiver"))
 		return 0
+	}
+	if *queryTimeout <= 0 {
+		fmt.Fprintf(stderr, "receiver: --query.timeout %s: want a positive duration\n", *queryTimeout)
+		return 2
 	}
 	gogcFlag := false
 	fs.Visit(func(f *flag.Flag) { gogcFlag = gogcFlag || f.Name == "runtime.gogc" })
@@ -189,14 +194,7 @@ func run(args []string, stderr io.Writer) int {
 	// cut short after its head flush left blocks that still hold its
 	// cluster (tombstoned, not rewritten).
 	db.HoldShipping(func(string) bool { return true })
-	defer func() {
-		// Close flushes the head to a block and uploads it (as configured).
-		if err := db.Close(); err != nil {
-			logger.Error("close storage", "err", err)
-			return
-		}
-		logger.Info("receiver stopped: storage closed") // the last line of a clean stop
-	}()
+	defer func() { code = closeStorage(logger, db, code) }() // after the closes deferred below: the flush, the upload, the last line
 
 	bstore, err := bucketstore.Open(logger.With("component", "bucketstore"), reg, *storagePath, cfg.Storage.Bucket, cfg.BucketStore)
 	if err != nil {
@@ -307,14 +305,14 @@ func run(args []string, stderr io.Writer) int {
 	} else {
 		policies = receive.NewPolicyUpdater(writes, policy, nil)
 	}
-	engine := query.NewEngine(logger.With("component", "query"), reg, query.Options{})
+	engine := query.NewEngine(logger.With("component", "query"), reg, query.Options{Timeout: *queryTimeout})
 	// Queries and rules over the fleet: parts pushed down to the replicas
 	// where that is exact (pushdown), the rest over the merged view.
 	var fleetEngine promql.QueryEngine = engine
 	if peerSet.Enabled() && cfg.Peers.PushdownEnabled() {
 		fleetEngine = pushdown.New(logger.With("component", "pushdown"), reg, engine, pushdown.Options{
 			ClusterLabel: relabel.IDLabel,
-			Timeout:      query.DefaultTimeout,
+			Timeout:      *queryTimeout,
 			Local:        query.NewQueryable(db),
 			Peers:        peerSet.Shards,
 			InBucket: func(ctx context.Context, mint, maxt int64) bool {
@@ -331,7 +329,8 @@ func run(args []string, stderr io.Writer) int {
 	}
 	localMeta := query.LocalMetadata(db)
 	api := query.NewHandler(logger.With("component", "query"), fleetEngine, reader, query.Options{
-		Ready: isReady, Version: version.Version, Revision: version.GetRevision(),
+		Timeout: *queryTimeout, // the engine's: the ceiling of the API's timeout parameter, as in Prometheus
+		Ready:   isReady, Version: version.Version, Revision: version.GetRevision(),
 		Rules: ruler.RulesRetriever, Alertmanagers: ruler.AlertmanagerRetriever,
 		Metadata: peerSet.Metadata(localMeta), // this receiver's and its peers'
 	})

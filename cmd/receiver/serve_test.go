@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -18,22 +19,46 @@ import (
 )
 
 // startReceiver runs the receiver in this process with args, on loopback,
-// and returns its base URL. At cleanup it sends this process SIGTERM, which
-// the receiver's shutdown subscription takes, and requires exit code 0.
+// and returns its base URL. At cleanup it stops it and requires exit code 0.
 func startReceiver(t *testing.T, args ...string) string {
 	t.Helper()
+	r := startReceiverProc(t, args...)
+	t.Cleanup(func() {
+		code, _ := r.stop(t)
+		require.Equal(t, 0, code)
+	})
+	return r.base
+}
+
+// receiverProc is a receiver run in this process by startReceiverProc.
+type receiverProc struct {
+	base   string
+	code   chan int
+	logged chan struct{} // closed once the log is read to its end
+	lines  []string      // every log line; read after logged is closed
+
+	stopOnce sync.Once
+	exit     int
+}
+
+// startReceiverProc runs the receiver in this process with args, on
+// loopback, once it logs its listen address. Its stop method stops it; if
+// the test has not, cleanup does.
+func startReceiverProc(t *testing.T, args ...string) *receiverProc {
+	t.Helper()
 	pr, pw := io.Pipe()
-	code := make(chan int, 1)
+	r := &receiverProc{code: make(chan int, 1), logged: make(chan struct{})}
 	go func() {
-		code <- run(append([]string{"--web.listen-address=127.0.0.1:0"}, args...), pw)
+		r.code <- run(append([]string{"--web.listen-address=127.0.0.1:0"}, args...), pw)
 		pw.Close()
 	}()
 	addr := make(chan string, 1)
-	logged := make(chan struct{})
 	go func() {
-		defer close(logged)
+		defer close(r.logged)
 		sc := bufio.NewScanner(pr)
+		sc.Buffer(nil, 1<<20) // a line naming every block left behind is long
 		for sc.Scan() {
+			r.lines = append(r.lines, sc.Text())
 			var rec struct{ Msg, Addr string }
 			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "listening" {
 				addr <- rec.Addr
@@ -42,24 +67,33 @@ func startReceiver(t *testing.T, args ...string) string {
 	}()
 	select {
 	case a := <-addr:
-		t.Cleanup(func() {
-			require.NoError(t, syscall.Kill(syscall.Getpid(), syscall.SIGTERM))
-			select {
-			case c := <-code:
-				require.Equal(t, 0, c)
-			case <-time.After(30 * time.Second):
-				t.Error("the receiver did not stop")
-			}
-			<-logged
-		})
-		return "http://" + a
-	case c := <-code:
+		r.base = "http://" + a
+		t.Cleanup(func() { r.stop(t) })
+		return r
+	case c := <-r.code:
 		t.Fatalf("the receiver exited with %d before listening", c)
-		return ""
+		return nil
 	case <-time.After(30 * time.Second):
 		t.Fatal("the receiver did not log a listen address")
-		return ""
+		return nil
 	}
+}
+
+// stop sends this process SIGTERM, which the receiver's shutdown
+// subscription takes, and returns its exit code and every line it logged.
+func (r *receiverProc) stop(t *testing.T) (code int, lines []string) {
+	t.Helper()
+	r.stopOnce.Do(func() {
+		require.NoError(t, syscall.Kill(syscall.Getpid(), syscall.SIGTERM))
+		select {
+		case r.exit = <-r.code:
+		case <-time.After(30 * time.Second):
+			r.exit = -1
+			t.Error("the receiver did not stop")
+		}
+		<-r.logged
+	})
+	return r.exit, r.lines
 }
 
 // call sends method url with token (none if empty) and returns the answer.
