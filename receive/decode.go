@@ -59,10 +59,7 @@ func negotiate(h http.Header, accepted []string) (string, error) {
 	proto := protoV1 // remote-write 1.0 senders predating the spec send no Content-Type
 	if ct := h.Get("Content-Type"); ct != "" {
 		mt, params, err := mime.ParseMediaType(ct)
-		if err != nil {
-			return "", fmt.Errorf("content-type %q: %w", ct, errUnsupported)
-		}
-		if mt != "application/x-protobuf" {
+		if err != nil || mt != "application/x-protobuf" {
 			return "", fmt.Errorf("content-type %q, want application/x-protobuf: %w", ct, errUnsupported)
 		}
 		if p, ok := params["proto"]; ok {

@@ -251,6 +251,7 @@ func TestNegotiate(t *testing.T) {
 		{"application/x-protobuf;proto=", "snappy", nil, ""},
 		{"application/json", "snappy", nil, ""},
 		{"application/x-protobuf;proto", "snappy", nil, ""},
+		{"not a media type;;", "snappy", nil, ""},
 	} {
 		h := http.Header{}
 		if tc.ct != "" {
@@ -261,6 +262,9 @@ func TestNegotiate(t *testing.T) {
 		if tc.want == "" {
 			require.ErrorIs(t, err, errUnsupported, "%q %q", tc.ct, tc.enc)
 			require.Equal(t, http.StatusUnsupportedMediaType, statusFor(err))
+			if !strings.HasPrefix(tc.ct, "application/x-protobuf") && tc.enc == "snappy" {
+				require.ErrorContains(t, err, "want application/x-protobuf", "the answer names what is accepted")
+			}
 			continue
 		}
 		require.NoError(t, err, "%q", tc.ct)

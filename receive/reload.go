@@ -80,6 +80,7 @@ func (r *ConfigReloader) Reload() error {
 		return err
 	}
 	r.apply(cfg)
+	WarnUnrenamedAlerts(r.logger, cfg)
 	r.last = sha256.Sum256(b)
 	r.reloads.WithLabelValues("success").Inc()
 	r.lastGood.SetToCurrentTime()

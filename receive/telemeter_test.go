@@ -59,6 +59,7 @@ func TestTelemeterPathsDropWhatTheAllowlistRefuses(t *testing.T) {
 	rec := httptest.NewRecorder()
 	h.ServeUpload(rec, uploadRequest(framed(t, delimited(t, gauge("kept", 1, 0), gauge("other", 1, 0))), id))
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	require.Equal(t, "2", rec.Header().Get(headerSamplesWritten), "the dropped sample is answered as written (README)")
 
 	body := encode(t, series("kept"), series("other"))
 	rec = httptest.NewRecorder()

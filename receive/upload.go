@@ -16,6 +16,10 @@ import (
 // phonehome_receive_decoded_requests_total proto label.
 const protoFamilies = "io.prometheus.client.MetricFamily"
 
+// uploadContentType is the Content-Type /upload accepts, named in every 415
+// so that a client learns what to send.
+const uploadContentType = "application/vnd.google.protobuf; proto=" + protoFamilies + "; encoding=delimited"
+
 // ServeUpload serves telemeter-client's POST /upload: delimited
 // io.prometheus.client.MetricFamily messages in a snappy stream. Its series
 // go through exactly the pipeline of remote-write (binding, limits, policy,
@@ -39,11 +43,8 @@ func negotiateUpload(hdr http.Header) error {
 	}
 	ct := hdr.Get("Content-Type")
 	mt, params, err := mime.ParseMediaType(ct)
-	if err != nil {
-		return fmt.Errorf("content-type %q: %w", ct, errUnsupported)
-	}
-	if mt != "application/vnd.google.protobuf" {
-		return fmt.Errorf("content-type %q, want application/vnd.google.protobuf; proto=%s; encoding=delimited: %w", ct, protoFamilies, errUnsupported)
+	if err != nil || mt != "application/vnd.google.protobuf" {
+		return fmt.Errorf("content-type %q, want %s: %w", ct, uploadContentType, errUnsupported)
 	}
 	if p, ok := params["proto"]; ok && p != protoFamilies {
 		return fmt.Errorf("content-type proto %q, want %s: %w", p, protoFamilies, errUnsupported)

@@ -30,9 +30,6 @@ import (
 	"github.com/phonehome/phonehome/limits"
 )
 
-// uploadContentType is what telemeter-client sends (expfmt.FmtProtoDelim).
-const uploadContentType = "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"
-
 // delimited encodes families as telemeter-client does before compressing.
 func delimited(t testing.TB, fams ...*dto.MetricFamily) []byte {
 	t.Helper()
@@ -270,6 +267,23 @@ func TestServeUploadRewritesTheClusterIDSentInClear(t *testing.T) {
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
 	require.Len(t, w.series, 1)
 	require.Equal(t, "__name__=up,_id=pseudonym", labelString(w.series[0]))
+}
+
+// TestUpload415NamesTheAcceptedType: a client that sent no Content-Type, or
+// one that does not parse, learns what to send, as for a wrong one.
+func TestUpload415NamesTheAcceptedType(t *testing.T) {
+	h := NewHandler(discard(), nil, &fakeWriter{}, newLimiter(nil), Options{})
+	id := &auth.Identity{Tenant: "acme", ClusterID: "c1"}
+	for _, ct := range []string{"", "text/plain", "not a media type;;"} {
+		t.Run(ct, func(t *testing.T) {
+			r := uploadRequest(framed(t, delimited(t, gauge("up", 1, 1000))), id)
+			r.Header.Set("Content-Type", ct)
+			rec := httptest.NewRecorder()
+			h.ServeUpload(rec, r)
+			require.Equal(t, http.StatusUnsupportedMediaType, rec.Code)
+			require.Contains(t, rec.Body.String(), "want application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited")
+		})
+	}
 }
 
 func TestServeUploadBadInput(t *testing.T) {

@@ -42,3 +42,25 @@ func TestCheckConfigPrintsEveryProblemALine(t *testing.T) {
 		"parse "+cfg+": storage.out_of_order_window: line 2: want a duration such as 30s, 5m or 1h30m, found a string\n"+
 		"limits.defaults.max_serie_per_cluster: line 5: unknown key\n", stderr.String())
 }
+
+// TestCheckConfigWarnsOfAllowlistDroppingAlerts: an allowlist pasted from
+// CMO's (ALERTS without its alerts form) passes --check-config with a
+// warning that names it, as a start does: clusters send alerts, which it
+// drops.
+func TestCheckConfigWarnsOfAllowlistDroppingAlerts(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "receiver.yaml")
+	check := func(allowlist string) string {
+		t.Helper()
+		require.NoError(t, os.WriteFile(cfg, []byte("allowlist:\n"+allowlist), 0o600))
+		var stderr bytes.Buffer
+		require.Equal(t, 0, run([]string{"--config.file=" + cfg, "--storage.path=" + filepath.Join(dir, "data"), "--insecure.no-auth", "--check-config"}, &stderr), stderr.String())
+		require.Contains(t, stderr.String(), "ok")
+		return stderr.String()
+	}
+	out := check("  - up\n  - '{__name__=\"ALERTS\",alertstate=\"firing\"}'\n")
+	require.Contains(t, out, `"level":"WARN"`)
+	require.Contains(t, out, "select ALERTS but not alerts")
+	require.Contains(t, out, `"in":"allowlist"`)
+	require.NotContains(t, check("  - up\n  - '{__name__=~\"ALERTS|alerts\",alertstate=\"firing\"}'\n"), "ALERTS but not alerts")
+}

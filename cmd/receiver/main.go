@@ -161,6 +161,7 @@ func run(args []string, stderr io.Writer) (code int) {
 		return badConfig(*webConfig, err)
 	}
 	warnAuth(logger, a, cfg.Auth) // at --check-config too
+	receive.WarnUnrenamedAlerts(logger.With("component", "config"), cfg)
 	if *checkOnly {
 		fmt.Fprintln(stderr, "ok")
 		return 0
