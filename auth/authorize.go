@@ -89,6 +89,10 @@ type AuthorizeHandler struct {
 	fleet   FleetAuthorizer
 	issuer  *Issuer
 	results *prometheus.CounterVec
+	now     func() time.Time
+	// upstreamWarn keeps authorizer failures, one per retrying cluster,
+	// from flooding the log (upstreamWarnEvery).
+	upstreamWarn logThrottle
 }
 
 // NewAuthorizeHandler returns the /authorize handler. reg may be nil. With
@@ -96,7 +100,7 @@ type AuthorizeHandler struct {
 // cluster id) is bound as its pseudonym, and sealed in the credential.
 func NewAuthorizeHandler(logger *slog.Logger, reg prometheus.Registerer, fleet FleetAuthorizer, issuer *Issuer) *AuthorizeHandler {
 	h := &AuthorizeHandler{
-		logger: logger, fleet: fleet, issuer: issuer,
+		logger: logger, fleet: fleet, issuer: issuer, now: time.Now,
 		results: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_auth_authorize_requests_total",
 			Help: "POST /authorize requests by result.",
@@ -143,7 +147,7 @@ func (h *AuthorizeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, "unauthorized", http.StatusUnauthorized, "unknown fleet token")
 		return
 	case errors.Is(err, ErrUpstream):
-		h.logger.Warn("upstream authorizer failed", "err", err)
+		h.logUpstream(r.Context(), err, cluster)
 		w.Header().Set("Retry-After", "30")
 		h.fail(w, "upstream_error", http.StatusServiceUnavailable, "the upstream authorizer is unavailable, retry later")
 		return
@@ -169,6 +173,33 @@ func (h *AuthorizeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Version: telemeterProtocolVersion, TelemeterExpiresIn: expiresIn,
 		Labels: map[string]string{"_id": clusterID},
 	})
+}
+
+// logUpstream logs a fleet authorizer that gave no answer the client could
+// be given (ErrUpstream), at Warn once per upstreamWarnEvery, else at Debug.
+// It names the cluster by its stored id only when that is a pseudonym, never
+// by a raw id, and never quotes the token. The tenant is not known: only
+// the webhook's 200 names it.
+func (h *AuthorizeHandler) logUpstream(ctx context.Context, err error, cluster ClusterIDs) {
+	level := slog.LevelDebug
+	held, ok := h.upstreamWarn.allow(h.now(), upstreamWarnEvery)
+	if ok {
+		level = slog.LevelWarn
+	}
+	attrs := []any{"err", err, "answered", http.StatusServiceUnavailable}
+	if pseudonymRE.MatchString(cluster.Stored) {
+		attrs = append(attrs, "cluster_id", cluster.Stored)
+	}
+	if ok && held > 0 {
+		attrs = append(attrs, "not_logged_before", held)
+	}
+	var ws *webhookStatusError
+	if errors.As(err, &ws) {
+		attrs = append(attrs, "hint", ws.hint())
+		h.logger.Log(ctx, level, "authorize webhook answered neither 200 nor a refusal (401, 403)", attrs...)
+		return
+	}
+	h.logger.Log(ctx, level, "upstream authorizer failed", attrs...)
 }
 
 func (h *AuthorizeHandler) fail(w http.ResponseWriter, result string, code int, msg string) {
@@ -254,7 +285,7 @@ func (wh Webhook) AuthorizeFleet(ctx context.Context, token string, cluster Clus
 	case http.StatusForbidden:
 		return "", fmt.Errorf("webhook refused the cluster: %w", ErrForbidden)
 	default:
-		return "", fmt.Errorf("webhook answered %d: %w", resp.StatusCode, ErrUpstream)
+		return "", &webhookStatusError{code: resp.StatusCode}
 	}
 	var out struct {
 		Tenant string `json:"tenant"`

@@ -12,10 +12,11 @@ import (
 type bucket struct {
 	lim *rate.Limiter
 	cfg *resolved
-	// owed is the size of the last request this (cluster) bucket could not
-	// pay for, 0 once a request has been paid for. CheckExhausted refuses
-	// the cluster until the bucket holds that much again: that is when the
-	// Retry-After it was given runs out.
+	// owed is the size of the last request of this bucket's owner (its
+	// cluster, or a credential bound to no cluster on the tenant's bucket)
+	// that was refused for its rate, 0 once a request has been paid for.
+	// CheckExhausted refuses the owner until both buckets hold that much
+	// again: that is when the Retry-After it was given runs out.
 	owed int
 }
 
@@ -45,7 +46,8 @@ const maxRetryAfter = math.MaxInt32
 // If both buckets hold enough, it takes n from each and returns (0, nil).
 // Otherwise it takes nothing and returns a *LimitError (ErrRateLimited) for
 // the bucket that is short longest, and retryAfter: how long until both could
-// give n, rounded up to whole seconds and at least 1s, for Retry-After.
+// give n, rounded up to whole seconds and at least 1s, for Retry-After; it
+// remembers n, so that CheckExhausted refuses the cluster until then.
 //
 // A request larger than a bucket's burst can never be paid for and is
 // refused with a *LimitError wrapping ErrTooLarge (burst_per_cluster or
@@ -74,22 +76,27 @@ func (l TenantLimits) MaxSamplesPerRequest(cluster bool) int {
 	return n
 }
 
-// CheckExhausted refuses, as AllowSamples would, a request that cannot pass
-// whatever its size, and takes nothing. The receiver calls it before it reads
-// and decodes a body, so a cluster over its rate costs next to nothing.
+// CheckExhausted refuses a cluster (or a credential bound to no cluster) that
+// was told to wait, and takes nothing. The receiver calls it before it reads
+// and decodes a body, so a client over its rate costs next to nothing.
 //
-// A request cannot pass if the tenant's or the cluster's bucket is empty, or
-// if the cluster's last request was refused by AllowSamples and its bucket
-// does not yet hold what that request needed: the cluster was told to retry
-// after that (Retry-After) and is refused until then. Without that second
-// rule a client that ignores Retry-After gets every request decoded, since a
-// bucket refilling continuously is almost never quite empty.
+// It refuses while the cluster's last request was refused by AllowSamples
+// and the buckets do not yet hold what that request needed, with
+// retryAfter: how long until they do, which is when the Retry-After the
+// cluster was given runs out. Without it a client that ignores Retry-After
+// gets every request decoded.
+//
+// It does not refuse on an empty bucket alone: the size of the request is
+// not known before its body is decoded, so neither is how long it has to
+// wait, and a Retry-After of the time until one sample fits (1s) would only
+// bring the request back early, to be refused again with the real wait.
+// Such a request is decoded, and AllowSamples answers its exact wait.
 func (l *Limiter) CheckExhausted(tenant, cluster string) (retryAfter time.Duration, err error) {
 	return l.samples(tenant, cluster, 0, false)
 }
 
 // samples is AllowSamples (take) and CheckExhausted (!take, n == 0: the
-// request's size is not known yet).
+// request's size is not known yet, the owner's owed stands in for it).
 func (l *Limiter) samples(tenant, cluster string, n int, take bool) (retryAfter time.Duration, err error) {
 	cfg := l.cfg.Load()
 	lim := cfg.forTenant(tenant)
@@ -122,12 +129,23 @@ func (l *Limiter) samples(tenant, cluster string, n int, take bool) (retryAfter 
 		tb = t.rate.lim
 	}
 
+	owner := cbk // whose refused request is remembered (owed)
+	if cluster == "" {
+		owner = t.rate
+	}
+	if !take {
+		if owner == nil || owner.owed == 0 {
+			return 0, nil // nothing refused yet: the size of this request decides (AllowSamples)
+		}
+		n = owner.owed
+	}
+
 	// A request larger than a bucket's burst could never be paid for: refuse
 	// it as too large (413) rather than let it pass on a full bucket.
-	if cb != nil && n > lim.BurstPerCluster {
+	if take && cb != nil && n > lim.BurstPerCluster {
 		return 0, l.reject(LimitBurstPerCluster, float64(lim.BurstPerCluster))
 	}
-	if tb != nil && n > lim.BurstPerTenant {
+	if take && tb != nil && n > lim.BurstPerTenant {
 		return 0, l.reject(LimitBurstPerTenant, float64(lim.BurstPerTenant))
 	}
 	var (
@@ -139,22 +157,18 @@ func (l *Limiter) samples(tenant, cluster string, n int, take bool) (retryAfter 
 		if b == nil {
 			return
 		}
-		need := float64(min(max(n, 1), burst))
+		need := float64(min(n, burst)) // owed may exceed a burst lowered since
 		if have := b.TokensAt(now); have < need {
 			if d := (need - have) / r; limit == "" || d > wait {
 				wait, limit, value = d, name, r
 			}
 		}
 	}
-	cn := n
-	if !take && cbk != nil {
-		cn = cbk.owed // what the cluster was last refused, if anything
-	}
-	short(cb, LimitSamplesPerSecondCluster, lim.SamplesPerSecondPerCluster, lim.BurstPerCluster, cn)
+	short(cb, LimitSamplesPerSecondCluster, lim.SamplesPerSecondPerCluster, lim.BurstPerCluster, n)
 	short(tb, LimitSamplesPerSecondTenant, lim.SamplesPerSecondPerTenant, lim.BurstPerTenant, n)
 	if limit != "" {
-		if take && cbk != nil && cb.TokensAt(now) < float64(n) {
-			cbk.owed = n // n <= burst, checked above
+		if take && owner != nil {
+			owner.owed = n // n <= burst, checked above
 		}
 		secs := min(max(math.Ceil(wait), 1), maxRetryAfter)
 		return time.Duration(secs) * time.Second, l.reject(limit, value)
@@ -165,7 +179,9 @@ func (l *Limiter) samples(tenant, cluster string, n int, take bool) (retryAfter 
 	// Both hold enough, and the lock keeps it so: these cannot fail.
 	if cb != nil {
 		cb.AllowN(now, min(n, lim.BurstPerCluster))
-		cbk.owed = 0
+	}
+	if owner != nil {
+		owner.owed = 0
 	}
 	if tb != nil {
 		tb.AllowN(now, min(n, lim.BurstPerTenant))

@@ -221,14 +221,29 @@ func TestCheckExhaustedTakesNothing(t *testing.T) {
 	require.NoError(t, err, "a full bucket")
 	_, err = l.AllowSamples("t", "c", 100)
 	require.NoError(t, err, "the check took nothing: all 100 are still there")
-	retry, err := l.CheckExhausted("t", "c")
-	require.ErrorIs(t, err, ErrRateLimited, "an empty bucket refuses before the body is read")
-	require.Equal(t, time.Second, retry)
-	clk.Advance(time.Second)
-	_, err = l.CheckExhausted("t", "c")
-	require.NoError(t, err)
 	_, err = l.CheckExhausted("t", "")
 	require.NoError(t, err, "no cluster: only the (unlimited) tenant bucket")
+}
+
+// TestCheckExhaustedDoesNotGuessTheWait: on an empty bucket the check before
+// the body cannot know how long the request must wait (its size is not
+// known), and the time until one sample fits (1s) would only bring the
+// client back early. The request is decoded, refused with its real wait,
+// and from then on refused before its body until that wait is over.
+func TestCheckExhaustedDoesNotGuessTheWait(t *testing.T) {
+	clk := newClock()
+	l := New(nil, rateSpec(1, 200_000, 0, 0), clk.Now)
+	_, err := l.AllowSamples("t", "c", 200_000)
+	require.NoError(t, err)
+	_, err = l.CheckExhausted("t", "c")
+	require.NoError(t, err, "an empty bucket, but nothing refused yet: the request's size decides")
+	retry, err := l.AllowSamples("t", "c", 300)
+	require.ErrorIs(t, err, ErrRateLimited)
+	require.Equal(t, 300*time.Second, retry, "until the 300 samples fit, not until 1 does")
+	clk.Advance(time.Second)
+	retry, err = l.CheckExhausted("t", "c")
+	require.ErrorIs(t, err, ErrRateLimited, "told to wait: refused before the body")
+	require.Equal(t, 299*time.Second, retry, "what is left of the wait it was given")
 }
 
 func TestCheckExhaustedUntilRefusedRequestFits(t *testing.T) {
@@ -262,9 +277,8 @@ func TestCheckExhaustedUntilRefusedRequestFits(t *testing.T) {
 
 	_, err = l.AllowSamples("t", "c", 80)
 	require.NoError(t, err, "paid: nothing owed any more")
-	clk.Advance(100 * time.Millisecond) // 1 token
 	_, err = l.CheckExhausted("t", "c")
-	require.NoError(t, err, "after a paid request only an empty bucket refuses")
+	require.NoError(t, err, "after a paid request nothing is refused before its body, even on an empty bucket")
 }
 
 func TestCheckExhaustedOwedCappedByReloadedBurst(t *testing.T) {
@@ -280,14 +294,39 @@ func TestCheckExhaustedOwedCappedByReloadedBurst(t *testing.T) {
 	require.NoError(t, err, "owed is capped at the new burst (20), which the bucket holds")
 }
 
-func TestCheckExhaustedTenantShortageOwesNothing(t *testing.T) {
+func TestCheckExhaustedTenantShortageIsOwed(t *testing.T) {
 	clk := newClock()
 	l := New(nil, rateSpec(10, 100, 10, 60), clk.Now)
 	_, err := l.AllowSamples("t", "a", 50)
 	require.NoError(t, err)
-	_, err = l.AllowSamples("t", "b", 20)
+	retry, err := l.AllowSamples("t", "b", 20)
 	require.ErrorIs(t, err, ErrRateLimited, "the tenant bucket holds 10")
 	require.Equal(t, LimitSamplesPerSecondTenant, limitOf(t, err))
+	require.Equal(t, time.Second, retry)
+	retry, err = l.CheckExhausted("t", "b")
+	require.ErrorIs(t, err, ErrRateLimited, "b was told to wait for the tenant bucket")
+	require.Equal(t, time.Second, retry)
+	_, err = l.CheckExhausted("t", "a")
+	require.NoError(t, err, "a was refused nothing")
+	clk.Advance(time.Second)
 	_, err = l.CheckExhausted("t", "b")
-	require.NoError(t, err, "b's own bucket held enough: only an empty tenant bucket refuses it early")
+	require.NoError(t, err, "the tenant bucket holds the 20 b needed")
+}
+
+func TestCheckExhaustedWithoutClusterOwesOnTheTenantBucket(t *testing.T) {
+	clk := newClock()
+	l := New(nil, rateSpec(10, 100, 10, 60), clk.Now)
+	_, err := l.AllowSamples("t", "", 60)
+	require.NoError(t, err)
+	_, err = l.CheckExhausted("t", "")
+	require.NoError(t, err, "empty, but nothing refused yet")
+	retry, err := l.AllowSamples("t", "", 40)
+	require.ErrorIs(t, err, ErrRateLimited)
+	require.Equal(t, 4*time.Second, retry)
+	retry, err = l.CheckExhausted("t", "")
+	require.ErrorIs(t, err, ErrRateLimited)
+	require.Equal(t, 4*time.Second, retry)
+	clk.Advance(4 * time.Second)
+	_, err = l.CheckExhausted("t", "")
+	require.NoError(t, err)
 }

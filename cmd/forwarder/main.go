@@ -408,6 +408,10 @@ func load(f *flags, logger *slog.Logger) (*setup, error) {
 		b, err := os.ReadFile(f.saltFile)
 		if err != nil {
 			add(fmt.Errorf("--anonymize-salt-file: %w", err))
+			// The file is the one cause: a stand-in keeps relabel.Parse from
+			// reporting the missing salt again as "0 bytes" (errs is not
+			// empty, so these rules are never used).
+			b = make([]byte, relabel.MinSaltBytes)
 		}
 		rc.Salt = []byte(strings.TrimRight(string(b), "\r\n"))
 	}

@@ -88,6 +88,23 @@ func TestInvalidInputExits2WithEveryProblem(t *testing.T) {
 	require.NotContains(t, out, "short", "secrets never appear in logs")
 }
 
+// TestMissingSaltFileIsOneProblem: a salt file that cannot be read is
+// reported once, not again as a salt of 0 bytes.
+func TestMissingSaltFileIsOneProblem(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "salt")
+	var stderr bytes.Buffer
+	require.Equal(t, 2, run([]string{"--to=http://127.0.0.1:1", "--from=http://127.0.0.1:2", "--id=abc", "--match=up",
+		"--anonymize-salt-file=" + missing, "--check-config"}, &stderr))
+	out := stderr.String()
+	require.Contains(t, out, "--anonymize-salt-file: open "+missing+": no such file or directory")
+	require.NotContains(t, out, "anonymize salt:", "one cause, one problem")
+
+	var again bytes.Buffer
+	require.Equal(t, 2, run([]string{"--to=http://127.0.0.1:1", "--from=http://127.0.0.1:2", "--id=abc", "--match=up",
+		"--anonymize-salt-file=" + writeFile(t, "salt", "\n"), "--check-config"}, &again))
+	require.Contains(t, again.String(), "anonymize salt: 0 bytes, need at least 16", "an empty file is still refused")
+}
+
 func TestBadFlagsExit2(t *testing.T) {
 	for _, args := range [][]string{{"--nope"}, {"--log.level=loud"}, {"--log.format=xml"}, {"positional"}, {"--queue.max-bytes=lots"}} {
 		var stderr bytes.Buffer
