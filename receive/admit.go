@@ -47,6 +47,10 @@ type sessions struct {
 // errErased refuses a series of an erased cluster (Options.Denied).
 var errErased = &seriesError{reasonErased, storage.ClusterErasedRefusal}
 
+// errErasedCredential refuses a whole request of a credential bound to an
+// erased cluster, before its body is read: a 400, as its series would be.
+var errErasedCredential = &rejectedError{msg: "nothing was written: " + storage.ClusterErasedRefusal}
+
 // denial returns the test of a request's series against the deny list
 // (Options.Denied), run before admit so that an erased cluster leaves no
 // trace in the limiter: asked once for a credential bound to a cluster,

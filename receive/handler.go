@@ -244,6 +244,12 @@ func (h *Handler) handle(r *http.Request, rt route) (written storage.Stats, prot
 		return storage.Stats{}, proto, err
 	}
 
+	if h.opts.Denied != nil && id.ClusterID != "" && h.opts.Denied(id.Tenant, id.ClusterID) {
+		// A credential of an erased cluster: refused whole before its body
+		// is read and before the limiter's rate bucket, in-flight count or
+		// status page hold the cluster's id again (docs/lifecycle.md).
+		return storage.Stats{}, proto, errErasedCredential
+	}
 	if retry, err := h.limiter.CheckExhausted(id.Tenant, id.ClusterID); err != nil {
 		return storage.Stats{}, proto, &rateLimitedError{retryAfter: retry, err: err} // before reading the body: cheap
 	}

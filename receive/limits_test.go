@@ -195,7 +195,8 @@ func TestV1MetadataIsRateLimitedAndValidated(t *testing.T) {
 
 // An erased (denied) cluster's series are refused before the limiter: they
 // take none of the tenant's series budget and leave no cluster on the
-// status page.
+// status page. A credential bound to it is refused before its body is
+// read, so not even its rate bucket or in-flight count holds its id.
 func TestHandlerRefusesADeniedClusterBeforeTheLimiter(t *testing.T) {
 	lim := newLimiter(func(s *limits.Spec) { s.MaxSeriesPerTenant = ptr(1) })
 	lim.TrackClusters(Reasons())
@@ -207,9 +208,11 @@ func TestHandlerRefusesADeniedClusterBeforeTheLimiter(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, rec.Code)
 	require.Contains(t, rec.Body.String(), "cluster was erased")
 	require.Contains(t, rec.Body.String(), "POST /api/v1/admin/readmit", "says how the refusal is lifted")
-	require.InDelta(t, 2, testutil.ToFloat64(h.metrics.rejected.WithLabelValues(reasonErased)), 0)
+	require.InDelta(t, 1, testutil.ToFloat64(h.metrics.requests.WithLabelValues("/api/v1/write", "400")), 0)
 	_, shown := lim.Cluster("acme", "erased")
 	require.False(t, shown, "not on the status page")
+	_, known := lim.Forget("acme", "erased")
+	require.False(t, known, "the limiter holds nothing of it: no rate bucket, no name")
 
 	rec = httptest.NewRecorder()
 	h.ServeHTTP(rec, newRequest(encode(t, series("up")), &auth.Identity{Tenant: "acme", ClusterID: "c2"}))
@@ -220,6 +223,6 @@ func TestHandlerRefusesADeniedClusterBeforeTheLimiter(t *testing.T) {
 	rec = httptest.NewRecorder()
 	h.ServeHTTP(rec, newRequest(encode(t, series("up", "_id", "erased"), series("up", "_id", "c2")), &auth.Identity{Tenant: "acme"}))
 	require.Equal(t, http.StatusBadRequest, rec.Code)
-	require.InDelta(t, 3, testutil.ToFloat64(h.metrics.rejected.WithLabelValues(reasonErased)), 0)
+	require.InDelta(t, 1, testutil.ToFloat64(h.metrics.rejected.WithLabelValues(reasonErased)), 0)
 	require.Len(t, w.series, 2, "c2's series written")
 }
