@@ -33,7 +33,7 @@ const clustersFileVersion = 1
 const maxSavedClusters = 250_000
 
 // maxClustersFileBytes bounds the clusters file, written and read: about
-// 90 bytes a cluster (bench: BenchmarkClusterStateSave).
+// 90 bytes a cluster (BenchmarkClusterState), so some 3M clusters.
 const maxClustersFileBytes = 256 << 20
 
 type clustersFile struct {
