@@ -25,8 +25,9 @@ import (
 // gets a counter array of 8 bytes per reason the first time it is refused.
 // A cluster whose series have all expired stays in the interner (its name,
 // about 100 bytes with the map slot) until it has been silent for
-// ClusterRetention, so the page can list it as gone silent. bench/status
-// measures the total per cluster.
+// ClusterRetention, so the page can list it as gone silent, also across a
+// restart (status_restore.go). bench/status measures the total per
+// cluster.
 //
 // Per tenant there is a fixed-size ring of the most recent refusals, one
 // per request, cluster and reason, with one example label set each.
@@ -80,13 +81,42 @@ type tracker struct {
 // clusterStat is one cluster's tracking. All fields are atomics: it is
 // updated by concurrent requests and read by the status API.
 type clusterStat struct {
-	lastSeen atomic.Uint32 // Limiter seconds + 1; 0 = never
+	lastSeen atomic.Uint32 // Limiter seconds + seenBias; 0 = never
 	rate     atomic.Uint32 // float32 bits: samples/s over the last RateWindow
 	client   atomic.Uint64 // proto id <<32 | agent id <<16 | definition id
 	samples  atomic.Uint64 // admitted samples, total
 	prev     atomic.Uint64 // samples at the last roll
 	rolled   atomic.Bool   // rate holds a completed window
+	// restored is the series count of a cluster restored from the
+	// previous process (RestoreClusters), shown until it writes again or
+	// its series would have expired. It fills rolled's padding: the stat
+	// stays 48 bytes.
+	restored atomic.Uint32
 	refused  atomic.Pointer[[]atomic.Uint64]
+}
+
+// seenBias offsets clusterStat.lastSeen so that it holds times up to
+// ClusterRetention before the Limiter started: those of the clusters
+// restored from the previous process.
+const seenBias = uint32(ClusterRetention/time.Second) + 1
+
+// seenAt encodes sec, the Limiter's seconds, for clusterStat.lastSeen.
+func seenAt(sec uint32) uint32 { return min(sec, math.MaxUint32-seenBias) + seenBias }
+
+// seenCode encodes t for clusterStat.lastSeen, rounded down to a second:
+// at least 1, for a time more than ClusterRetention before the epoch.
+func (l *Limiter) seenCode(t time.Time) uint32 {
+	d := t.Sub(l.epoch)
+	sec := int64(d / time.Second)
+	if d%time.Second < 0 {
+		sec-- // floor, not towards zero
+	}
+	return uint32(min(max(sec+int64(seenBias), 1), math.MaxUint32))
+}
+
+// seenTime decodes clusterStat.lastSeen, which must not be 0.
+func (l *Limiter) seenTime(seen uint32) time.Time {
+	return l.epoch.Add(time.Duration(int64(seen)-int64(seenBias)) * time.Second)
 }
 
 // tenantStat is a tenant's tracking.
@@ -222,7 +252,7 @@ func keepCluster(c *counted, now, retention uint32) bool {
 		return false
 	}
 	seen := st.lastSeen.Load()
-	return seen > 0 && now+1-seen <= retention
+	return seen > 0 && int64(now)+int64(seenBias)-int64(seen) <= int64(retention)
 }
 
 // Accept counts samples admitted in this Session, for the cluster's
@@ -279,7 +309,10 @@ func (s *Session) Done(proto, client string) {
 	if st == nil {
 		return
 	}
-	st.lastSeen.Store(s.now + 1)
+	st.lastSeen.Store(seenAt(s.now))
+	if st.restored.Load() != 0 { // its series count is the live one again
+		st.restored.Store(0)
+	}
 	if s.samples > 0 {
 		st.samples.Add(uint64(s.samples))
 		s.samples = 0
@@ -424,17 +457,24 @@ func (tr *tracker) rate(rolled bool, completed float64, samples uint64, now time
 
 // ClusterStatus is a snapshot of one cluster's tracking.
 type ClusterStatus struct {
-	ID     string
-	Series int64 // active series counted towards the limits
-	// LastSeen is the time of its last request; zero if it has only been
-	// seen before tracking started.
+	ID string
+	// Series is its active series counted towards the limits; for a
+	// cluster restored from the previous process (RestoreClusters) that
+	// has not written since, those it had then, until they would have
+	// expired (series_idle_timeout after LastSeen): none count here.
+	Series int64
+	// LastSeen is the time of its last request, by this process or the
+	// previous one (RestoreClusters); zero if it has only been seen before
+	// tracking started.
 	LastSeen time.Time
 	// Samples is the number admitted since the receiver started, and
 	// Rate their samples/s over the last completed RateWindow, or
 	// a partial rate before one has (see Rate).
 	Samples uint64
 	Rate    Rate
-	Refused uint64 // samples refused since the receiver started, all reasons
+	// Refused is the samples refused, all reasons, since the receiver
+	// started, plus those restored with the cluster (RestoreClusters).
+	Refused uint64
 
 	st *clusterStat
 	tr *tracker
@@ -466,8 +506,9 @@ func (c *ClusterStatus) Client() (proto, client, definition string) {
 	return c.tr.name(uint16(v >> 32)), c.tr.name(uint16(v >> 16)), c.tr.name(uint16(v))
 }
 
-// clusterStatus snapshots c; call it with tr.roll held for reading.
-func (l *Limiter) clusterStatus(tr *tracker, c *counted, now time.Time) ClusterStatus {
+// clusterStatus snapshots c, a cluster of a tenant whose series expire
+// after idle; call it with tr.roll held for reading.
+func (l *Limiter) clusterStatus(tr *tracker, c *counted, now time.Time, idle time.Duration) ClusterStatus {
 	cs := ClusterStatus{ID: c.name, Series: c.n.Load(), tr: tr}
 	st := c.stat.Load()
 	if st == nil {
@@ -476,7 +517,10 @@ func (l *Limiter) clusterStatus(tr *tracker, c *counted, now time.Time) ClusterS
 	}
 	cs.st = st
 	if seen := st.lastSeen.Load(); seen > 0 {
-		cs.LastSeen = l.epoch.Add(time.Duration(seen-1) * time.Second)
+		cs.LastSeen = l.seenTime(seen)
+	}
+	if n := st.restored.Load(); n > 0 && cs.Series == 0 && now.Sub(cs.LastSeen) <= idle {
+		cs.Series = int64(n)
 	}
 	cs.Samples = st.samples.Load()
 	cs.Rate = tr.rate(st.rolled.Load(), float64(math.Float32frombits(st.rate.Load())), cs.Samples, now)
@@ -501,6 +545,7 @@ func (l *Limiter) Clusters(tenantName string) []ClusterStatus {
 	}
 	t := v.(*tenant)
 	now := l.now()
+	idle := l.cfg.Load().forTenant(tenantName).SeriesIdleTimeout
 	tr.roll.RLock()
 	defer tr.roll.RUnlock()
 	t.mu.RLock()
@@ -510,7 +555,7 @@ func (l *Limiter) Clusters(tenantName string) []ClusterStatus {
 		if c == nil || c.name == "" {
 			continue
 		}
-		out = append(out, l.clusterStatus(tr, c, now))
+		out = append(out, l.clusterStatus(tr, c, now, idle))
 	}
 	return out
 }
@@ -532,7 +577,7 @@ func (l *Limiter) Cluster(tenantName, id string) (ClusterStatus, bool) {
 	if !ok {
 		return ClusterStatus{}, false
 	}
-	return l.clusterStatus(tr, c, now), true
+	return l.clusterStatus(tr, c, now, l.cfg.Load().forTenant(tenantName).SeriesIdleTimeout), true
 }
 
 // TenantStatus is a snapshot of one tenant's tracking.
@@ -631,10 +676,7 @@ func (l *Limiter) ClustersSeen(tenantName string, since ...time.Time) []int {
 	}
 	secs := make([]uint32, len(since))
 	for i, t := range since {
-		secs[i] = l.seconds(t) + 1
-		if t.Before(l.epoch) {
-			secs[i] = 1
-		}
+		secs[i] = l.seenCode(t)
 	}
 	t := v.(*tenant)
 	t.mu.RLock()

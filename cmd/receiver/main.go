@@ -263,6 +263,9 @@ func run(args []string, stderr io.Writer) (code int) {
 	limiter := limits.New(reg, cfg.Limits, nil)
 	limiter.TrackClusters(receive.Reasons()) // per-cluster state for the status page (status/)
 	eraser.SetLimiter(limiter)               // an erased cluster's series budget and status-page entry go with its data
+	// The status page's clusters as the previous process left them, so
+	// that those which did not come back show as silent; erased ones stay out.
+	clusterState := status.NewClusterState(logger.With("component", "status"), reg, limiter, filepath.Join(*storagePath, "status", "clusters.json"), db.Denied)
 	var sink storage.Writer = db
 	var up *upstream.Writer // forward mode: validated writes also (or only) go upstream
 	if cfg.Upstream.Enabled() {
@@ -489,6 +492,10 @@ func run(args []string, stderr io.Writer) (code int) {
 	{ // Status page history: each tenant's totals every minute.
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return fleet.Run(ctx) }, func(error) { cancel() })
+	}
+	{ // Status page clusters: saved every 10 minutes and at shutdown.
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return clusterState.Run(ctx) }, func(error) { cancel() })
 	}
 	if *releaseFree > 0 { // Free heap back to the OS after bursts (memrelease.go).
 		ctx, cancel := context.WithCancel(context.Background())
