@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,6 +65,11 @@ type ClusterState struct {
 	path     string
 	denied   func(tenant, cluster string) bool
 	failures *prometheus.CounterVec // by operation: load, save
+
+	// saving serialises Save, so that a save that read the limiter
+	// before an erasure's forget cannot replace the file after the save
+	// that followed the forget (Forgotten).
+	saving sync.Mutex
 }
 
 // NewClusterState restores into l, which must track clusters and have
@@ -172,6 +178,12 @@ func (cs *ClusterState) Run(ctx context.Context) error {
 	}
 }
 
+// Forgotten saves the clusters at once after an erasure made the limiter
+// forget one (limits.Limiter.Forget), rather than at the next periodic
+// save: a cluster erased without a deny ("deny": false) would otherwise
+// come back from the file after a crash within that interval.
+func (cs *ClusterState) Forgotten() { cs.saveLogged() }
+
 func (cs *ClusterState) saveLogged() {
 	if err := cs.Save(); err != nil {
 		cs.failures.WithLabelValues("save").Inc()
@@ -183,6 +195,8 @@ func (cs *ClusterState) saveLogged() {
 // atomically. An erased cluster is no longer in the limiter, so it is not
 // written; one erased after a save is denied, so it is not restored.
 func (cs *ClusterState) Save() error {
+	cs.saving.Lock()
+	defer cs.saving.Unlock()
 	f := clustersFile{Version: clustersFileVersion, Names: []string{}, Tenants: map[string][]savedClusterJSON{}}
 	ids := map[string]int{}
 	index := func(name string) int {
