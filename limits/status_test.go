@@ -5,6 +5,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 )
@@ -138,6 +139,8 @@ func TestTrackClusters(t *testing.T) {
 // of the window elapsed (at least RateMinSpan), marked partial; never a 0
 // that reads as "nothing arrives".
 func TestPartialRate(t *testing.T) {
+	require.Equal(t, time.Minute, RateMinSpan, "README: a partial rate is over at least 1 minute")
+	require.Equal(t, 10*time.Minute, RateWindow, "README: the 10-minute window")
 	l, clock := trackedLimiter(t, unlimitedSeries())
 	partial := func(samples float64, span time.Duration) Rate {
 		return Rate{Value: samples / span.Seconds(), Span: span, Partial: true}
@@ -275,4 +278,11 @@ func TestClustersSeen(t *testing.T) {
 	now := clock.Now()
 	require.Equal(t, []int{2, 1, 0}, l.ClustersSeen("acme", t0.Add(-time.Hour), now, now.Add(time.Second)))
 	require.Equal(t, []int{0}, l.ClustersSeen("nobody", t0))
+}
+
+// The README's 47 B per tracked cluster is a 48-byte clusterStat (a size
+// class of Go's allocator) and its pointer: a field more must not push it
+// into the next class (64 B) unnoticed.
+func TestClusterStatFitsItsSizeClass(t *testing.T) {
+	require.LessOrEqual(t, unsafe.Sizeof(clusterStat{}), uintptr(48))
 }

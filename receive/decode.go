@@ -59,8 +59,8 @@ func negotiate(h http.Header, accepted []string) (string, error) {
 	proto := protoV1 // remote-write 1.0 senders predating the spec send no Content-Type
 	if ct := h.Get("Content-Type"); ct != "" {
 		mt, params, err := mime.ParseMediaType(ct)
-		if err != nil || mt != "application/x-protobuf" {
-			return "", fmt.Errorf("content-type %q, want application/x-protobuf: %w", ct, errUnsupported)
+		if err != nil || mt != "application/x-protobuf" { // err: a malformed parameter too ("...;proto")
+			return "", fmt.Errorf("content-type %q, want application/x-protobuf (proto=%s): %w", ct, strings.Join(accepted, " or proto="), errUnsupported)
 		}
 		if p, ok := params["proto"]; ok {
 			proto = p

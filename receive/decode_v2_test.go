@@ -265,6 +265,9 @@ func TestNegotiate(t *testing.T) {
 			if !strings.HasPrefix(tc.ct, "application/x-protobuf") && tc.enc == "snappy" {
 				require.ErrorContains(t, err, "want application/x-protobuf", "the answer names what is accepted")
 			}
+			if tc.enc == "snappy" {
+				require.ErrorContains(t, err, protoV1, "the answer names the protos accepted, for a malformed proto parameter too")
+			}
 			continue
 		}
 		require.NoError(t, err, "%q", tc.ct)
