@@ -94,7 +94,7 @@ func TestDocForwarderPseudonymCommand(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-c", "exec "+filepath.Join(bin, "forwarder")+strings.TrimPrefix(script, "forwarder"))
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "RAW_CLUSTER_ID="+raw)
+	cmd.Env = append(os.Environ(), "RAW_CLUSTER_ID="+raw, "TMPDIR="+dir) // the command's mktemp -d
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
