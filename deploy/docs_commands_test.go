@@ -47,7 +47,7 @@ func docShellBlock(t *testing.T, doc, marker string) string {
 func TestDocClusterIDHashCommand(t *testing.T) {
 	for _, tool := range []string{"bash", "openssl", "od", "basenc"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed", tool)
+			t.Fatalf("%s not installed (.ci/run installs it)", tool)
 		}
 	}
 	script := docShellBlock(t, "../docs/migrating-from-telemeter.md", "openssl dgst")
@@ -82,7 +82,7 @@ func TestDocForwarderPseudonymCommand(t *testing.T) {
 	script := docShellBlock(t, "../docs/lifecycle.md", "--anonymize-salt-file=salt")
 	require.True(t, strings.HasPrefix(script, "forwarder "), "%q", script)
 	if _, err := exec.LookPath("bash"); err != nil {
-		t.Skip("bash not installed")
+		t.Fatal("bash not installed")
 	}
 	bin := binaries(t)
 	dir := t.TempDir()
