@@ -32,7 +32,7 @@ func TestWebhookAnswerIsLoggedAsAnAnswer(t *testing.T) {
 		iss.Hasher = hasher
 		h := NewAuthorizeHandler(logger, nil, NewWebhook(srv.URL, srv.Client()), iss)
 		clk := newClock()
-		h.now = clk.Now
+		h.upstream.now = clk.Now
 		return h, clk
 	}
 	const raw, token = "0f8d2c1e-5a6b-4c3d-9e8f-7a6b5c4d3e2f", "fleet-secret-token"
