@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/phonehome/phonehome/peers"
+	"github.com/phonehome/phonehome/receive"
 )
 
 // POST /-/reload runs every reload, also after one failed (README: it
@@ -168,4 +169,12 @@ func TestReloadRereadsReplicaTokenWithoutEndpoints(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	require.Equal(t, http.StatusUnauthorized, asPeer("old-replica"), "the rotated-out replica token is refused once /-/reload answered")
 	require.NotEqual(t, http.StatusUnauthorized, asPeer("new-replica"))
+}
+
+// docs/operations.md: the tokens and keys files are re-read every
+// auth.reload_interval, 1m when unset (not never).
+func TestAuthReloadIntervalDefault(t *testing.T) {
+	var cfg receive.AuthConfig
+	cfg.SetDefaults()
+	require.Equal(t, time.Minute, time.Duration(cfg.ReloadInterval))
 }
