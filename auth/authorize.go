@@ -85,14 +85,11 @@ const telemeterProtocolVersion = 1
 // in a form body as the forwarder does) buys a short-lived credential
 // binding tenant and `_id`.
 type AuthorizeHandler struct {
-	logger  *slog.Logger
-	fleet   FleetAuthorizer
-	issuer  *Issuer
-	results *prometheus.CounterVec
-	now     func() time.Time
-	// upstreamWarn keeps authorizer failures, one per retrying cluster,
-	// from flooding the log (upstreamWarnEvery).
-	upstreamWarn logThrottle
+	logger   *slog.Logger
+	fleet    FleetAuthorizer
+	issuer   *Issuer
+	results  *prometheus.CounterVec
+	upstream upstreamLog
 }
 
 // NewAuthorizeHandler returns the /authorize handler. reg may be nil. With
@@ -100,7 +97,8 @@ type AuthorizeHandler struct {
 // cluster id) is bound as its pseudonym, and sealed in the credential.
 func NewAuthorizeHandler(logger *slog.Logger, reg prometheus.Registerer, fleet FleetAuthorizer, issuer *Issuer) *AuthorizeHandler {
 	h := &AuthorizeHandler{
-		logger: logger, fleet: fleet, issuer: issuer, now: time.Now,
+		logger: logger, fleet: fleet, issuer: issuer,
+		upstream: upstreamLog{logger: logger, now: time.Now},
 		results: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_auth_authorize_requests_total",
 			Help: "POST /authorize requests by result.",
@@ -147,7 +145,7 @@ func (h *AuthorizeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, "unauthorized", http.StatusUnauthorized, "unknown fleet token")
 		return
 	case errors.Is(err, ErrUpstream):
-		h.logUpstream(r.Context(), err, cluster)
+		h.upstream.log(r.Context(), err, cluster)
 		w.Header().Set("Retry-After", "30")
 		h.fail(w, "upstream_error", http.StatusServiceUnavailable, "the upstream authorizer is unavailable, retry later")
 		return
@@ -173,33 +171,6 @@ func (h *AuthorizeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Version: telemeterProtocolVersion, TelemeterExpiresIn: expiresIn,
 		Labels: map[string]string{"_id": clusterID},
 	})
-}
-
-// logUpstream logs a fleet authorizer that gave no answer the client could
-// be given (ErrUpstream), at Warn once per upstreamWarnEvery, else at Debug.
-// It names the cluster by its stored id only when that is a pseudonym, never
-// by a raw id, and never quotes the token. The tenant is not known: only
-// the webhook's 200 names it.
-func (h *AuthorizeHandler) logUpstream(ctx context.Context, err error, cluster ClusterIDs) {
-	level := slog.LevelDebug
-	held, ok := h.upstreamWarn.allow(h.now(), upstreamWarnEvery)
-	if ok {
-		level = slog.LevelWarn
-	}
-	attrs := []any{"err", err, "answered", http.StatusServiceUnavailable}
-	if pseudonymRE.MatchString(cluster.Stored) {
-		attrs = append(attrs, "cluster_id", cluster.Stored)
-	}
-	if ok && held > 0 {
-		attrs = append(attrs, "not_logged_before", held)
-	}
-	var ws *webhookStatusError
-	if errors.As(err, &ws) {
-		attrs = append(attrs, "hint", ws.hint())
-		h.logger.Log(ctx, level, "authorize webhook answered neither 200 nor a refusal (401, 403)", attrs...)
-		return
-	}
-	h.logger.Log(ctx, level, "upstream authorizer failed", attrs...)
 }
 
 func (h *AuthorizeHandler) fail(w http.ResponseWriter, result string, code int, msg string) {

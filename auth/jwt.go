@@ -113,14 +113,16 @@ func (i *Issuer) IssueCluster(tenant string, cluster ClusterIDs) (string, time.T
 // identity it binds) until its expiry, so a cluster that writes often pays
 // for one signature check (and one open of its sealed id) per credential
 // rather than one per request, and a cluster hammering the receiver is
-// refused by the limits for next to nothing. Only successes are remembered: a token that differs from a
-// verified one in any byte, signature included, is checked in full. An
-// entry serves only while the keys it verified with are in force: after a
-// reload of the keys file each credential is checked in full once more, so
-// one signed by a removed key is refused. An expired entry is not served
-// (the full check then applies its 30s leeway as before). Credentials cannot be revoked before they expire, with or
-// without the cache: revoking a fleet token takes effect at the cluster's
-// next /authorize.
+// refused by the limits for next to nothing. Only successes are
+// remembered: a token that differs from a verified one in any byte,
+// signature included, is checked in full. An entry serves only while the
+// keys it verified with are in force: after a reload that changed the keys
+// file each credential is checked in full once more, so one signed by a
+// removed key is refused. An expired entry is not served (the full check
+// then applies its 30s leeway as before). One credential cannot be revoked
+// before it expires, with or without the cache (only all those of a
+// removed key): revoking a fleet token takes effect at the cluster's next
+// /authorize.
 func (i *Issuer) Verify(token string) (Identity, error) {
 	now := i.now()
 	keys := i.keys.Current()

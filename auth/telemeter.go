@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -75,7 +76,11 @@ type TelemeterOptions struct {
 	// CacheSize bounds the positive and the negative answers, each
 	// (default 100000), so refusals never push out a positive answer.
 	CacheSize int
-	now       func() time.Time
+	// Logger, when set, logs the authorizer's failures (ErrUpstream: the
+	// writer is answered 503), as /authorize does: at Warn once per
+	// upstreamWarnEvery, else at Debug.
+	Logger *slog.Logger
+	now    func() time.Time
 }
 
 // Defaults of TelemeterOptions.
@@ -104,13 +109,14 @@ const maxTelemeterLookup = time.Minute
 // keeps writing is never held up by the lookup, nor refused for a busy or
 // failing authorizer before its answer has expired.
 type TelemeterBearer struct {
-	fleet   FleetAuthorizer
-	opts    TelemeterOptions
-	allowed expiringCache[string] // tenants of (token, sent id, stored id) digests
-	refused expiringCache[error]  // ErrUnauthorized or ErrForbidden, by the same digests
-	group   singleflight.Group    // lookups in flight, by digest
-	checks  *prometheus.CounterVec
-	lookups *prometheus.CounterVec
+	fleet    FleetAuthorizer
+	opts     TelemeterOptions
+	allowed  expiringCache[string] // tenants of (token, sent id, stored id) digests
+	refused  expiringCache[error]  // ErrUnauthorized or ErrForbidden, by the same digests
+	group    singleflight.Group    // lookups in flight, by digest
+	checks   *prometheus.CounterVec
+	lookups  *prometheus.CounterVec
+	upstream upstreamLog // Options.Logger's
 }
 
 // NewTelemeterBearer returns the authenticator of Telemeter's remote-write
@@ -130,7 +136,7 @@ func NewTelemeterBearer(reg prometheus.Registerer, fleet FleetAuthorizer, opts T
 	}
 	f := promauto.With(reg)
 	t := &TelemeterBearer{
-		fleet: fleet, opts: opts,
+		fleet: fleet, opts: opts, upstream: upstreamLog{logger: opts.Logger, now: opts.now},
 		allowed: expiringCache[string]{max: opts.CacheSize},
 		refused: expiringCache[error]{max: opts.CacheSize},
 		checks: f.NewCounterVec(prometheus.CounterOpts{
@@ -176,11 +182,14 @@ func (t *TelemeterBearer) Authenticate(r *http.Request) (Identity, error) {
 		return Identity{}, fmt.Errorf("telemeter bearer cluster_id: %w: %w", err, ErrUnauthorized)
 	}
 	tenant, err := t.authorize(r.Context(), token, cluster)
-	if err != nil {
-		if !errors.Is(err, ErrUpstream) { // a refusal (401, 403), not an authorizer that could not answer
-			err = fmt.Errorf("%w: %w", errFleetRefused, err)
+	switch {
+	case errors.Is(err, ErrUpstream): // an authorizer that could not answer: 503
+		if r.Context().Err() == nil { // not a writer that went away
+			t.upstream.log(r.Context(), err, cluster)
 		}
 		return Identity{}, err
+	case err != nil: // a refusal (401, 403)
+		return Identity{}, fmt.Errorf("%w: %w", errFleetRefused, err)
 	}
 	id := Identity{Tenant: tenant, ClusterID: cluster.Stored, Allow: PermWrite}
 	if cluster.Stored != cluster.Sent {

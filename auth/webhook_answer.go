@@ -1,7 +1,10 @@
 package auth
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sync"
 	"time"
@@ -36,8 +39,9 @@ func (e *webhookStatusError) hint() string {
 	}
 }
 
-// upstreamWarnEvery is how often /authorize logs, at Warn, a fleet
-// authorizer that did not answer 200, 401 or 403; the others go to Debug.
+// upstreamWarnEvery is how often /authorize and Telemeter's write path
+// each log, at Warn, a fleet authorizer that did not answer 200, 401 or
+// 403; the others go to Debug.
 // Every cluster it fails for retries about once a minute, so a line per
 // request would flood the log (phonehome_auth_authorize_requests_total{
 // result="upstream_error"} counts them all).
@@ -61,4 +65,42 @@ func (t *logThrottle) allow(now time.Time, every time.Duration) (held int, ok bo
 	}
 	held, t.held, t.next = t.held, 0, now.Add(every)
 	return held, true
+}
+
+// upstreamLog logs a fleet authorizer that gave no answer the client could
+// be given (ErrUpstream, answered 503), at Warn once per upstreamWarnEvery,
+// else at Debug. It names the cluster by its stored id only when that is a
+// pseudonym, never by a raw id, and never quotes the token. The tenant is
+// not known: only the webhook's 200 names it. A nil logger logs nothing.
+type upstreamLog struct {
+	logger *slog.Logger
+	now    func() time.Time
+	// throttle keeps authorizer failures, one per retrying cluster, from
+	// flooding the log.
+	throttle logThrottle
+}
+
+func (u *upstreamLog) log(ctx context.Context, err error, cluster ClusterIDs) {
+	if u.logger == nil {
+		return
+	}
+	level := slog.LevelDebug
+	held, ok := u.throttle.allow(u.now(), upstreamWarnEvery)
+	if ok {
+		level = slog.LevelWarn
+	}
+	attrs := []any{"err", err, "answered", http.StatusServiceUnavailable}
+	if pseudonymRE.MatchString(cluster.Stored) {
+		attrs = append(attrs, "cluster_id", cluster.Stored)
+	}
+	if ok && held > 0 {
+		attrs = append(attrs, "not_logged_before", held)
+	}
+	var ws *webhookStatusError
+	if errors.As(err, &ws) {
+		attrs = append(attrs, "hint", ws.hint())
+		u.logger.Log(ctx, level, "authorize webhook answered neither 200 nor a refusal (401, 403)", attrs...)
+		return
+	}
+	u.logger.Log(ctx, level, "upstream authorizer failed", attrs...)
 }

@@ -32,7 +32,7 @@ func TestWebhookAnswerIsLoggedAsAnAnswer(t *testing.T) {
 		iss.Hasher = hasher
 		h := NewAuthorizeHandler(logger, nil, NewWebhook(srv.URL, srv.Client()), iss)
 		clk := newClock()
-		h.now = clk.Now
+		h.upstream.now = clk.Now
 		return h, clk
 	}
 	const raw, token = "0f8d2c1e-5a6b-4c3d-9e8f-7a6b5c4d3e2f", "fleet-secret-token"
@@ -71,4 +71,44 @@ func TestWebhookAnswerIsLoggedAsAnAnswer(t *testing.T) {
 	require.Contains(t, line, "webhook answered 404")
 	require.NotContains(t, line, "cluster_id=")
 	require.NotContains(t, line, raw)
+}
+
+// TestTelemeterWriteLogsTheWebhookAnswer: Telemeter's write path asks the
+// same webhook; a 404 is a 503 to the writer, counted, and logged as at
+// /authorize (it was only counted), with the pseudonym and never the raw
+// id or the token, at Warn once a minute.
+func TestTelemeterWriteLogsTheWebhookAnswer(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.NotFound(w, nil)
+	}))
+	defer srv.Close()
+	var logs bytes.Buffer
+	hasher, err := NewClusterIDHasher([]byte("0123456789abcdef-fleet-key"))
+	require.NoError(t, err)
+	clk := newClock()
+	a := NewTelemeterBearer(nil, NewWebhook(srv.URL, srv.Client()), TelemeterOptions{
+		Hasher: hasher,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		now:    clk.Now,
+	})
+	const raw, token = "0f8d2c1e-5a6b-4c3d-9e8f-7a6b5c4d3e2f", "fleet-secret-token"
+	write := func() []string {
+		t.Helper()
+		logs.Reset()
+		_, err := a.Authenticate(bearerReq(telemeterBearer(token, raw)))
+		require.ErrorIs(t, err, ErrUpstream, "503 to the writer")
+		return strings.Split(strings.TrimSpace(logs.String()), "\n")
+	}
+
+	lines := write()
+	require.Len(t, lines, 1)
+	require.Contains(t, lines[0], "level=WARN")
+	require.Contains(t, lines[0], `err="webhook answered 404, not 200/401/403"`)
+	require.Contains(t, lines[0], "have the webhook answer 403 for an unknown or refused cluster")
+	require.Contains(t, lines[0], "cluster_id="+hasher.Pseudonym(raw))
+	require.NotContains(t, lines[0], raw)
+	require.NotContains(t, lines[0], token)
+	require.Equal(t, []string{""}, write(), "another within the minute: not at Warn")
+	clk.Advance(upstreamWarnEvery)
+	require.Contains(t, write()[0], "not_logged_before=1")
 }

@@ -101,6 +101,7 @@ type Set struct {
 
 	synced func(time.Time) bool // Options.BucketSynced
 
+	tokensMu     sync.Mutex               // serializes loadTokens (Refresh, ReloadTokens)
 	replicaToken atomic.Pointer[[]string] // sent: the first; accepted: all
 	tenantTokens atomic.Pointer[map[string]string]
 
@@ -174,10 +175,10 @@ func (s *Set) Instance() string { return s.instance }
 func (s *Set) Enabled() bool { return len(s.endpoints) > 0 }
 
 // Run resolves the DNS endpoints and re-reads the token files every refresh
-// interval until ctx ends. Failures are logged and counted; the previous
-// peers and tokens stay. It also probes the peers marked unreachable
-// (reachability.go), and checks the others every refresh interval
-// (health.go).
+// interval until ctx ends. Failures are logged (a discovery's also
+// counted); the previous peers and tokens stay. It also probes the peers
+// marked unreachable (reachability.go), and checks the others every
+// refresh interval (health.go).
 func (s *Set) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -325,13 +326,20 @@ func (s *Set) ReloadTokens() error {
 	return nil
 }
 
+// loadTokens reads every token file, then puts them in force together: a
+// file that cannot be read keeps all the previous tokens. Loads are
+// serialized, so that a slower one never stores older contents over a
+// newer one's.
 func (s *Set) loadTokens() error {
+	s.tokensMu.Lock()
+	defer s.tokensMu.Unlock()
+	var replica []string
 	if f := s.cfg.ReplicaTokenFile; f != "" {
 		toks, err := readTokens(f)
 		if err != nil {
 			return fmt.Errorf("peers.replica_token_file: %w", err)
 		}
-		s.replicaToken.Store(&toks)
+		replica = toks
 	}
 	toks := map[string]string{}
 	for t, f := range s.cfg.TenantTokenFiles {
@@ -340,6 +348,9 @@ func (s *Set) loadTokens() error {
 			return fmt.Errorf("peers.tenant_token_files.%s: %w", t, err)
 		}
 		toks[t] = tok
+	}
+	if replica != nil {
+		s.replicaToken.Store(&replica)
 	}
 	s.tenantTokens.Store(&toks)
 	return nil

@@ -126,3 +126,25 @@ func TestReloadTokens(t *testing.T) {
 	require.ErrorContains(t, s.ReloadTokens(), "peers.replica_token_file")
 	require.Equal(t, "new-secret", sent())
 }
+
+// TestReloadTokensIsAllOrNothing: a reload that cannot read one token file
+// keeps every previous token, not the replica token of the new version
+// with the tenant tokens of the old one.
+func TestReloadTokensIsAllOrNothing(t *testing.T) {
+	f := newFixture(t)
+	dir := t.TempDir()
+	replica, tenant := filepath.Join(dir, "replica"), filepath.Join(dir, "acme")
+	require.NoError(t, os.WriteFile(replica, []byte("old-secret\n"), 0o600))
+	require.NoError(t, os.WriteFile(tenant, []byte("acme-secret\n"), 0o600))
+	cfg := f.config()
+	cfg.ReplicaTokenFile = replica
+	cfg.TenantTokenFiles = map[string]string{"acme": tenant}
+	s := f.set(t, nil, cfg)
+
+	require.NoError(t, os.WriteFile(replica, []byte("new-secret\n"), 0o600))
+	require.NoError(t, os.Remove(tenant))
+	require.ErrorContains(t, s.ReloadTokens(), "peers.tenant_token_files.acme")
+	tok, replicaSent := s.credential("other")
+	require.True(t, replicaSent)
+	require.Equal(t, "old-secret", tok, "the previous replica token stays with the previous tenant tokens")
+}

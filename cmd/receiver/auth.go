@@ -64,6 +64,7 @@ func setupAuth(logger *slog.Logger, reg prometheus.Registerer, cfg receive.AuthC
 			CacheTTL:         time.Duration(cfg.Telemeter.TokenCacheTTL),
 			NegativeCacheTTL: time.Duration(cfg.Telemeter.TokenCacheNegativeTTL),
 			CacheSize:        cfg.Telemeter.TokenCacheSize,
+			Logger:           logger,
 		}),
 	}
 	if cfg.KeysFile == "" {

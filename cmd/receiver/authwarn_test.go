@@ -127,3 +127,37 @@ func TestReloadWarnsOfExampleKey(t *testing.T) {
 	warning := lineWith(strings.Split(logs.String(), "\n"), "EXAMPLE signing key")
 	require.Contains(t, warning, `"kids":["example"]`)
 }
+
+// docs/operations.md: while no key's created has passed, the oldest signs
+// and the receiver warns, at start and when a reload puts such a file in
+// force (a rotation that removed the old key too early).
+func TestWarnsWhileNoKeyIsCreated(t *testing.T) {
+	const warning = "no key of auth.keys_file has reached its created time"
+	dir := t.TempDir()
+	write := fileWriter(t, dir)
+	write("old.pem", ed25519PEM(t))
+	write("new.pem", ed25519PEM(t))
+	cfg := receive.AuthConfig{
+		TokensFile: write("tokens.yaml", "tokens:\n  - {token: fleet, tenant: acme, allow: [authorize]}\n"),
+		KeysFile:   write("keys.yaml", "keys:\n  - {kid: old, created: 2026-01-01T00:00:00Z, private_key_file: old.pem}\n"),
+	}
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewJSONHandler(&logs, nil))
+	a, err := setupAuth(logger, nil, cfg, false)
+	require.NoError(t, err)
+	warnAuth(logger, a, cfg)
+	files := a.reloadingFiles(logger, cfg)
+	require.NotContains(t, logs.String(), warning)
+
+	write("keys.yaml", "keys:\n  - {kid: new, created: 2999-01-01T00:00:00Z, private_key_file: new.pem}\n")
+	for _, f := range files {
+		require.NoError(t, f.Reload())
+	}
+	require.Contains(t, logs.String(), warning, "at the reload")
+
+	logs.Reset()
+	a, err = setupAuth(logger, nil, cfg, false)
+	require.NoError(t, err)
+	warnAuth(logger, a, cfg)
+	require.Contains(t, logs.String(), warning, "at start")
+}

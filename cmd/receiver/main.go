@@ -380,7 +380,11 @@ func run(args []string, stderr io.Writer) (code int) {
 	if cfg.Rules.Evaluates() {
 		reloads = append(reloads, ruler.Reload)
 	}
-	if peerSet.Enabled() {
+	// The peers' token files: read by a replica that reads from peers, and
+	// the replica token also by one that only answers them (its peer API
+	// accepts it), which must drop a token rotated out of the file too.
+	peerTokens := peerSet.Enabled() || cfg.Peers.ReplicaTokenFile != ""
+	if peerTokens {
 		reloads = append(reloads, peerSet.ReloadTokens)
 	}
 
@@ -525,7 +529,7 @@ func run(args []string, stderr io.Writer) (code int) {
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return up.Run(ctx) }, func(error) { cancel() })
 	}
-	if peerSet.Enabled() { // Peer discovery (DNS) and token file reload.
+	if peerTokens { // Peer discovery (DNS, with endpoints), token file reload and health checks.
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return peerSet.Run(ctx) }, func(error) { cancel() })
 	}

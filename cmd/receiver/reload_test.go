@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/phonehome/phonehome/peers"
+	"github.com/phonehome/phonehome/receive"
 )
 
 // POST /-/reload runs every reload, also after one failed (README: it
@@ -136,4 +139,42 @@ func authorizedKID(t *testing.T, base string) string {
 	var h struct{ Kid string }
 	require.NoError(t, json.Unmarshal(raw, &h))
 	return h.Kid
+}
+
+// A replica without peers.endpoints of its own still answers its peers
+// with peers.replica_token_file: POST /-/reload re-reads that file there
+// too, so a token rotated out of it is refused once the reload answered.
+func TestReloadRereadsReplicaTokenWithoutEndpoints(t *testing.T) {
+	dir := t.TempDir()
+	write := fileWriter(t, dir)
+	write("tokens.yaml", "tokens:\n  - {token: admin, tenant: acme, allow: [admin]}\n")
+	write("replica", "old-replica\n")
+	cfg := write("receiver.yaml", "auth:\n  tokens_file: tokens.yaml\npeers:\n  replica_token_file: replica\n")
+	base := startReceiver(t, "--config.file="+cfg, "--storage.path="+filepath.Join(dir, "data"))
+	asPeer := func(token string) int {
+		req, err := http.NewRequest(http.MethodGet, base+peers.MetadataPath, nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set(peers.TenantHeader, "acme")
+		req.Header.Set(peers.ScopeHeader, peers.ScopeLocal)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.NotEqual(t, http.StatusUnauthorized, asPeer("old-replica"), "authenticated (200, or 503 before the storage is ready)")
+
+	write("replica", "new-replica\n")
+	code, _, body := call(t, "POST", base+"/-/reload", "admin")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, http.StatusUnauthorized, asPeer("old-replica"), "the rotated-out replica token is refused once /-/reload answered")
+	require.NotEqual(t, http.StatusUnauthorized, asPeer("new-replica"))
+}
+
+// docs/operations.md: the tokens and keys files are re-read every
+// auth.reload_interval, 1m when unset (not never).
+func TestAuthReloadIntervalDefault(t *testing.T) {
+	var cfg receive.AuthConfig
+	cfg.SetDefaults()
+	require.Equal(t, time.Minute, time.Duration(cfg.ReloadInterval))
 }
