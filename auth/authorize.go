@@ -90,6 +90,12 @@ type AuthorizeHandler struct {
 	issuer   *Issuer
 	results  *prometheus.CounterVec
 	upstream upstreamLog
+
+	// Erased, if set before the handler serves, refuses a cluster its
+	// error names (the receiver's: one erased and not re-admitted, whose
+	// writes storage refuses): 403 with the error's text, and no
+	// credential, so none of its writes reach the write path either.
+	Erased func(tenant, cluster string) error
 }
 
 // NewAuthorizeHandler returns the /authorize handler. reg may be nil. With
@@ -155,6 +161,12 @@ func (h *AuthorizeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	clusterID := cluster.Stored
+	if h.Erased != nil {
+		if err := h.Erased(tenant, clusterID); err != nil {
+			h.fail(w, "forbidden", http.StatusForbidden, err.Error())
+			return
+		}
+	}
 	signed, exp, err := h.issuer.IssueCluster(tenant, cluster)
 	if err != nil {
 		h.logger.Error("issue credential", "err", err)

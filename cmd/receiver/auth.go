@@ -15,10 +15,10 @@ import (
 // authSetup is the receiver's authentication, built from the config.
 type authSetup struct {
 	authn     auth.Authenticator
-	telemeter auth.Authenticator // Telemeter's remote-write path: base64 JSON bearer
-	tokens    *auth.FileTokens   // nil under --insecure.no-auth
-	authorize http.Handler       // nil without auth.keys_file
-	keys      *auth.FileKeys     // nil without auth.keys_file
+	telemeter auth.Authenticator     // Telemeter's remote-write path: base64 JSON bearer
+	tokens    *auth.FileTokens       // nil under --insecure.no-auth
+	authorize *auth.AuthorizeHandler // nil without auth.keys_file
+	keys      *auth.FileKeys         // nil without auth.keys_file
 }
 
 // setupAuth builds the configured authentication. Running without any

@@ -418,6 +418,7 @@ func run(args []string, stderr io.Writer) (code int) {
 	mux.Handle("POST "+pushdown.Path, auth.Middleware(peerSet.Authenticator(a.authn), auth.PermRead, nil,
 		peerSet.WithInstance(pushdown.NewHandler(logger.With("component", "pushdown"), engine, query.NewQueryable(db), relabel.IDLabel, isReady))))
 	if a.authorize != nil {
+		a.authorize.Erased = erasedRefusal(db)
 		mux.Handle("POST /authorize", a.authorize)
 	}
 	// Telemeter's two paths, so existing clusters send unchanged: telemeter-client's

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"errors"
+
 	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/status"
+	"github.com/phonehome/phonehome/storage"
 )
 
 // forgetting is the limiter an erasure makes forget its cluster
@@ -20,4 +23,15 @@ func (f forgetting) Forget(tenant, cluster string) (series int, known bool) {
 		f.state.Forgotten()
 	}
 	return series, known
+}
+
+// erasedRefusal refuses /authorize to a cluster erased and not re-admitted
+// (auth.AuthorizeHandler.Erased), with the text its writes get.
+func erasedRefusal(db *storage.DB) func(tenant, cluster string) error {
+	return func(tenant, cluster string) error {
+		if db.Denied(tenant, cluster) {
+			return errors.New(storage.ClusterErasedRefusal)
+		}
+		return nil
+	}
 }
