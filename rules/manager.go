@@ -10,7 +10,8 @@
 //
 // Rule files are re-read every reload interval, and whenever Reload is
 // called (the receiver's SIGHUP and POST /-/reload). A file set that does not
-// parse is logged, counted in phonehome_rules_reloads_total{result="failure"},
+// parse is logged (once per broken state), counted in
+// phonehome_rules_reloads_total{result="failure"} at every failed reload,
 // and the previous rules stay in force (the last good contents are kept in
 // memory, so tenants discovered later get them too).
 //
@@ -144,7 +145,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		reloads: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_rules_reloads_total",
-			Help: "Rule file reloads that changed something, by result (success, failure: the previous rules stay in force).",
+			Help: "Rule file reloads by result: success (one that changed something), failure (every failed one: the previous rules stay in force).",
 		}, []string{"result"}),
 		lastSuccess: f.NewGauge(prometheus.GaugeOpts{
 			Name: "phonehome_rules_last_reload_successful",
@@ -335,9 +336,11 @@ func (m *Manager) Reload() error {
 	snap, err := m.readFiles()
 	if err != nil {
 		m.metrics.lastSuccess.Set(0)
-		if msg := err.Error(); msg != m.lastErr { // report each broken state once, not every interval
+		// Every failed reload counts, as the other files' reloads do; each
+		// broken state is logged once, not every interval.
+		m.metrics.reloads.WithLabelValues("failure").Inc()
+		if msg := err.Error(); msg != m.lastErr {
 			m.lastErr = msg
-			m.metrics.reloads.WithLabelValues("failure").Inc()
 			m.logger.Error("invalid rule files, keeping the previous rules", "err", err)
 		}
 		return err

@@ -105,11 +105,11 @@ func TestManagerRecordsPerTenantAndKeepsRulesOnInvalidReload(t *testing.T) {
 	require.Empty(t, m.RulesRetriever(auth.WithIdentity(ctx, auth.Identity{Tenant: "nobody"})).RuleGroups())
 	require.Empty(t, m.RulesRetriever(ctx).RuleGroups())
 
-	// A broken file: counted once, previous rules kept.
+	// A broken file: every failed reload counted, previous rules kept.
 	write("groups:\n- name: g\n  rules:\n  - record: answer\n    expr: vector(\n")
 	require.Error(t, m.Reload())
 	require.Error(t, m.Reload())
-	require.Equal(t, 1.0, testutil.ToFloat64(m.metrics.reloads.WithLabelValues("failure")))
+	require.Equal(t, 2.0, testutil.ToFloat64(m.metrics.reloads.WithLabelValues("failure")))
 	require.Equal(t, 0.0, testutil.ToFloat64(m.metrics.lastSuccess))
 	require.Equal(t, "vector(1)", m.RulesRetriever(auth.WithIdentity(ctx, auth.Identity{Tenant: "b"})).RuleGroups()[0].Rules()[0].Query().String())
 
