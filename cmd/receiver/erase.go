@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/phonehome/phonehome/erasure"
+	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/push"
 	"github.com/phonehome/phonehome/receive"
 	"github.com/phonehome/phonehome/storage"
@@ -116,6 +117,11 @@ func runErase(args []string, stderr io.Writer) int {
 		logger.Error("open erasure jobs", "err", err)
 		return 1
 	}
+	// The status page's saved clusters hold the id too: the job's forget
+	// writes them again without it (forgetting).
+	limiter := limits.New(nil, cfg.Limits, nil)
+	limiter.TrackClusters(receive.Reasons())
+	eraser.SetLimiter(forgetting{limiter, openStatusClusters(logger, nil, limiter, *storagePath, db.Denied)})
 	if *readmit {
 		ok, err := eraser.Readmit(*tenant, *clusterID, *requestedBy, "offline")
 		if err != nil {

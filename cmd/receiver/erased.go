@@ -2,6 +2,10 @@ package main
 
 import (
 	"errors"
+	"log/slog"
+	"path/filepath"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/phonehome/phonehome/limits"
 	"github.com/phonehome/phonehome/status"
@@ -10,8 +14,11 @@ import (
 
 // forgetting is the limiter an erasure makes forget its cluster
 // (erasure.Limiter): the status page's saved clusters are written again at
-// once, so that a crash before the next periodic save does not bring back
-// a cluster erased without a deny.
+// once, without it, so that the id leaves that file with the erasure, and a
+// crash before the next periodic save does not bring back a cluster erased
+// without a deny. Also when the limiter did not know the cluster: the file
+// may (the offline erasure, whose limiter holds only the file's clusters
+// that are not denied).
 type forgetting struct {
 	*limits.Limiter
 	state *status.ClusterState
@@ -19,10 +26,14 @@ type forgetting struct {
 
 func (f forgetting) Forget(tenant, cluster string) (series int, known bool) {
 	series, known = f.Limiter.Forget(tenant, cluster)
-	if known {
-		f.state.Forgotten()
-	}
+	f.state.Forgotten()
 	return series, known
+}
+
+// openStatusClusters opens the status page's saved clusters of the receiver at
+// storagePath into l (status.ClusterState).
+func openStatusClusters(logger *slog.Logger, reg prometheus.Registerer, l *limits.Limiter, storagePath string, denied func(tenant, cluster string) bool) *status.ClusterState {
+	return status.NewClusterState(logger.With("component", "status"), reg, l, filepath.Join(storagePath, "status", "clusters.json"), denied)
 }
 
 // erasedRefusal refuses /authorize to a cluster erased and not re-admitted

@@ -264,7 +264,7 @@ func run(args []string, stderr io.Writer) (code int) {
 	limiter.TrackClusters(receive.Reasons()) // per-cluster state for the status page (status/)
 	// The status page's clusters as the previous process left them, so
 	// that those which did not come back show as silent; erased ones stay out.
-	clusterState := status.NewClusterState(logger.With("component", "status"), reg, limiter, filepath.Join(*storagePath, "status", "clusters.json"), db.Denied)
+	clusterState := openStatusClusters(logger, reg, limiter, *storagePath, db.Denied)
 	eraser.SetLimiter(forgetting{limiter, clusterState}) // an erased cluster's series budget and status-page entry go with its data
 	var sink storage.Writer = db
 	var up *upstream.Writer // forward mode: validated writes also (or only) go upstream

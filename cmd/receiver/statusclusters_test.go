@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -44,6 +45,10 @@ func TestStatusPageClustersSurviveARestart(t *testing.T) {
 
 	var out bytes.Buffer
 	require.Equal(t, 0, run([]string{"erase", "--storage.path=" + filepath.Join(dir, "data"), "--tenant=" + defaultTenant, "--cluster-id=erased"}, &out), out.String())
+	saved, err := os.ReadFile(filepath.Join(dir, "data", "status", "clusters.json"))
+	require.NoError(t, err)
+	require.NotContains(t, string(saved), `"erased"`, "the erasure takes the id out of the saved clusters too")
+	require.Contains(t, string(saved), `"e"`)
 
 	r = startReceiverProc(t, args...)
 	after := statusClusters(t, r.base)
