@@ -320,9 +320,11 @@ func (s *Set) snapshot() []*peer {
 // tokens stay.
 func (s *Set) ReloadTokens() error {
 	if err := s.loadTokens(); err != nil {
+		s.m.tokenLoads.WithLabelValues("failure").Inc()
 		s.logger.Error("re-read peer token files, keeping the previous tokens", "err", err)
 		return err
 	}
+	s.m.tokenLoads.WithLabelValues("success").Inc()
 	return nil
 }
 
@@ -386,6 +388,7 @@ func (s *Set) Tenants() []string {
 type metrics struct {
 	peers       prometheus.Gauge
 	discoveries *prometheus.CounterVec
+	tokenLoads  *prometheus.CounterVec
 	reads       *prometheus.CounterVec
 	labelCalls  *prometheus.CounterVec
 	duration    prometheus.Histogram
@@ -400,6 +403,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		discoveries: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_peers_discoveries_total", Help: "Resolutions of the peer endpoints, by result.",
+		}, []string{"result"}),
+		tokenLoads: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "phonehome_peers_token_reloads_total",
+			Help: "Reloads of the peers' token files (every refresh interval, SIGHUP, POST /-/reload) by result (success, failure: the previous tokens stay in force).",
 		}, []string{"result"}),
 		reads: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "phonehome_peers_reads_total",
@@ -416,6 +423,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	for _, r := range []string{"success", "error"} {
 		m.discoveries.WithLabelValues(r)
+	}
+	for _, r := range []string{"success", "failure"} {
+		m.tokenLoads.WithLabelValues(r)
 	}
 	for _, r := range []string{"success", "error", "skipped"} {
 		m.reads.WithLabelValues(r)

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
@@ -125,6 +126,8 @@ func TestReloadTokens(t *testing.T) {
 	require.NoError(t, os.Remove(path))
 	require.ErrorContains(t, s.ReloadTokens(), "peers.replica_token_file")
 	require.Equal(t, "new-secret", sent())
+	require.Equal(t, 1.0, testutil.ToFloat64(s.m.tokenLoads.WithLabelValues("failure")), "counted, for PhonehomeReceiverPeerTokensReloadFailing")
+	require.Equal(t, 1.0, testutil.ToFloat64(s.m.tokenLoads.WithLabelValues("success")))
 }
 
 // TestReloadTokensIsAllOrNothing: a reload that cannot read one token file
