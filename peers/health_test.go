@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -167,4 +168,44 @@ func TestHealthCheckRound(t *testing.T) {
 	s.checkPeers(context.Background())
 	require.Equal(t, int64(1), self.asked.Load(), "this receiver is never asked again")
 	require.Equal(t, int64(0), marked.asked.Load())
+}
+
+// TestHealthCheckBoundsConcurrency: docs/scale-out.md promises at most
+// maxConcurrentChecks (8) peers asked at once. Ten peers hold their
+// answer until eight are being asked together; then all answer, and no
+// more than eight were ever asked at once.
+func TestHealthCheckBoundsConcurrency(t *testing.T) {
+	f := newFixture(t)
+	var inFlight, most atomic.Int64
+	release := make(chan struct{})
+	slow := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		<-release
+		w.WriteHeader(http.StatusOK)
+	})
+	var addrs []string
+	for range 10 {
+		srv := httptest.NewServer(slow)
+		t.Cleanup(srv.Close)
+		addrs = append(addrs, strings.TrimPrefix(srv.URL, "http://"))
+	}
+	cfg := f.config(addrs...)
+	require.NoError(t, cfg.Validate())
+	s, err := New(slog.New(slog.DiscardHandler), nil, cfg, Options{HTTPClient: f.client})
+	require.NoError(t, err)
+
+	done := make(chan struct{})
+	go func() { s.checkPeers(context.Background()); close(done) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for inFlight.Load() < maxConcurrentChecks {
+		require.True(t, time.Now().Before(deadline), "%d peers asked at once after 10s", inFlight.Load())
+		runtime.Gosched()
+	}
+	close(release)
+	<-done
+	require.Equal(t, int64(maxConcurrentChecks), most.Load())
+	require.Equal(t, 8, maxConcurrentChecks, "the number docs/scale-out.md names")
 }
