@@ -215,10 +215,7 @@ func (cs *ClusterState) Save() error {
 		if len(saved) == 0 {
 			continue
 		}
-		if len(saved) > maxSavedClusters { // keep the most recently seen
-			slices.SortFunc(saved, func(a, b limits.SavedCluster) int { return b.LastSeen.Compare(a.LastSeen) })
-			saved = saved[:maxSavedClusters]
-		}
+		saved = mostRecent(saved, maxSavedClusters)
 		rows := make([]savedClusterJSON, len(saved))
 		for i, sc := range saved {
 			rows[i] = savedClusterJSON{
@@ -240,4 +237,14 @@ func (cs *ClusterState) Save() error {
 		return err
 	}
 	return atomicfile.Write(cs.path, b, 0o600)
+}
+
+// mostRecent returns the n most recently seen of saved (saved itself if it
+// holds no more), reordered.
+func mostRecent(saved []limits.SavedCluster, n int) []limits.SavedCluster {
+	if len(saved) <= n {
+		return saved
+	}
+	slices.SortFunc(saved, func(a, b limits.SavedCluster) int { return b.LastSeen.Compare(a.LastSeen) })
+	return saved[:n]
 }

@@ -185,3 +185,17 @@ func BenchmarkClusterState(b *testing.B) {
 		}
 	})
 }
+
+// The file keeps at most 250k clusters per tenant (README), the most
+// recently seen.
+func TestClusterStateKeepsTheMostRecentlySeen(t *testing.T) {
+	require.Equal(t, 250_000, maxSavedClusters, "the number README names")
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	saved := []limits.SavedCluster{{ID: "old", LastSeen: at}, {ID: "new", LastSeen: at.Add(2 * time.Minute)}, {ID: "mid", LastSeen: at.Add(time.Minute)}}
+	var kept []string
+	for _, c := range mostRecent(saved, 2) {
+		kept = append(kept, c.ID)
+	}
+	require.Equal(t, []string{"new", "mid"}, kept)
+	require.Len(t, mostRecent(saved, 3), 3)
+}
