@@ -112,12 +112,7 @@ func TestReloadWarnsOfExampleKey(t *testing.T) {
 		TokensFile: write("tokens.yaml", "tokens:\n  - {token: fleet, tenant: acme, allow: [authorize]}\n"),
 		KeysFile:   write("keys.yaml", own),
 	}
-	var logs bytes.Buffer
-	logger := slog.New(slog.NewJSONHandler(&logs, nil))
-	a, err := setupAuth(logger, nil, cfg, false)
-	require.NoError(t, err)
-	warnAuth(logger, a, cfg)
-	files := a.reloadingFiles(logger, cfg)
+	logs, files := startAuth(t, cfg)
 	require.NotContains(t, logs.String(), "EXAMPLE signing key")
 
 	write("keys.yaml", own+"  - {kid: example, created: 2026-02-01T00:00:00Z, private_key_file: example.pem}\n")
@@ -141,12 +136,7 @@ func TestWarnsWhileNoKeyIsCreated(t *testing.T) {
 		TokensFile: write("tokens.yaml", "tokens:\n  - {token: fleet, tenant: acme, allow: [authorize]}\n"),
 		KeysFile:   write("keys.yaml", "keys:\n  - {kid: old, created: 2026-01-01T00:00:00Z, private_key_file: old.pem}\n"),
 	}
-	var logs bytes.Buffer
-	logger := slog.New(slog.NewJSONHandler(&logs, nil))
-	a, err := setupAuth(logger, nil, cfg, false)
-	require.NoError(t, err)
-	warnAuth(logger, a, cfg)
-	files := a.reloadingFiles(logger, cfg)
+	logs, files := startAuth(t, cfg)
 	require.NotContains(t, logs.String(), warning)
 
 	write("keys.yaml", "keys:\n  - {kid: new, created: 2999-01-01T00:00:00Z, private_key_file: new.pem}\n")
@@ -155,9 +145,18 @@ func TestWarnsWhileNoKeyIsCreated(t *testing.T) {
 	}
 	require.Contains(t, logs.String(), warning, "at the reload")
 
-	logs.Reset()
-	a, err = setupAuth(logger, nil, cfg, false)
+	logs, _ = startAuth(t, cfg)
+	require.Contains(t, logs.String(), warning, "at start")
+}
+
+// startAuth sets cfg's authentication up as the receiver does at start,
+// warnings included, and returns its log and the files it re-reads.
+func startAuth(t *testing.T, cfg receive.AuthConfig) (*bytes.Buffer, []reloadingFile) {
+	t.Helper()
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewJSONHandler(&logs, nil))
+	a, err := setupAuth(logger, nil, cfg, false)
 	require.NoError(t, err)
 	warnAuth(logger, a, cfg)
-	require.Contains(t, logs.String(), warning, "at start")
+	return &logs, a.reloadingFiles(logger, cfg)
 }
