@@ -3,10 +3,7 @@ package status
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -136,27 +133,10 @@ func (cs *ClusterState) restore() (restored, denials int, err error) {
 
 // read decodes the file; nil for a missing one (the first start).
 func (cs *ClusterState) read() (*clustersFile, error) {
-	fh, err := os.Open(cs.path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer fh.Close()
-	b, err := io.ReadAll(io.LimitReader(fh, maxClustersFileBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", cs.path, err)
-	}
-	if len(b) > maxClustersFileBytes {
-		return nil, fmt.Errorf("%s: larger than %d bytes", cs.path, maxClustersFileBytes)
-	}
 	var f clustersFile
-	if err := json.Unmarshal(b, &f); err != nil {
-		return nil, fmt.Errorf("decode %s: %w", cs.path, err)
-	}
-	if f.Version != clustersFileVersion {
-		return nil, fmt.Errorf("%s: format version %d, want %d", cs.path, f.Version, clustersFileVersion)
+	found, err := readVersioned(cs.path, maxClustersFileBytes, &f, &f.Version, clustersFileVersion)
+	if !found || err != nil {
+		return nil, err
 	}
 	return &f, nil
 }

@@ -2,9 +2,6 @@ package status
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -79,19 +76,9 @@ func (s *Status) load() error {
 	if err := atomicfile.RemoveStale(s.logger, s.opts.HistoryFile); err != nil { // litter only: the history still loads
 		s.logger.Warn("remove temporary status history files", "err", err)
 	}
-	b, err := os.ReadFile(s.opts.HistoryFile)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
 	var f historyFile
-	if err := json.Unmarshal(b, &f); err != nil {
-		return fmt.Errorf("decode %s: %w", s.opts.HistoryFile, err)
-	}
-	if f.Version != historyFileVersion {
-		return fmt.Errorf("%s: format version %d, want %d", s.opts.HistoryFile, f.Version, historyFileVersion)
+	if found, err := readVersioned(s.opts.HistoryFile, 0, &f, &f.Version, historyFileVersion); !found || err != nil {
+		return err
 	}
 	reasons := s.opts.Limiter.Reasons()
 	oldest := s.opts.Now().Add(-historyPoints * time.Minute)
