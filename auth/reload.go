@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/phonehome/phonehome/internal/periodic"
 )
 
 // reloadingFile keeps the last valid version of a file in force while the
@@ -84,16 +86,8 @@ func (f *reloadingFile[T]) reload() (changed bool, err error) {
 
 // Run reloads every interval until ctx is done.
 func (f *reloadingFile[T]) Run(ctx context.Context, interval time.Duration) error {
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-			_ = f.Reload() // logged and counted
-		}
-	}
+	periodic.Every(ctx, interval, func(context.Context) { _ = f.Reload() }) // logged and counted
+	return nil
 }
 
 // FileTokens is a tokens file that is re-read while the receiver runs

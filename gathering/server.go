@@ -21,6 +21,7 @@ import (
 
 	"github.com/phonehome/phonehome/allowlist"
 	"github.com/phonehome/phonehome/auth"
+	"github.com/phonehome/phonehome/internal/periodic"
 )
 
 // DefaultTenant is the value of the tenant label of the server's metrics for
@@ -331,16 +332,8 @@ func (s *Server) reload(src *source) (bool, error) {
 // Run reloads every interval until ctx ends (SIGHUP and POST /-/reload
 // call Reload: the receiver's reloadOnSIGHUP, reloadHandler).
 func (s *Server) Run(ctx context.Context, interval time.Duration) error {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			_ = s.Reload() // logged and counted
-		}
-	}
+	periodic.Every(ctx, interval, func(context.Context) { _ = s.Reload() }) // logged and counted
+	return nil
 }
 
 // source returns tenant's source: its own, else the default (nil if none).

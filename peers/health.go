@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/phonehome/phonehome/internal/periodic"
 )
 
 // A peer is marked unreachable by a failed call (reachability.go), so a
@@ -23,7 +25,7 @@ const maxConcurrentChecks = 8
 
 // healthLoop checks the peers every refresh interval until ctx ends.
 func (s *Set) healthLoop(ctx context.Context) {
-	every(ctx, time.Duration(s.cfg.RefreshInterval), s.checkPeers)
+	periodic.Every(ctx, time.Duration(s.cfg.RefreshInterval), s.checkPeers)
 }
 
 // checkPeers asks every peer that is neither this receiver nor already
@@ -52,19 +54,5 @@ func (s *Set) checkPeers(ctx context.Context) {
 				s.markUnreachable(p, fmt.Errorf("no answer to a health check of /-/ready: %w", err))
 			}
 		})
-	}
-}
-
-// every calls f every d until ctx ends.
-func every(ctx context.Context, d time.Duration, f func(context.Context)) {
-	t := time.NewTicker(d)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		f(ctx)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/phonehome/phonehome/internal/periodic"
 )
 
 // A peer that cannot be connected to is skipped until it answers again, so
@@ -131,7 +133,7 @@ func (s *Set) markUnreachable(p *peer, err error) {
 // probeLoop probes the unreachable peers every s.probeEvery until ctx
 // ends.
 func (s *Set) probeLoop(ctx context.Context) {
-	every(ctx, s.probeEvery, s.probeMarked)
+	periodic.Every(ctx, s.probeEvery, s.probeMarked)
 }
 
 // probeMarked probes every unreachable peer at once, and returns when each

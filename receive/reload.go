@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/phonehome/phonehome/configdiff"
+	"github.com/phonehome/phonehome/internal/periodic"
 )
 
 // ConfigReloader re-reads the configuration file when it changes (checked
@@ -106,14 +107,6 @@ func restartSections(running, cfg *Config) []string {
 // Run reloads every interval until ctx is done (SIGHUP and POST /-/reload
 // call Reload: the receiver's reloadOnSIGHUP, reloadHandler).
 func (r *ConfigReloader) Run(ctx context.Context, interval time.Duration) error {
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-			_ = r.Reload() // logged and counted
-		}
-	}
+	periodic.Every(ctx, interval, func(context.Context) { _ = r.Reload() }) // logged and counted
+	return nil
 }
